@@ -1,0 +1,28 @@
+# The two commands of the README: `make demo` and `make test`. Both do all the set-up on a machine that has only Python.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_VERSION ?= 2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.dlx-installed
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	PYTHON=$(PYTHON) VENV=$(VENV) TORCH_VERSION=$(TORCH_VERSION) bash scripts/setup.sh
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/dlx pretrain
+
+test: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check --fix src tests benchmarks && $(BIN)/ruff format src tests benchmarks
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info
