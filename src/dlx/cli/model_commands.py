@@ -10,7 +10,9 @@ import typer
 
 
 def params(
-    model: Annotated[str, typer.Argument(help="A preset name (see `dlx params --list`) or a YAML/JSON of ModelArgs.")] = "",
+    model: Annotated[
+        str, typer.Argument(help="A preset name (see `dlx params --list`) or a YAML/JSON of ModelArgs.")
+    ] = "",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     list_presets: Annotated[bool, typer.Option("--list", help="List the presets with their parameter counts.")] = False,
 ) -> None:
@@ -60,7 +62,9 @@ def params(
 
 
 def export_hf(
-    checkpoint: Annotated[Path, typer.Argument(help="A dlx model folder or checkpoint (model.safetensors + model_args.json).")],
+    checkpoint: Annotated[
+        Path, typer.Argument(help="A dlx model folder or checkpoint (model.safetensors + model_args.json).")
+    ],
     out_dir: Annotated[Path, typer.Argument(help="New folder for config.json + model.safetensors.")],
     overwrite: Annotated[bool, typer.Option(help="Replace OUT_DIR if it exists.")] = False,
 ) -> None:

@@ -150,7 +150,9 @@ def resolve_model_args(preset_or_file: str | None = None, **overrides: Any) -> M
         elif path.suffix in (".yaml", ".yml", ".json") or path.exists():
             fields, where = load_args_file(path), str(path)
         else:
-            raise UserError(f"unknown model preset '{preset_or_file}'; choose one of {', '.join(PRESETS)} or a YAML/JSON file")
+            raise UserError(
+                f"unknown model preset '{preset_or_file}'; choose one of {', '.join(PRESETS)} or a YAML/JSON file"
+            )
     fields.update(overrides)
     try:
         return ModelArgs(**fields)

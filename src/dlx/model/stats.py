@@ -17,7 +17,7 @@ class ParamStats:
     trainable: int
     untrainable: int
     embedding: int
-    """Parameters of the token embedding (and of the output projection, when it is not tied)."""
+    """Parameters of the token embedding (a lookup, no FLOPs). A tied output projection shares them."""
     per_module: dict[str, int]
     """Top-level module -> parameter count; repeated blocks are summed under `layers`."""
 
@@ -27,7 +27,7 @@ class ParamStats:
 
     @property
     def non_embedding(self) -> int:
-        """N in the 6·N FLOPs convention: every parameter except the embedding and the output projection."""
+        """Every parameter but the token embedding (torchtitan's count); the untied output projection is included."""
         return self.total - self.embedding
 
 
@@ -46,19 +46,8 @@ def count_parameters(model: nn.Module) -> ParamStats:
         else:
             untrainable += param.numel()
         per_module[name.split(".")[0]] += param.numel()
-    embedding = _unique_numel([m.weight for m in _embedding_modules(model)])
+    embedding = model.tok_embeddings.weight.numel() if hasattr(model, "tok_embeddings") else 0
     return ParamStats(trainable, untrainable, embedding, dict(per_module))
-
-
-def _embedding_modules(model: nn.Module) -> list[nn.Module]:
-    return [m for m in (getattr(model, "tok_embeddings", None), getattr(model, "output", None)) if m is not None]
-
-
-def _unique_numel(tensors: list[torch.Tensor]) -> int:
-    seen: dict[int, int] = {}
-    for t in tensors:
-        seen[id(t)] = t.numel()
-    return sum(seen.values())
 
 
 def model_stats(args: ModelArgs) -> ParamStats:

@@ -1,0 +1,86 @@
+"""Everything that differs between CUDA and CPU lives here, so the rest of dlx never calls `torch.cuda` directly.
+
+`torch.cuda.synchronize`, events, `set_device`, `reset_peak_memory_stats` and `pin_memory()` raise without CUDA; the
+functions below do the right thing on either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import psutil
+import torch
+
+PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def resolve_device(name: str = "auto", local_rank: int | None = None) -> torch.device:
+    """'auto' is CUDA when available (the local rank's GPU under torchrun), else CPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        index = local_rank if local_rank is not None else int(os.environ.get("LOCAL_RANK", 0))
+        device = torch.device("cuda", index if device.index is None else device.index)
+        torch.cuda.set_device(device)
+    return device
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({psutil.cpu_count(logical=True)} threads, torch uses {torch.get_num_threads()})"
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels; a no-op on CPU, where every op has finished when it returns."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """CUDA: the allocator's peak since the last reset. CPU: the process's peak resident set size (ru_maxrss)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KiB
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """Mixed precision for forward: weights stay fp32, matmuls run in bf16/fp16. fp32 needs no context."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=PRECISION_DTYPES[precision])
+
+
+def supports_native_bf16(device: torch.device) -> bool:
+    """Whether bf16 is the faster precision that still trains: CUDA with bf16, or a CPU with AVX512-BF16/AMX."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    flags = _cpu_flags()
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host → device copy; non-blocking from pinned memory on CUDA, a no-op for CPU tensors on CPU."""
+    if device.type == "cuda":
+        return tensor.to(device, non_blocking=tensor.is_pinned())
+    return tensor
