@@ -53,6 +53,25 @@ def peak_memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KiB
 
 
+def peak_memory_method(device: torch.device) -> str:
+    """How `peak_memory_gb` measures, in words, for headers and reports."""
+    if device.type == "cuda":
+        return "CUDA caching-allocator peak (torch.cuda.max_memory_allocated), tensors only, since the last reset"
+    return "process peak resident set size (ru_maxrss): weights, activations, Python and torch runtime together"
+
+
+def timing_event(device: torch.device) -> torch.cuda.Event:
+    """A CUDA event that records a timestamp on the current stream when `.record()` is called (CUDA only)."""
+    if device.type != "cuda":
+        raise ValueError(f"timing events need a CUDA device, not {device}")
+    return torch.cuda.Event(enable_timing=True)
+
+
+def event_elapsed_s(start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+    """Seconds between two recorded events; both must have completed (synchronize first)."""
+    return start.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
+
+
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """Mixed precision for forward: weights stay fp32, matmuls run in bf16/fp16. fp32 needs no context."""
     if precision == "fp32":

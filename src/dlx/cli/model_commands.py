@@ -23,7 +23,7 @@ def params(
     from dlx.model.presets import PRESETS, resolve_model_args
     from dlx.model.stats import model_stats
 
-    console = Console()
+    console = Console(width=max(Console().width, 110))
     if list_presets or not model:
         table = Table("preset", "total", "non-embedding", "dim", "layers", "heads", "kv heads", "vocab")
         for name in PRESETS:

@@ -1,8 +1,8 @@
 """Hugging Face Llama format, both ways, without importing transformers.
 
-`save_hf` writes `config.json` + `model.safetensors` that `LlamaForCausalLM.from_pretrained` loads; `load_hf` reads such a
-folder (one file, or shards with `model.safetensors.index.json`) into a dlx `Transformer`. dlx's RoPE rotates halves like
-HF's, so q/k weights need no permutation: the conversion is a renaming.
+`save_hf` writes `config.json` + `model.safetensors` that `LlamaForCausalLM.from_pretrained` loads; `load_hf` reads
+such a folder (one file, or shards with `model.safetensors.index.json`) into a dlx `Transformer`. dlx's RoPE rotates
+halves like HF's, so q/k weights need no permutation: the conversion is a renaming.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Llama-3 decoder: RMSNorm, real-valued RoPE, grouped-query attention through SDPA, SwiGLU.
 
-Module and parameter names follow Meta's reference code (`tok_embeddings`, `layers.N.attention.wq`, ...). The model knows
-nothing of devices, precision or parallelism: those are applied from outside (see `dlx.train`).
+Module and parameter names follow Meta's reference code (`tok_embeddings`, `layers.N.attention.wq`, ...). The model
+knows nothing of devices, precision or parallelism: those are applied from outside (see `dlx.train`).
 """
 
 from __future__ import annotations
