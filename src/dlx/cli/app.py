@@ -18,9 +18,10 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from dlx.cli import model_commands
+    from dlx.cli import model_commands, plan_commands
 
     model_commands.register(app)
+    plan_commands.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""Benchmarking: the memory and FLOPs planner (`estimate`) and the configuration sweep (`dlx bench`)."""

@@ -1,0 +1,154 @@
+"""Memory and time estimates for one training configuration, before running it (`dlx plan`).
+
+Bytes per parameter, with AdamW and mixed precision by autocast (weights stay fp32, matmuls run in bf16/fp16):
+    weights 4, gradients 4, AdamW moments 8, plus a 2-byte copy of each weight that autocast caches during forward.
+Sharding over `world_size` ranks: DDP replicates everything (and keeps 4 bytes/param of gradient buckets); ZeRO-1 shards
+the optimizer state, ZeRO-2 also the gradients, ZeRO-3 and FSDP also the weights.
+
+Activations saved for backward, per token and per layer (p = bytes of the autocast dtype, d = dim, f = FFN hidden,
+k = n_kv_heads · head_dim), counted from what dlx's modules keep:
+    RMSNorm inputs (fp32 residual stream)      2 · 4d
+    normed inputs of the q/k/v and FFN matmuls  2 · p·d
+    q, k, v handed to attention                 p·(d + 2k)
+    fp32 copies of q and k inside RoPE          4·(d + k)
+    attention output (input of wo)              p·d
+    SwiGLU: w1 and w3 outputs, silu, product    4 · p·f
+Attention kernels that store the T×T score matrix (the CPU math path) add p·H·T per token per layer; flash and
+memory-efficient kernels store only a log-sum-exp. The logits add (p + 4 + 4)·vocab per token: the autocast logits, the
+fp32 copy cross-entropy makes, and its gradient. Full activation checkpointing keeps only each layer's fp32 input and
+recomputes one layer at a time; `selective` checkpoints every other layer.
+This is an estimate (allocator fragmentation, temporary buffers and CUDA context are not counted); `dlx bench` prints it
+beside the measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dlx.errors import UserError
+from dlx.metrics.flops import FlopsPerToken, training_flops_per_token
+from dlx.model.args import ModelArgs
+from dlx.model.stats import model_stats
+
+STRATEGIES = ("none", "ddp", "fsdp", "zero1", "zero2", "zero3")
+CHECKPOINTING = ("none", "full", "selective")
+AUTOCAST_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class TrainingShape:
+    seq_len: int
+    micro_batch: int
+    grad_accum: int = 1
+    precision: str = "bf16"
+    strategy: str = "none"
+    world_size: int = 1
+    activation_checkpointing: str = "none"
+    attention_matrix: bool = False
+    """True when the attention kernel stores the T×T scores (PyTorch's math path, used on CPU)."""
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "micro_batch", "grad_accum", "world_size"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
+        _check_choice("precision", self.precision, tuple(AUTOCAST_BYTES))
+        _check_choice("strategy", self.strategy, STRATEGIES)
+        _check_choice("activation-checkpointing", self.activation_checkpointing, CHECKPOINTING)
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise UserError(f"unknown {name} '{value}'; choose one of {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    params: int
+    weights_gb: float
+    grads_gb: float
+    optimizer_gb: float
+    activations_gb: float
+    logits_gb: float
+    flops_per_token: FlopsPerToken
+    tokens_per_step: int
+    """Tokens in one optimizer step, all ranks: micro_batch · seq_len · grad_accum · world_size."""
+
+    @property
+    def total_gb(self) -> float:
+        return self.weights_gb + self.grads_gb + self.optimizer_gb + self.activations_gb + self.logits_gb
+
+    def step_seconds(self, peak_tflops: float, mfu: float, world_size: int) -> float:
+        """Predicted optimizer-step time at the given MFU (attention-inclusive FLOPs)."""
+        flops = self.flops_per_token.attention * self.tokens_per_step
+        return flops / (peak_tflops * 1e12 * mfu * world_size)
+
+
+def _state_bytes(n_params: int, shape: TrainingShape) -> tuple[float, float, float]:
+    """Weights, gradients, optimizer bytes per rank."""
+    weights = n_params * (4 + (2 if shape.precision != "fp32" else 0))
+    grads = n_params * 4 * (2 if shape.strategy == "ddp" else 1)
+    optimizer = n_params * 8
+    world = shape.world_size
+    if shape.strategy in ("zero1", "zero2", "zero3", "fsdp"):
+        optimizer /= world
+    if shape.strategy in ("zero2", "zero3", "fsdp"):
+        grads /= world
+    if shape.strategy in ("zero3", "fsdp"):
+        weights /= world
+    return weights, grads, optimizer
+
+
+def activation_bytes_per_token_per_layer(args: ModelArgs, shape: TrainingShape) -> float:
+    p = AUTOCAST_BYTES[shape.precision]
+    d, f, k = args.dim, args.ffn_hidden_dim, args.kv_heads * args.head_dim
+    saved = 2 * 4 * d + 2 * p * d + p * (d + 2 * k) + 4 * (d + k) + p * d + 4 * p * f
+    if shape.attention_matrix:
+        saved += p * args.n_heads * shape.seq_len
+    return saved
+
+
+def _activation_bytes(args: ModelArgs, shape: TrainingShape) -> float:
+    tokens = shape.micro_batch * shape.seq_len
+    per_layer = activation_bytes_per_token_per_layer(args, shape) * tokens
+    layer_input = 4 * args.dim * tokens
+    if shape.activation_checkpointing == "full":
+        return args.n_layers * layer_input + per_layer
+    if shape.activation_checkpointing == "selective":
+        kept = (args.n_layers + 1) // 2
+        return kept * per_layer + (args.n_layers - kept) * layer_input + per_layer
+    return args.n_layers * per_layer
+
+
+def plan_memory(args: ModelArgs, shape: TrainingShape) -> MemoryPlan:
+    n_params = model_stats(args).total
+    weights, grads, optimizer = _state_bytes(n_params, shape)
+    p = AUTOCAST_BYTES[shape.precision]
+    logits = shape.micro_batch * shape.seq_len * args.vocab_size * (p + 4 + 4)
+    return MemoryPlan(
+        params=n_params,
+        weights_gb=weights / GB,
+        grads_gb=grads / GB,
+        optimizer_gb=optimizer / GB,
+        activations_gb=_activation_bytes(args, shape) / GB,
+        logits_gb=logits / GB,
+        flops_per_token=training_flops_per_token(args, shape.seq_len),
+        tokens_per_step=shape.micro_batch * shape.seq_len * shape.grad_accum * shape.world_size,
+    )
+
+
+def max_micro_batch(args: ModelArgs, shape: TrainingShape, budget_gb: float, limit: int = 4096) -> int:
+    """The largest micro-batch whose estimate fits in budget_gb (0 when even 1 does not)."""
+    best = 0
+    low, high = 1, limit
+    while low <= high:
+        mid = (low + high) // 2
+        fits = plan_memory(args, _with_batch(shape, mid)).total_gb <= budget_gb
+        best, low, high = (mid, mid + 1, high) if fits else (best, low, mid - 1)
+    return best
+
+
+def _with_batch(shape: TrainingShape, micro_batch: int) -> TrainingShape:
+    from dataclasses import replace
+
+    return replace(shape, micro_batch=micro_batch)

@@ -1,0 +1,56 @@
+"""`dlx plan`: the estimator's arithmetic, sharding, and bad input."""
+
+import pytest
+
+from dlx.bench.estimate import TrainingShape, activation_bytes_per_token_per_layer, max_micro_batch, plan_memory
+from dlx.errors import UserError
+from dlx.model import resolve_model_args
+
+
+def test_state_bytes_follow_the_documented_rule():
+    args = resolve_model_args("debug")  # 158,016 parameters
+    plain = plan_memory(args, TrainingShape(seq_len=32, micro_batch=2, precision="fp32"))
+    assert plain.params == 158_016
+    assert plain.weights_gb == pytest.approx(158_016 * 4 / 1e9)
+    assert plain.grads_gb == pytest.approx(158_016 * 4 / 1e9)
+    assert plain.optimizer_gb == pytest.approx(158_016 * 8 / 1e9)
+    assert plain.logits_gb == pytest.approx(2 * 32 * 512 * 12 / 1e9)
+    zero3 = plan_memory(args, TrainingShape(32, 2, precision="fp32", strategy="zero3", world_size=4))
+    assert zero3.weights_gb * 4 == pytest.approx(plain.weights_gb)
+    assert zero3.optimizer_gb * 4 == pytest.approx(plain.optimizer_gb)
+    zero1 = plan_memory(args, TrainingShape(32, 2, precision="fp32", strategy="zero1", world_size=4))
+    assert (zero1.weights_gb, zero1.grads_gb) == (plain.weights_gb, plain.grads_gb)
+
+
+def test_activation_terms_and_checkpointing():
+    args = resolve_model_args("debug")  # d=64, f=176, kv dim 32
+    shape = TrainingShape(seq_len=16, micro_batch=1, precision="bf16")
+    d, f, k = 64, 176, 32
+    assert (
+        activation_bytes_per_token_per_layer(args, shape)
+        == 8 * d + 4 * d + 2 * (d + 2 * k) + 4 * (d + k) + 2 * d + 8 * f
+    )
+    full = plan_memory(args, TrainingShape(16, 1, activation_checkpointing="full"))
+    none = plan_memory(args, shape)
+    assert full.activations_gb < none.activations_gb
+
+
+def test_max_micro_batch_is_the_largest_that_fits():
+    args = resolve_model_args("llama3.2-1b")
+    shape = TrainingShape(seq_len=2048, micro_batch=1)
+    best = max_micro_batch(args, shape, budget_gb=80)
+    assert (
+        plan_memory(args, TrainingShape(2048, best)).total_gb
+        <= 80
+        < plan_memory(args, TrainingShape(2048, best + 1)).total_gb
+    )
+    assert max_micro_batch(args, shape, budget_gb=1) == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"micro_batch": 0}, "micro-batch must be a positive integer"), ({"precision": "fp8"}, "unknown precision 'fp8'")],
+)
+def test_bad_values_are_one_line_errors(kwargs, message):
+    with pytest.raises(UserError, match=message):
+        TrainingShape(**{"seq_len": 16, "micro_batch": 1, **kwargs})
