@@ -1,0 +1,230 @@
+"""The recipe: typed, validated sections `model`, `data`, `train`, `eval`, `checkpoint`, `log`.
+
+Every field has a one-line docstring (shown by `dlx pretrain --help-recipe`); a bad value fails on construction with a
+message that names the key and what is allowed (`describe_error`). Cross-section rules live in `RunConfig`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from dlx.errors import UserError
+from dlx.model.args import ModelArgs
+from dlx.model.presets import PRESETS, resolve_model_args
+
+SYNTHETIC = "synthetic"
+_STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False, validate_assignment=True)
+
+
+class ModelSection(BaseModel):
+    """A preset (or YAML/JSON file of ModelArgs) and any ModelArgs field on top of it, e.g. `dim: 512`."""
+
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+
+    preset: str | None = "demo"
+    """A preset name (`dlx params --list`) or a YAML/JSON file of ModelArgs; other keys here override its fields."""
+    _args: ModelArgs | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _resolve(self) -> ModelSection:
+        overrides = dict(self.model_extra or {})
+        unknown = sorted(set(overrides) - set(ModelArgs.model_fields))
+        if unknown:
+            raise ValueError(
+                f"unknown key 'model.{unknown[0]}'; model takes 'preset' and the ModelArgs fields "
+                f"{', '.join(ModelArgs.model_fields)}"
+            )
+        try:
+            self._args = resolve_model_args(self.preset, **overrides)
+        except UserError as e:
+            raise ValueError(str(e)) from None
+        return self
+
+    @property
+    def args(self) -> ModelArgs:
+        assert self._args is not None  # set by the validator
+        return self._args
+
+    def resolved(self) -> dict[str, Any]:
+        """The preset name and every ModelArgs field, as written into the run folder."""
+        return {"preset": self.preset, **self.args.model_dump(mode="json")}
+
+
+class DataSection(BaseModel):
+    model_config = _STRICT
+
+    path: str = SYNTHETIC
+    """A dataset folder written by `dlx prepare`, or `synthetic` for generated tokens (benchmarks, tests)."""
+    seq_len: int = Field(256, gt=0, le=1 << 20)
+    """Tokens per training sequence (at most model.max_seq_len)."""
+    micro_batch_size: int = Field(8, gt=0, le=1 << 16)
+    """Sequences per forward/backward pass on each device."""
+    num_workers: int = Field(1, ge=0, le=64)
+    """Loader worker processes that read and batch shards ahead of the step (0: in the training process)."""
+    prefetch: int = Field(4, gt=0, le=1024)
+    """Batches the loader keeps ready ahead of the step."""
+    shuffle: bool = True
+    """Visit the training windows in a seeded random order each epoch."""
+
+
+class TrainSection(BaseModel):
+    model_config = _STRICT
+
+    max_steps: int | None = Field(None, gt=0)
+    """Optimizer steps to run; when set it overrides `epochs` (as in HF Trainer)."""
+    epochs: float = Field(1.0, gt=0, le=1e6)
+    """Passes over the training split, used when max_steps is not set (needs a prepared dataset)."""
+    grad_accum: int = Field(1, gt=0, le=1 << 16)
+    """Micro-batches whose gradients add up to one optimizer step."""
+    lr: float = Field(3e-4, gt=0, le=10)
+    """Peak learning rate, reached at the end of warm-up."""
+    min_lr: float = Field(3e-5, ge=0, le=10)
+    """Learning rate at the end of the cosine or linear decay (at most lr)."""
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    """Share of the optimizer steps spent warming the learning rate up linearly from 0."""
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """Decay from lr to min_lr after warm-up."""
+    weight_decay: float = Field(0.1, ge=0, le=10)
+    """AdamW decoupled weight decay for matmul weights (norms and the embedding are not decayed)."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW beta1 and beta2, each in [0, 1)."""
+    eps: float = Field(1e-8, gt=0, le=1)
+    """AdamW epsilon."""
+    grad_clip: float = Field(1.0, ge=0)
+    """Clip the global gradient norm to this value; 0 turns clipping off (the norm is still logged)."""
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    """Compute precision; auto: bf16 where the device runs it natively (CUDA, CPUs with AMX/AVX512-BF16), else fp32."""
+    device: str = "auto"
+    """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`."""
+    seed: int = Field(0, ge=0, lt=2**63)
+    """Seeds the weights, the data order and every random generator."""
+    compile: bool = False
+    """Wrap the model in torch.compile (needs a C++ compiler on CPU)."""
+    nan_policy: Literal["stop", "skip"] = "stop"
+    """On a NaN/inf loss: `stop` (naming the step and the last good checkpoint) or `skip` the batch's update."""
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainSection:
+        if self.min_lr > self.lr:
+            raise ValueError(f"train.min_lr ({self.min_lr}) must be at most train.lr ({self.lr})")
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"train.betas {list(self.betas)} must each be in [0, 1), e.g. [0.9, 0.95]")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError(f"train.device '{self.device}' must be auto, cpu, cuda or cuda:N")
+        return self
+
+
+class EvalSection(BaseModel):
+    model_config = _STRICT
+
+    every: int = Field(0, ge=0)
+    """Evaluate on the validation split every this many optimizer steps (and at the end); 0 turns eval off."""
+    batches: int = Field(20, gt=0, le=1 << 20)
+    """Micro-batches per evaluation (fewer if the validation split is smaller)."""
+
+
+class CheckpointSection(BaseModel):
+    model_config = _STRICT
+
+    every: int = Field(0, ge=0)
+    """Save a checkpoint every this many optimizer steps; 0: only at the end (and on an orderly stop)."""
+    keep_last: int = Field(3, gt=0, le=1 << 20)
+    """Complete checkpoints to keep; older ones are deleted after each successful save."""
+
+
+class LogSection(BaseModel):
+    model_config = _STRICT
+
+    every: int = Field(10, gt=0)
+    """Write a metrics record (metrics.jsonl, console line) every this many optimizer steps."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files into the run folder (needs `pip install tensorboard`)."""
+    progress: bool = True
+    """Show a progress bar with loss, tokens/s, MFU and ETA (only on a terminal)."""
+
+
+SECTIONS = ("model", "data", "train", "eval", "checkpoint", "log")
+
+
+class RunConfig(BaseModel):
+    """A whole recipe. Sections left out take their defaults."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    model: ModelSection = Field(default_factory=ModelSection)
+    """The model shape."""
+    data: DataSection = Field(default_factory=DataSection)
+    """Where the tokens come from and how they are batched."""
+    train: TrainSection = Field(default_factory=TrainSection)
+    """Optimizer, schedule, precision and run length."""
+    eval: EvalSection = Field(default_factory=EvalSection)
+    """Validation loss and perplexity."""
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    """When to save and how many to keep."""
+    log: LogSection = Field(default_factory=LogSection)
+    """Metrics records, console lines, progress bar, TensorBoard."""
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        args = self.model.args
+        if self.data.seq_len > args.max_seq_len:
+            raise ValueError(
+                f"data.seq_len ({self.data.seq_len}) exceeds model.max_seq_len ({args.max_seq_len}); "
+                "lower data.seq_len or raise model.max_seq_len"
+            )
+        if self.data.path == SYNTHETIC and self.train.max_steps is None:
+            raise ValueError("synthetic data has no epochs: set train.max_steps (or data.path to a prepared dataset)")
+        return self
+
+    def resolved(self) -> dict[str, Any]:
+        """Every section with defaults filled in and the model fully resolved, as written into the run folder."""
+        out = self.model_dump(mode="json")
+        out["model"] = self.model.resolved()
+        return out
+
+
+def describe_error(error: ValidationError) -> str:
+    """One line: the dotted recipe key, what is wrong and what is allowed."""
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        section = key.rsplit(".", 1)[0] if "." in key else ""
+        return f"unknown key '{key}'; {_allowed_keys(section)}"
+    if first["type"] == "value_error":  # our own validators: the message already names the keys
+        return message if not key or message.startswith((f"{key}.", "unknown key")) else f"{key}: {message}"
+    return f"{key}: {message[0].lower()}{message[1:]} (got {first.get('input')!r})"
+
+
+def _allowed_keys(section: str) -> str:
+    if not section:
+        return f"the sections are {', '.join(SECTIONS)}"
+    if section == "model":
+        return f"model takes preset ({', '.join(PRESETS)}) and the ModelArgs fields"
+    fields = RunConfig.model_fields[section].annotation.model_fields  # type: ignore[union-attr]
+    return f"{section} keys are {', '.join(fields)}"
+
+
+def build_config(raw: dict[str, Any]) -> RunConfig:
+    """Validate a recipe mapping into a RunConfig, or raise UserError with one line."""
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        raise UserError(f"recipe: {describe_error(e)}") from None
+
+
+def describe_keys() -> list[str]:
+    """Every recipe key with its default and one-line meaning, section by section (for `dlx pretrain --keys`)."""
+    lines = []
+    for section in SECTIONS:
+        lines.append(f"{section}:")
+        model_cls = RunConfig.model_fields[section].annotation
+        for key, info in model_cls.model_fields.items():  # type: ignore[union-attr]
+            default = info.get_default(call_default_factory=True)
+            lines.append(f"  {key}: {json.dumps(default)}  # {info.description or ''}")
+        if section == "model":
+            lines.append("  <any ModelArgs field>: overrides the preset  # see `dlx params --json` for the fields")
+    return lines

@@ -1,0 +1,46 @@
+"""Validation loss and perplexity: the mean next-token cross-entropy over the same first batches of the val split."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlx.train.precision import Precision
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits (B, T, vocab) against targets (B, T), computed in fp32 whatever the autocast."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Iterable, max_batches: int, precision: Precision) -> dict[str, float]:
+    """{"loss", "perplexity", "batches", "eval_s"}; the model is put back in training mode afterwards."""
+    start = time.perf_counter()
+    model.eval()
+    losses: list[torch.Tensor] = []
+    try:
+        for inputs, targets in batches:
+            with precision.autocast():
+                logits = model(inputs)
+            losses.append(next_token_loss(logits, targets).detach())  # kept on the device: one sync at the end
+            if len(losses) >= max_batches:
+                break
+    finally:
+        model.train()
+    loss = torch.stack(losses).double().mean().item() if losses else math.nan
+    return {
+        "loss": loss,
+        "perplexity": _perplexity(loss),
+        "batches": len(losses),
+        "eval_s": time.perf_counter() - start,
+    }
+
+
+def _perplexity(loss: float) -> float:
+    return math.exp(loss) if loss < 700 else math.inf  # exp overflows a float beyond ~709; NaN stays NaN

@@ -1,0 +1,96 @@
+"""The run folder: where it goes, what it holds, and which recipe keys may change when a run is resumed.
+
+RUN_DIR/
+    config.yaml        the resolved recipe (every default filled in, the model fully spelled out)
+    tokenizer.json     the dataset's tokenizer, so `dlx generate RUN_DIR` needs nothing else
+    metrics.jsonl      one record per logged step; eval.jsonl one per evaluation; events.jsonl (resume, NaN, stop)
+    checkpoints/       step-00000100/ ... (see dlx.train.checkpoint)
+    report.md          with loss.png and throughput.png, at the end of the run
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dlx.errors import UserError
+from dlx.train.recipe import CONFIG_FILE
+
+RUNS_ROOT = Path("runs")
+EVENTS_FILE = "events.jsonl"
+
+RESUMABLE_CHANGES = {
+    ("train", "max_steps"), ("train", "epochs"), ("train", "nan_policy"), ("train", "compile"), ("train", "device"),
+    ("data", "num_workers"), ("data", "prefetch"), ("eval", "every"), ("eval", "batches"),
+    ("checkpoint", "every"), ("checkpoint", "keep_last"), ("log", "every"), ("log", "tensorboard"),
+    ("log", "progress"),
+}  # fmt: skip
+"""Keys a resumed run may change: how long it runs and what it records. Others would not continue the same run."""
+
+
+def new_run_dir(name: str, run_dir: Path | None) -> Path:
+    """The folder for a fresh run: --run-dir, or runs/NAME-YYYYmmdd-HHMMSS. It must not hold a run already."""
+    if run_dir is None:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_dir = RUNS_ROOT / f"{name}-{stamp}"
+        suffix = 1
+        while run_dir.exists():
+            suffix += 1
+            run_dir = RUNS_ROOT / f"{name}-{stamp}-{suffix}"
+    elif run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise UserError(f"run folder {run_dir} already exists; add --resume to continue it, or pick another --run-dir")
+    return run_dir
+
+
+def existing_run_dir(name: str, run_dir: Path | None) -> Path:
+    """The folder to resume: --run-dir, or the newest runs/NAME-* folder."""
+    if run_dir is None:
+        candidates = sorted((p for p in RUNS_ROOT.glob(f"{name}-*") if (p / CONFIG_FILE).is_file()), key=_mtime)
+        if not candidates:
+            raise UserError(f"--resume: no earlier '{name}' run under {RUNS_ROOT}/; pass --run-dir RUN_DIR")
+        return candidates[-1]
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise UserError(f"--resume: {run_dir} is not a run folder ({CONFIG_FILE} missing); check --run-dir")
+    return run_dir
+
+
+def _mtime(path: Path) -> float:
+    return (path / CONFIG_FILE).stat().st_mtime
+
+
+def saved_config(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load((run_dir / CONFIG_FILE).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise UserError(
+            f"cannot read {run_dir / CONFIG_FILE} ({type(e).__name__}); the run folder is damaged"
+        ) from None
+    if not isinstance(data, dict):
+        raise UserError(f"{run_dir / CONFIG_FILE} is damaged (not a mapping of sections)")
+    return data
+
+
+def check_resume_compatible(saved: dict[str, Any], resolved: dict[str, Any]) -> None:
+    """A resumed run must be the same run: only RESUMABLE_CHANGES may differ from the saved config.yaml."""
+    for section, values in resolved.items():
+        before = saved.get(section) or {}
+        for key, value in values.items():
+            if (section, key) in RESUMABLE_CHANGES or before.get(key) == value:
+                continue
+            if isinstance(value, (list, tuple)) and list(value) == before.get(key):
+                continue
+            raise UserError(
+                f"--resume: {section}.{key} is {value!r} but the run was started with {before.get(key)!r}; "
+                f"resume with the same value (only {', '.join(sorted(f'{s}.{k}' for s, k in RESUMABLE_CHANGES))} "
+                "may change)"
+            )
+
+
+def append_event(run_dir: Path, **fields: Any) -> None:
+    """One line in events.jsonl: resumes, fall-backs, skipped batches, stops. Small, rare, flushed at once."""
+    with open(run_dir / EVENTS_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps(fields, default=str) + "\n")

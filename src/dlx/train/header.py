@@ -1,0 +1,79 @@
+"""The run's sizes (`StepPlan`) and the start-up header that prints them, in HF Trainer's words.
+
+HF Trainer's arithmetic, which the seed author checked by hand (16,527,707 examples × 3 epochs / 8 = 6,197,892 steps):
+an example is one training window of seq_len + 1 tokens; total batch = micro-batch × accumulation × world size; steps
+per epoch = ⌊micro-batches per rank per epoch / accumulation⌋; total steps = ⌈epochs × steps per epoch⌉, unless
+train.max_steps is set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dlx.errors import UserError
+from dlx.train.config import RunConfig
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    examples: int | None
+    """Training windows per epoch, all ranks together; None for synthetic data (unbounded)."""
+    micro_batch_size: int
+    grad_accum: int
+    world_size: int
+    seq_len: int
+    total_steps: int
+    """Optimizer steps the run will take."""
+
+    @property
+    def total_batch(self) -> int:
+        """Sequences per optimizer step: micro-batch × accumulation × world size."""
+        return self.micro_batch_size * self.grad_accum * self.world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.total_batch * self.seq_len
+
+    @property
+    def epochs(self) -> float | None:
+        if not self.examples:
+            return None
+        return self.total_steps * self.total_batch / self.examples
+
+
+def plan_steps(
+    config: RunConfig, batches_per_epoch: int | None, windows_per_epoch: int | None, world_size: int
+) -> StepPlan:
+    """How many optimizer steps the run takes: train.max_steps, or epochs × steps per epoch."""
+    train = config.train
+    total = train.max_steps
+    if total is None:
+        steps_per_epoch = (batches_per_epoch or 0) // train.grad_accum
+        if steps_per_epoch == 0:
+            raise UserError(
+                f"the training split has {batches_per_epoch} micro-batches per epoch, fewer than train.grad_accum "
+                f"({train.grad_accum}): lower train.grad_accum or data.micro_batch_size, or prepare more data"
+            )
+        total = max(1, math.ceil(train.epochs * steps_per_epoch))
+    return StepPlan(windows_per_epoch, config.data.micro_batch_size, train.grad_accum, world_size,
+                    config.data.seq_len, total)  # fmt: skip
+
+
+def header_lines(plan: StepPlan, trainable: int, precision: str, device_name: str) -> list[str]:
+    """HF Trainer's 'Running training' block, then what dlx adds (tokens, precision, device)."""
+    examples = f"{plan.examples:,}" if plan.examples else "unbounded (synthetic data)"
+    epochs = f"{plan.epochs:,.4g}" if plan.epochs is not None else "n/a (synthetic data)"
+    return [
+        "***** Running training *****",
+        f"  Num examples = {examples}",
+        f"  Num Epochs = {epochs}",
+        f"  Instantaneous batch size per device = {plan.micro_batch_size:,}",
+        f"  Total train batch size (w. parallel, distributed & accumulation) = {plan.total_batch:,}",
+        f"  Gradient Accumulation steps = {plan.grad_accum:,}",
+        f"  Total optimization steps = {plan.total_steps:,}",
+        f"  Number of trainable parameters = {trainable:,}",
+        f"  Sequence length = {plan.seq_len:,}; tokens per step = {plan.tokens_per_step:,}; "
+        f"total tokens = {plan.tokens_per_step * plan.total_steps:,}",
+        f"  Precision = {precision}; device = {device_name}; world size = {plan.world_size}",
+    ]

@@ -1,0 +1,123 @@
+"""Recipes: a YAML file of sections, `--section.key VALUE` overrides on top, and the resolved copy in the run folder."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dlx.atomic import atomic_write_text
+from dlx.errors import UserError
+from dlx.train.config import SECTIONS, RunConfig, build_config
+
+CONFIG_FILE = "config.yaml"
+
+
+def read_recipe_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"cannot read recipe {path}: {e.strerror}; give a YAML recipe (see recipes/)") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        first_line = str(e).splitlines()[0] if str(e) else "parse error"
+        raise UserError(f"recipe {path} is not valid YAML: {first_line}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"recipe {path} must be a mapping of sections ({', '.join(SECTIONS)})")
+    return data
+
+
+def parse_overrides(args: list[str]) -> list[tuple[str, str, str]]:
+    """`--train.lr 1e-3` or `--train.lr=1e-3` -> [("train", "lr", "1e-3")]."""
+    parsed, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
+            raise UserError(
+                f"unexpected argument '{arg}'; overrides look like --section.key VALUE, e.g. --train.lr 1e-3"
+            )
+        name, has_value, value = arg[2:].partition("=")
+        if not has_value:
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                raise UserError(f"override --{name} needs a value, e.g. --{name} VALUE")
+            value, i = args[i + 1], i + 1
+        section, _, key = name.partition(".")
+        if section not in SECTIONS:
+            raise UserError(f"override --{name}: unknown section '{section}'; the sections are {', '.join(SECTIONS)}")
+        if not key or "." in key:
+            raise UserError(f"override --{name} must name one key of a section, e.g. --{section}.KEY VALUE")
+        parsed.append((section, key, value))
+        i += 1
+    return parsed
+
+
+def coerce_value(section: str, key: str, raw: str) -> Any:
+    """A command-line string as the recipe's YAML would have given it; strings stay strings for string-typed keys
+    (so a dataset folder named `2024` is not read as a number)."""
+    if raw.strip().lower() in ("null", "none", "~"):
+        return None
+    if _is_string_field(section, key):
+        return raw
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def _is_string_field(section: str, key: str) -> bool:
+    if section == "model":
+        return key == "preset"
+    field = RunConfig.model_fields[section].annotation.model_fields.get(key)  # type: ignore[union-attr]
+    if field is None:
+        return False
+    annotation = field.annotation
+    return annotation is str or (typing.get_origin(annotation) is typing.Literal)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[tuple[str, str, str]]) -> dict[str, Any]:
+    merged = {name: dict(value) if isinstance(value, dict) else value for name, value in raw.items()}
+    for section, key, value in overrides:
+        if not isinstance(merged.setdefault(section, {}), dict):
+            raise UserError(f"recipe: section '{section}' must be a mapping, not {merged[section]!r}")
+        merged[section][key] = coerce_value(section, key, value)
+    return merged
+
+
+def load_recipe(path: str | Path | None, overrides: list[str], base: dict[str, Any] | None = None) -> RunConfig:
+    """The recipe file (or `base`, or the defaults), with command-line overrides, validated."""
+    raw = read_recipe_file(path) if path is not None else dict(base or {})
+    return build_config(apply_overrides(raw, parse_overrides(overrides)))
+
+
+def config_yaml(config: RunConfig) -> str:
+    return yaml.safe_dump(config.resolved(), sort_keys=False, default_flow_style=None)
+
+
+def write_resolved(config: RunConfig, run_dir: Path) -> Path:
+    path = run_dir / CONFIG_FILE
+    atomic_write_text(path, config_yaml(config))
+    return path
+
+
+def split_command_line(args: list[str]) -> tuple[str | None, list[str]]:
+    """`[RECIPE.yaml] [--section.key VALUE ...]` in any order -> (recipe or None, the override arguments)."""
+    recipe, overrides, i = None, [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--"):
+            takes_value = "=" not in arg and i + 1 < len(args) and not args[i + 1].startswith("--")
+            overrides += args[i : i + 1 + takes_value]
+            i += 1 + takes_value
+            continue
+        if recipe is not None:
+            raise UserError(
+                f"two recipes given ('{recipe}' and '{arg}'); give one, and overrides as --section.key VALUE"
+            )
+        recipe, i = arg, i + 1
+    return recipe, overrides

@@ -1,0 +1,43 @@
+"""Turn SIGTERM and a first Ctrl-C into an orderly stop: finish the step, save a checkpoint, close the loader.
+
+A scheduler (SLURM, Kubernetes) sends SIGTERM before it kills a job; dying mid-step would lose every step since the last
+checkpoint. A second Ctrl-C raises KeyboardInterrupt at once, for a user who does not want to wait.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+
+
+class GracefulStop:
+    """Context manager: while active, SIGTERM/SIGINT set `signal_name` instead of killing the process."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if not self.requested:
+            print(f"\n{name} received: stopping after this step and saving a checkpoint", file=sys.stderr, flush=True)
+        self.signal_name = name
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()

@@ -1,0 +1,28 @@
+"""Every recipe in recipes/ loads against the code; the demo recipe file is the embedded demo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlx.train.demo import DEMO_RECIPE, demo_recipe
+from dlx.train.recipe import load_recipe, read_recipe_file
+
+RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
+
+
+def test_there_are_recipes():
+    assert {"demo.yaml", "debug.yaml", "llama3.2-1b.yaml"} <= {p.name for p in RECIPES}
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_recipe_loads(path):
+    config = load_recipe(path, [])
+    assert config.data.seq_len <= config.model.args.max_seq_len
+
+
+def test_demo_recipe_file_is_the_embedded_demo():
+    path = next(p for p in RECIPES if p.name == "demo.yaml")
+    assert read_recipe_file(path) == DEMO_RECIPE
+    assert load_recipe(path, []).resolved() == load_recipe(None, [], base=demo_recipe(8192)).resolved()
