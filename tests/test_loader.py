@@ -1,0 +1,197 @@
+"""The loader in-process (num_workers=0): packing, per-epoch order across ranks, the tail, resume, bad input.
+
+The synthetic shards hold consecutive integers, so a window's first token tells which window it is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dlx.data.loader import TokenLoader, document_positions
+from dlx.data.shards import Manifest, ShardInfo, sha256_file, token_dtype, write_manifest
+from dlx.errors import UserError
+
+SEQ = 8
+
+
+def write_dataset(folder: Path, splits: dict[str, list[int]], vocab_size: int = 2**20) -> Path:
+    """Shards of consecutive integers (mod vocab_size), one stream per split, with a manifest and a tokenizer file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    dtype = np.dtype(token_dtype(vocab_size)).newbyteorder("<")
+    shards = []
+    for split, lengths in splits.items():
+        start = 0
+        for i, n in enumerate(lengths):
+            path = folder / f"{split}-{i:05d}.bin"
+            (np.arange(start, start + n) % vocab_size).astype(dtype).tofile(path)
+            shards.append(ShardInfo(name=path.name, split=split, tokens=n, documents=1, sha256=sha256_file(path)))
+            start += n
+    (folder / "tokenizer.json").write_text("{}")
+    manifest = Manifest(
+        dtype=str(dtype.name), vocab_size=vocab_size, eos_id=0, tokenizer_sha256=sha256_file(folder / "tokenizer.json"),
+        shards=shards, complete=True,
+    )  # fmt: skip
+    write_manifest(folder, manifest)
+    return folder
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Path:
+    # 1000 tokens in uneven shards: (1000 - 1) // 8 = 124 windows, several of them crossing a shard boundary.
+    return write_dataset(tmp_path / "data", {"train": [300, 1, 450, 249], "val": [200]})
+
+
+def loader(folder: Path, **kwargs) -> TokenLoader:
+    options = {"seq_len": SEQ, "micro_batch_size": 4, "num_workers": 0, **kwargs}
+    return TokenLoader(folder, **options)
+
+
+def window_ids(inputs: torch.Tensor) -> list[int]:
+    return (inputs[:, 0] // SEQ).tolist()
+
+
+def take(it: TokenLoader, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(x.clone(), y.clone()) for x, y in itertools.islice(it, n)]
+
+
+def test_batches_are_packed_windows_of_the_stream_with_shifted_targets(dataset: Path):
+    with loader(dataset, shuffle=False, loop=False) as it:
+        batches = list(it)
+    assert len(batches) == it.batches_per_epoch == 124 // 4
+    stream = np.arange(1000)
+    for b, (inputs, targets) in enumerate(batches):
+        assert inputs.dtype == targets.dtype == torch.int64 and inputs.shape == targets.shape == (4, SEQ)
+        assert inputs.is_contiguous() and targets.is_contiguous()
+        for row in range(4):
+            window = stream[(b * 4 + row) * SEQ :][: SEQ + 1]
+            assert inputs[row].tolist() == window[:-1].tolist()
+            assert targets[row].tolist() == window[1:].tolist()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_every_window_exactly_once_per_epoch_across_ranks(dataset: Path, world_size: int):
+    ranks = [loader(dataset, rank=r, world_size=world_size, seed=7) for r in range(world_size)]
+    n_steps = ranks[0].batches_per_epoch
+    assert n_steps == 124 // (4 * world_size)
+    assert ranks[0].windows_per_epoch == n_steps * 4 * world_size
+    epochs = []
+    for epoch in range(3):
+        seen = [w for it in ranks for x, _ in take(it, n_steps) for w in window_ids(x)]
+        assert {it.epoch for it in ranks} == {epoch}
+        assert len(seen) == len(set(seen)) == ranks[0].windows_per_epoch  # disjoint shares, nothing twice
+        assert set(seen) <= set(range(124))
+        epochs.append(seen)
+    # Each epoch has its own order, and so its own skipped tail (when there is one).
+    assert epochs[0] != epochs[1] != epochs[2]
+    if ranks[0].windows_per_epoch < 124:
+        assert set(epochs[0]) != set(epochs[1]) or set(epochs[1]) != set(epochs[2])
+
+
+def test_order_depends_on_seed_only(dataset: Path):
+    first = [window_ids(x) for x, _ in take(loader(dataset, seed=1), 40)]
+    again = [window_ids(x) for x, _ in take(loader(dataset, seed=1), 40)]
+    other = [window_ids(x) for x, _ in take(loader(dataset, seed=2), 40)]
+    assert first == again != other
+
+
+def test_loop_false_runs_one_epoch_per_iteration(dataset: Path):
+    it = loader(dataset, split="val", shuffle=False, loop=False, micro_batch_size=2)
+    first, second = [window_ids(x) for x, _ in it], [window_ids(x) for x, _ in it]
+    assert first == second == [[2 * b, 2 * b + 1] for b in range((199 // SEQ) // 2)]
+    assert it.epoch == 1
+
+
+def test_resume_gives_exactly_the_next_batches(dataset: Path):
+    reference = take(loader(dataset, seed=3), 70)  # crosses two epoch boundaries (31 batches per epoch)
+    for stop in (0, 5, 31, 45):
+        first = loader(dataset, seed=3)
+        take(first, stop)
+        state = json.loads(json.dumps(first.state_dict()))
+        assert all(isinstance(v, (int, str)) for v in state.values())
+        resumed = loader(dataset, seed=3)
+        resumed.load_state_dict(state)
+        for (x, y), (ref_x, ref_y) in zip(take(resumed, 70 - stop), reference[stop:], strict=True):
+            assert torch.equal(x, ref_x) and torch.equal(y, ref_y)
+        assert resumed.epoch == 2
+
+
+@pytest.mark.parametrize(("old", "new"), [(2, 3), (3, 1), (1, 2)])
+def test_resume_on_another_world_size_splits_the_rest_of_the_epoch(dataset: Path, old: int, new: int):
+    before = [loader(dataset, rank=r, world_size=old, micro_batch_size=2) for r in range(old)]
+    steps = before[0].batches_per_epoch // 2
+    seen = [w for it in before for x, _ in take(it, steps) for w in window_ids(x)]
+    states = [it.state_dict() for it in before]
+    assert all(s == states[0] for s in states)  # one state for all ranks
+    after = [loader(dataset, rank=r, world_size=new, micro_batch_size=2) for r in range(new)]
+    for it in after:
+        it.load_state_dict(states[0])
+    left = (124 - steps * old * 2) // (new * 2)
+    seen += [w for it in after for x, _ in take(it, left) for w in window_ids(x)]
+    assert len(seen) == len(set(seen)) > 124 - new * 2  # every window once, bar a tail shorter than one step
+    assert {it.epoch for it in after} == {0}
+    # The next epoch is exactly what a run on `new` ranks from the start reads in its second epoch.
+    fresh = [loader(dataset, rank=r, world_size=new, micro_batch_size=2) for r in range(new)]
+    for it_after, it_fresh in zip(after, fresh, strict=True):
+        take(it_fresh, it_fresh.batches_per_epoch)
+        for (x, _), (ref, _) in zip(take(it_after, 5), take(it_fresh, 5), strict=True):
+            assert torch.equal(x, ref)
+        assert it_after.epoch == it_fresh.epoch == 1
+
+
+def test_state_from_another_order_is_refused(dataset: Path):
+    state = loader(dataset, seed=1).state_dict()
+    with pytest.raises(UserError, match="seed=1"):
+        loader(dataset, seed=2).load_state_dict(state)
+    with pytest.raises(UserError, match="seq_len=8"):
+        loader(dataset, seed=1, seq_len=16).load_state_dict(state)
+
+
+def test_manifest_fields_and_document_positions(dataset: Path):
+    it = loader(dataset)
+    assert (it.vocab_size, it.eos_id) == (2**20, 0)
+    inputs = torch.tensor([[5, 0, 7, 8, 0, 0, 9], [0, 1, 2, 3, 4, 5, 6]])
+    assert document_positions(inputs, eos_id=0).tolist() == [[0, 1, 0, 1, 2, 0, 0], [0, 0, 1, 2, 3, 4, 5]]
+
+
+def _truncate_first_shard(folder: Path) -> None:
+    path = folder / "train-00000.bin"
+    path.write_bytes(path.read_bytes()[:-4])
+
+
+def _corrupt_first_shard(folder: Path) -> None:
+    path = folder / "train-00000.bin"
+    data = bytearray(path.read_bytes())
+    data[0] ^= 1
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("damage", "options", "message"),
+    [
+        (lambda f: None, {"folder": "missing"}, "does not exist"),
+        (lambda f: (f / "manifest.json").unlink(), {}, "manifest.json missing"),
+        (lambda f: (f / "train-00001.bin").unlink(), {}, "missing"),
+        (_truncate_first_shard, {}, "corrupt"),
+        (_corrupt_first_shard, {"verify": True}, "failed verification: train-00000.bin: checksum mismatch"),
+        (lambda f: None, {"split": "val", "micro_batch_size": 25}, "fewer than one batch"),
+        (lambda f: None, {"world_size": 16, "micro_batch_size": 8}, "fewer than one batch"),
+    ],
+)
+def test_bad_input_is_one_clear_line(dataset: Path, damage, options: dict, message: str):
+    damage(dataset)
+    folder = dataset / options.pop("folder") if "folder" in options else dataset
+    with pytest.raises(UserError, match=message) as error:
+        loader(folder, **options)
+    assert "\n" not in str(error.value)
+
+
+def test_split_without_tokens_is_refused(tmp_path: Path):
+    folder = write_dataset(tmp_path / "data", {"train": [100]})
+    with pytest.raises(UserError, match="no 'val' tokens"):
+        loader(folder, split="val")
