@@ -235,7 +235,7 @@ def environment() -> list[str]:
     root = Path(__file__).resolve().parent.parent
     git = ["git", "-C", str(root)]
     sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run([*git, "status", "--porcelain", "--", "src/dlx/data/loader", "benchmarks"],
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", "src/dlx/data/loader", "benchmarks/bench_loader.py"],
                            capture_output=True, text=True).stdout.strip()  # fmt: skip
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())  # fmt: skip
