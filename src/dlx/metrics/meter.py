@@ -1,0 +1,165 @@
+"""ThroughputMeter: the one place that turns a step's token count and phase timings into the logged numbers.
+
+The trainer only feeds it numbers (torchtitan's split). For one optimizer step, with `tokens` counted over all ranks:
+
+    tokens_per_s   = tokens / step_s                                   (whole job)
+    tflops         = tokens_per_s / world_size × (6·N + 12·L·H·Q·T) / 1e12    per device, attention convention
+    tflops_dense   = tokens_per_s / world_size × 6·N / 1e12                   per device, dense convention
+    mfu, mfu_dense = tflops / peak_tflops, tflops_dense / peak_tflops  (fractions; None without a peak;
+                     above 1 reported as it is, with a warning, never clipped)
+    data_wait_pct  = 100 · data_wait_s / step_s
+    other_s        = step_s − Σ phases (≥ 0): time spent in no phase (zero_grad, scheduler, logging, Python)
+
+N, L, H, Q, T and both conventions are defined in `dlx.metrics.flops`; the peak comes from `dlx.metrics.peak`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dlx import device as device_mod
+from dlx.metrics.flops import CONVENTIONS, matmul_params, training_flops_per_token
+from dlx.metrics.peak import Peak, mfu, mfu_warning, peak_for
+from dlx.metrics.timing import STANDARD_PHASES
+from dlx.model.args import ModelArgs
+
+NON_PHASE_SECONDS = frozenset({"step_s", "other_s", "tokens_per_s"})
+"""Record keys ending in `_s` that are not phase times; any other `<name>_s` key is read as a phase. Keys added to
+a record later must not end in `_s` unless they are phases."""
+
+
+def phase_seconds(record: dict[str, Any]) -> dict[str, float]:
+    """The phases of a logged record ({"data_wait": s, "forward": s, ...}), standard ones first, `other` excluded."""
+    names = [*STANDARD_PHASES]
+    names += [k[:-2] for k in record if k.endswith("_s") and k not in NON_PHASE_SECONDS and k[:-2] not in names]
+    return {name: float(record.get(f"{name}_s") or 0.0) for name in names}
+
+
+class ThroughputMeter:
+    """Per-step throughput, TFLOPS, MFU (both conventions), data-wait share and peak memory."""
+
+    def __init__(
+        self,
+        model_args: ModelArgs,
+        seq_len: int,
+        device: torch.device,
+        precision: str,
+        world_size: int = 1,
+        peak: Peak | None = None,
+    ) -> None:
+        """`peak` overrides the table/probe lookup (tests, or a figure the user knows better)."""
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        self.model_args = model_args
+        self.seq_len = seq_len
+        self.device = device
+        self.precision = precision
+        self.world_size = world_size
+        self.flops = training_flops_per_token(model_args, seq_len)
+        self.peak = peak if peak is not None else peak_for(device, precision)
+        self.first_warning: str | None = None
+        """The first MFU-above-100 % warning of the run, for the end-of-run summary (each record carries its own)."""
+
+    def record(
+        self,
+        *,
+        step: int,
+        loss: float | torch.Tensor | None,
+        lr: float | None,
+        grad_norm: float | torch.Tensor | None,
+        tokens: int,
+        timings: dict[str, float],
+    ) -> dict[str, Any]:
+        """One flat, JSON-serialisable record for the optimizer step that produced `timings` (PhaseTimer.end_step)."""
+        step_s = float(timings["step_s"])
+        if step_s <= 0:
+            raise ValueError(f"step_s must be positive, got {step_s}: pass the dict PhaseTimer.end_step returned")
+        phases = {name: float(seconds) for name, seconds in timings.items() if name != "step_s"}
+        phases = {**dict.fromkeys(STANDARD_PHASES, 0.0), **phases}
+        tokens_per_s = tokens / step_s
+        tflops = tokens_per_s / self.world_size * self.flops.attention / 1e12
+        tflops_dense = tokens_per_s / self.world_size * self.flops.dense / 1e12
+        rec: dict[str, Any] = {
+            "step": int(step),
+            "loss": _scalar(loss),
+            "lr": _scalar(lr),
+            "grad_norm": _scalar(grad_norm),
+            "tokens": int(tokens),
+            "tokens_per_s": tokens_per_s,
+            **{f"{name}_s": seconds for name, seconds in phases.items()},
+            "other_s": max(step_s - sum(phases.values()), 0.0),
+            "step_s": step_s,
+            "data_wait_pct": 100.0 * phases["data_wait"] / step_s,
+            "tflops": tflops,
+            "tflops_dense": tflops_dense,
+            "mfu": mfu(tflops, self.peak),
+            "mfu_dense": mfu(tflops_dense, self.peak),
+            "peak_mem_gb": device_mod.peak_memory_gb(self.device),
+        }
+        warning = mfu_warning(rec["mfu"])
+        if warning is not None:
+            rec["warning"] = warning
+            self.first_warning = self.first_warning or warning
+        return rec
+
+    def header(self) -> list[str]:
+        """How every number in the records is counted: FLOPs formulas filled in, the peak and its source, memory."""
+        a, t = self.model_args, self.seq_len
+        n = matmul_params(a)
+        attention_term = f"12·{a.n_layers}·{a.n_heads}·{a.head_dim}·{t}"
+        lines = [
+            f"FLOPs/token, attention convention (tflops, mfu): 6·N + 12·L·H·Q·T = 6·{n:,} + {attention_term}"
+            f" = {self.flops.attention:.4e}",
+            f"FLOPs/token, dense convention (tflops_dense, mfu_dense): 6·N = 6·{n:,} = {self.flops.dense:.4e}",
+            f"  N = {CONVENTIONS['dense'].split('N = ', 1)[1]}; L layers, H query heads, Q head dim, T seq len",
+            f"TFLOPS are per device: tokens/s ÷ {self.world_size} device(s) × FLOPs/token ÷ 1e12",
+        ]
+        if self.peak.tflops is None:
+            lines.append(f"MFU omitted: {self.peak.source}")
+        else:
+            lines.append(f"MFU = TFLOPS ÷ peak {self.peak.tflops:.4g} TFLOPS ({self.precision}; {self.peak.source})")
+        lines.append(f"Peak memory: {device_mod.peak_memory_method(self.device)}")
+        return lines
+
+    def format_line(self, record: dict[str, Any]) -> str:
+        """One compact log line: loss, lr, throughput, TFLOPS, MFU, every phase and peak memory."""
+        phases = " · ".join(f"{_SHORT.get(k, k)} {_ms(s)}" for k, s in phase_seconds(record).items())
+        parts = [
+            f"step {record['step']}",
+            f"loss {_fmt(record.get('loss'), '.4f')}",
+            f"lr {_fmt(record.get('lr'), '.2e')}",
+            f"gnorm {_fmt(record.get('grad_norm'), '.3g')}",
+            f"{record['tokens_per_s']:,.0f} tok/s",
+            f"{record['tflops']:.3g} TFLOPS",
+            f"MFU {_pct(record.get('mfu'))} (dense {_pct(record.get('mfu_dense'))})",
+            f"step {_ms(record['step_s'])} ms: {phases} · other {_ms(record['other_s'])}",
+            f"mem {record['peak_mem_gb']:.2f} GB",
+        ]
+        if "warning" in record:
+            parts.append("! MFU > 100%")
+        return " | ".join(parts)
+
+
+_SHORT = {"data_wait": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "communication": "comm"}
+
+
+def _scalar(value: float | torch.Tensor | None) -> float | None:
+    if value is None:
+        return None
+    # Non-finite values stay as they are here (the trainer checks them); MetricsLogger writes them as null.
+    return float(value.item() if hasattr(value, "item") else value)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _ms(seconds: float) -> str:
+    ms = 1e3 * seconds
+    return f"{ms:.0f}" if ms >= 10 else f"{ms:.1f}"
