@@ -230,6 +230,10 @@ def throughput_table(results: dict[str, list[float]]) -> list[str]:
     return rows
 
 
+def _relative(path: Path, root: Path) -> str:
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
 def environment() -> list[str]:
     """The exact command, code version, library versions and hardware, for the record."""
     root = Path(__file__).resolve().parent.parent
@@ -241,7 +245,7 @@ def environment() -> list[str]:
                 if line.startswith("model name")), platform.processor())  # fmt: skip
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return [
-        f"- command: `{shlex.join([Path(sys.executable).name, *sys.argv])}`",
+        f"- command: `{shlex.join([_relative(Path(sys.executable), root), *sys.argv])}` (from the repository root)",
         f"- git: {sha}{' (loader or benchmark files modified)' if dirty else ''}; "
         f"python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}",
         f"- hardware: {cpu}, {os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}; "
