@@ -1,0 +1,151 @@
+"""report.md for a run: how the numbers are counted, a summary table, the phase shares, the verdict, and plots.
+
+Throughput statistics leave out the first `skip_first` records (warm-up), as the verdict does; loss uses them all.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dlx.atomic import atomic_write_text
+from dlx.metrics import flops, plots
+from dlx.metrics.verdict import LOW_MFU, THRESHOLDS, Verdict
+
+REPORT_FILE = "report.md"
+
+# (record key, label, format of one value)
+SUMMARY_ROWS = [
+    ("tokens_per_s", "tokens/s (all devices)", "{:,.0f}"),
+    ("tflops", "TFLOPS per device, attention convention", "{:.4g}"),
+    ("tflops_dense", "TFLOPS per device, dense convention", "{:.4g}"),
+    ("mfu", "MFU, attention convention", "pct"),
+    ("mfu_dense", "MFU, dense convention", "pct"),
+    ("step_s", "step time (s)", "{:.4g}"),
+    ("data_wait_pct", "data wait (% of step)", "{:.1f}"),
+]
+
+
+def write_report(
+    run_dir: str | os.PathLike,
+    records: Sequence[dict[str, Any]],
+    verdict: Verdict,
+    header_lines: Sequence[str],
+    eval_records: Sequence[dict[str, Any]] = (),
+    skip_first: int = 1,
+) -> Path:
+    """Write run_dir/report.md with loss.png, throughput.png and phases.png beside it; return the report's path."""
+    run_dir = Path(run_dir)
+    evals = [{"step": r["step"], "loss": r.get("loss", r.get("eval_loss"))} for r in eval_records]
+    used = list(records[skip_first:]) if len(records) > skip_first else list(records)
+    if records:
+        plots.plot_loss(run_dir / "loss.png", records, evals)
+        plots.plot_throughput(run_dir / "throughput.png", records)
+        plots.plot_phases(run_dir / "phases.png", records)
+    sections = [
+        ["# Run report", "", "```", *header_lines, "```"],
+        _conventions(),
+        _summary(used, len(records) - len(used)) if used else ["## Summary", "", "No steps were logged."],
+        _phases(verdict),
+        _losses(records, evals),
+        _verdict(verdict),
+        _figures() if records else [],
+    ]
+    text = "\n\n".join("\n".join(lines) for lines in sections if lines) + "\n"
+    path = run_dir / REPORT_FILE
+    atomic_write_text(path, text)
+    return path
+
+
+def _conventions() -> list[str]:
+    return [
+        "## How FLOPs and MFU are counted",
+        "",
+        f"- **Attention convention** (`tflops`, `mfu`): {flops.CONVENTIONS['attention']}.",
+        f"- **Dense convention** (`tflops_dense`, `mfu_dense`): {flops.CONVENTIONS['dense']}.",
+        "- L layers, H query heads, Q head dim, T sequence length. Forward is 2 FLOPs per weight per token, backward"
+        " twice that. Activation recomputation is not counted: MFU is useful model FLOPs over the device's peak.",
+        "- TFLOPS are per device (tokens/s ÷ world size × FLOPs/token); MFU above 100 % is reported as it is,"
+        " never clipped: it means the peak or the count does not fit the device.",
+    ]
+
+
+def _summary(records: list[dict[str, Any]], skipped: int) -> list[str]:
+    lines = [
+        "## Summary",
+        "",
+        f"Over {len(records)} logged steps ({skipped} warm-up record(s) left out).",
+        "",
+        "| metric | median | mean | min | max |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for key, label, fmt in SUMMARY_ROWS:
+        values = [float(r[key]) for r in records if isinstance(r.get(key), (int, float))]
+        if not values:
+            lines.append(f"| {label} | n/a | n/a | n/a | n/a |")
+            continue
+        stats = (statistics.median(values), statistics.fmean(values), min(values), max(values))
+        lines.append(f"| {label} | " + " | ".join(_format(v, fmt) for v in stats) + " |")
+    peak_mem = max((float(r["peak_mem_gb"]) for r in records if r.get("peak_mem_gb") is not None), default=None)
+    lines.append(f"\nPeak memory: {'n/a' if peak_mem is None else f'{peak_mem:.3f} GB'} (method in the header).")
+    warnings = sorted({r["warning"] for r in records if r.get("warning")})
+    lines += [f"\n**Warning:** {w}" for w in warnings[:1]]
+    return lines
+
+
+def _phases(verdict: Verdict) -> list[str]:
+    lines = ["## Where the step time goes", "", "| phase | share of step time |", "|---|---:|"]
+    for key, value in verdict.evidence.items():
+        if key.endswith("_pct") and value is not None:
+            lines.append(f"| {key[:-4]} | {value:.1f} % |")
+    return lines
+
+
+def _losses(records: Sequence[dict[str, Any]], evals: list[dict[str, Any]]) -> list[str]:
+    lines = ["## Loss", ""]
+    train = [r for r in records if isinstance(r.get("loss"), (int, float))]
+    if train:
+        last = train[-1]
+        lines.append(f"- Final train loss: {last['loss']:.4f} at step {last['step']}.")
+    evaluated = [r for r in evals if isinstance(r.get("loss"), (int, float))]
+    if evaluated:
+        last = evaluated[-1]
+        ppl = math.exp(last["loss"]) if last["loss"] < 700 else math.inf
+        lines.append(f"- Final eval loss: {last['loss']:.4f}, perplexity {ppl:,.2f} (e^loss) at step {last['step']}.")
+    else:
+        lines.append("- No evaluation was logged.")
+    return lines
+
+
+def _verdict(verdict: Verdict) -> list[str]:
+    thresholds = ", ".join(f"{kind} at ≥ {share:.0%}" for kind, share in THRESHOLDS.items())
+    return [
+        "## Bottleneck verdict",
+        "",
+        f"**{verdict.kind}**: {verdict.reason}.",
+        "",
+        f"- Evidence: {verdict.evidence_line()}",
+        f"- Try: {verdict.suggestion}",
+        f"- Rules: {thresholds} of step time (overhead = unaccounted + communication); otherwise compute-bound, "
+        f"with MFU below {LOW_MFU:.0%} called low. The largest excess over its threshold wins.",
+    ]
+
+
+def _figures() -> list[str]:
+    return [
+        "## Plots",
+        "",
+        "![loss](loss.png)",
+        "",
+        "![throughput and MFU](throughput.png)",
+        "",
+        "![phase times per step](phases.png)",
+    ]
+
+
+def _format(value: float, fmt: str) -> str:
+    return f"{100 * value:.1f} %" if fmt == "pct" else fmt.format(value)

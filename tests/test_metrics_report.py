@@ -1,0 +1,65 @@
+"""write_report: report.md with both conventions and the verdict, and three PNGs; end to end from the meter."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from dlx.metrics.logger import MetricsLogger, read_jsonl
+from dlx.metrics.meter import ThroughputMeter
+from dlx.metrics.peak import Peak
+from dlx.metrics.report import write_report
+from dlx.metrics.timing import PhaseTimer
+from dlx.metrics.verdict import bottleneck_verdict
+from dlx.model.args import ModelArgs
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def fake_run(run_dir: Path, n_steps: int = 8) -> ThroughputMeter:
+    """Feed the meter the way the trainer does, with sleeps for work, and log every step."""
+    args = ModelArgs(dim=64, n_layers=2, n_heads=4, vocab_size=256, multiple_of=16, max_seq_len=32)
+    meter = ThroughputMeter(args, 32, torch.device("cpu"), "fp32", peak=Peak(0.01, "fake peak"))
+    timer = PhaseTimer(torch.device("cpu"))
+    with MetricsLogger(run_dir) as logger:
+        for step in range(1, n_steps + 1):
+            for phase in ("data_wait", "forward", "backward", "optimizer"):
+                with timer.phase(phase):
+                    pass
+            timings = timer.end_step()
+            timings["step_s"] = max(timings["step_s"], 1e-3)
+            loss = 5.0 * math.exp(-step / 4)
+            logger.log(meter.record(step=step, loss=loss, lr=1e-3, grad_norm=1.0, tokens=256, timings=timings))
+            if step % 4 == 0:
+                logger.log_eval({"step": step, "loss": loss + 0.1, "perplexity": math.exp(loss + 0.1)})
+    return meter
+
+
+def test_report_from_logged_run(tmp_path: Path) -> None:
+    meter = fake_run(tmp_path)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    verdict = bottleneck_verdict(records)
+    path = write_report(tmp_path, records, verdict, meter.header(), read_jsonl(tmp_path / "eval.jsonl"))
+    assert path == tmp_path / "report.md"
+    for name in ("loss.png", "throughput.png", "phases.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
+    text = path.read_text()
+    for needle in ("6·N + 12·L·H·Q·T", "6·N", "Attention convention", "Dense convention", "fake peak",
+                   verdict.kind, verdict.suggestion, "Final eval loss", "perplexity", "MFU, dense convention",
+                   "![loss](loss.png)"):  # fmt: skip
+        assert needle in text, needle
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temporaries
+
+
+def test_report_without_peak_or_eval(tmp_path: Path) -> None:
+    records = [
+        {"step": s, "loss": 3.0, "tokens_per_s": 100.0, "tflops": 0.1, "tflops_dense": 0.09, "mfu": None,
+         "mfu_dense": None, "forward_s": 0.5, "backward_s": 0.4, "other_s": 0.1, "step_s": 1.0, "peak_mem_gb": 0.5}
+        for s in range(1, 4)
+    ]  # fmt: skip
+    path = write_report(tmp_path, records, bottleneck_verdict(records), ["MFU omitted: unknown device"])
+    text = path.read_text()
+    assert "No evaluation was logged" in text and "| MFU, attention convention | n/a |" in text
+    assert (tmp_path / "throughput.png").read_bytes()[:8] == PNG_MAGIC
