@@ -21,7 +21,13 @@ def _register_commands() -> None:
     from dlx.cli import model_commands, plan_commands
 
     model_commands.register(app)
+    from dlx.cli import train_commands
+
+    train_commands.register(app)
     plan_commands.register(app)
+    from dlx.cli import data_commands
+
+    data_commands.register(app)
 
 
 def main() -> None:

@@ -186,14 +186,20 @@ def read_checkpoint(path: Path) -> LoadedCheckpoint:
     return LoadedCheckpoint(path, state, weights, train_state)
 
 
-def find_resumable(run_dir: Path, say=print) -> LoadedCheckpoint | None:
-    """The newest checkpoint that reads back completely; each damaged newer one is reported and skipped."""
+def find_resumable(run_dir: Path, say=print, set_aside: bool = False) -> LoadedCheckpoint | None:
+    """The newest checkpoint that reads back completely; each damaged newer one is reported and skipped, and with
+    `set_aside` renamed to `step-N.damaged` (kept for inspection, never again taken for a checkpoint or pruned)."""
     remove_unfinished_saves(run_dir)
     for path in list_checkpoints(run_dir):
         try:
             return read_checkpoint(path)
         except DamagedCheckpoint as e:
-            say(f"checkpoint {path} is damaged: {e}; falling back to the previous one")
+            aside = path.with_name(path.name + ".damaged")
+            note = f"; moved to {aside.name}" if set_aside else ""
+            say(f"checkpoint {path} is damaged: {e}; falling back to the previous one{note}")
+            if set_aside:
+                shutil.rmtree(aside, ignore_errors=True)
+                path.rename(aside)
     return None
 
 

@@ -1,0 +1,77 @@
+"""`dlx pretrain` and `dlx generate`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+PRETRAIN_HELP = """Pretrain a model from a YAML recipe, with `--section.key VALUE` overrides (e.g. `--train.lr 1e-3`).
+
+With no recipe, runs the embedded demo: prepares the stdlib corpus into ./data/stdlib-8k if needed, trains the
+`demo` model for about 5 minutes on a CPU and prints a sample.
+
+`dlx pretrain --keys` lists every recipe key.
+"""
+
+
+def pretrain(
+    ctx: typer.Context,
+    run_dir: Annotated[
+        Path | None,
+        typer.Option("--run-dir", help="Run folder (default: runs/RECIPE-DATE-TIME; with --resume, the newest)."),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run folder from its newest complete checkpoint.")
+    ] = False,
+    keys: Annotated[bool, typer.Option("--keys", help="List every recipe key with its default and meaning.")] = False,
+) -> None:
+    from dlx.train.recipe import split_command_line
+
+    if keys:
+        from dlx.train.config import describe_keys
+
+        print("\n".join(describe_keys()))
+        return
+    recipe, overrides = split_command_line(list(ctx.args))
+    if recipe is None and not overrides and not (resume and run_dir):
+        from dlx.train.demo import run_demo
+
+        sys.exit(run_demo(resume=resume, run_dir=run_dir))
+    from dlx.train.launch import launch
+
+    sys.exit(launch(recipe, overrides, run_dir, resume))
+
+
+def generate(
+    path: Annotated[
+        Path,
+        typer.Argument(
+            metavar="RUN_DIR_OR_CHECKPOINT", help="A run folder (its newest complete checkpoint) or a checkpoint."
+        ),
+    ],
+    prompt: Annotated[str, typer.Option("--prompt", help="Text to continue.")],
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens to sample after the prompt.")] = 100,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy decoding.")] = 0.8,
+    top_k: Annotated[int | None, typer.Option(min=1, help="Sample among the k likeliest tokens.")] = 50,
+    top_p: Annotated[float | None, typer.Option(min=0.0, max=1.0, help="Nucleus sampling mass.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the sampler.")] = 0,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+) -> None:
+    """Sample a continuation of PROMPT from a trained model, with the run's tokenizer."""
+    from dlx.train.sample import sample_text
+
+    text = sample_text(path, prompt, max_new_tokens, temperature, top_k, top_p, seed, device)
+    print(text)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "pretrain",
+        help=PRETRAIN_HELP,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        options_metavar="[RECIPE.yaml] [--section.key VALUE ...] [OPTIONS]",
+    )(pretrain)
+    app.command("generate")(generate)

@@ -1,0 +1,175 @@
+"""`build_run`: every piece a training run needs, each from its own `build_*` helper, validated before the run folder
+is created (bad input leaves nothing behind)."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from dlx import device as dev
+from dlx.data.shards import TOKENIZER_FILE
+from dlx.errors import UserError
+from dlx.metrics.logger import MetricsLogger
+from dlx.metrics.meter import ThroughputMeter
+from dlx.metrics.timing import PhaseTimer
+from dlx.model.llama import Transformer
+from dlx.train import checkpoint as ckpt
+from dlx.train import folder
+from dlx.train.config import RunConfig
+from dlx.train.console import RunConsole
+from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
+from dlx.train.header import StepPlan, plan_steps
+from dlx.train.optim import build_optimizer, build_scheduler
+from dlx.train.precision import Precision, build_precision
+from dlx.train.recipe import write_resolved
+from dlx.train.signals import GracefulStop
+
+
+@dataclass
+class Run:
+    config: RunConfig
+    run_dir: Path
+    device: torch.device
+    precision: Precision
+    model: Transformer
+    """The bare model: checkpoints, evaluation and sampling use it."""
+    train_model: nn.Module
+    """What the step calls: the model after `wrap_model`."""
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loader: Any
+    """TokenLoader or SyntheticLoader (dlx.train.data)."""
+    plan: StepPlan
+    state: ckpt.TrainerState
+    timer: PhaseTimer
+    meter: ThroughputMeter
+    logger: MetricsLogger
+    console: RunConsole
+    stop: GracefulStop
+    data_info: DatasetInfo
+    rank: int = 0
+    world_size: int = 1
+    last_checkpoint: Path | None = None
+    header: list[str] = field(default_factory=list)
+    """The start-up header, repeated in report.md."""
+    records: list[dict[str, Any]] = field(default_factory=list)
+    eval_records: list[dict[str, Any]] = field(default_factory=list)
+    verdict: Any = None
+    """The bottleneck verdict, once the run has finished."""
+
+    def close(self) -> None:
+        """Stop the loader's workers and flush the logs; safe to call twice."""
+        try:
+            self.console.stop()
+            self.loader.close()
+        finally:
+            self.logger.close()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_model(config: RunConfig, device: torch.device) -> Transformer:
+    """Initialised on the device directly (an 8B model never exists on the host), from train.seed."""
+    seed_everything(config.train.seed)
+    with torch.device(device):
+        model = Transformer(config.model.args)
+    return model
+
+
+def wrap_model(model: Transformer, config: RunConfig) -> nn.Module:
+    """The one place where the model is wrapped from outside. Today: torch.compile per block. Distributed training
+    (issue 6) adds its documented order here: activation checkpointing → compile → FSDP / DDP."""
+    if config.train.compile:
+        for block in model.layers:
+            block.compile()
+    return model
+
+
+def resolve_run_dir(config: RunConfig, name: str, run_dir: Path | None, resume: bool) -> Path:
+    if not resume:
+        return folder.new_run_dir(name, run_dir)
+    path = folder.existing_run_dir(name, run_dir)
+    folder.check_resume_compatible(folder.saved_config(path), config.resolved())
+    return path
+
+
+def check_optional_features(config: RunConfig) -> None:
+    if config.log.tensorboard:
+        try:
+            import torch.utils.tensorboard  # noqa: F401
+        except ImportError:
+            raise UserError(
+                "log.tensorboard is true but tensorboard is missing: pip install 'dlx[tensorboard]'"
+            ) from None
+
+
+def build_run(config: RunConfig, name: str, run_dir: Path | None, resume: bool, stop: GracefulStop) -> Run:
+    """Validate, build, restore (on --resume), and only then create the run folder."""
+    data_info = inspect_dataset(config)
+    check_optional_features(config)
+    run_dir = resolve_run_dir(config, name, run_dir, resume)
+    device = dev.resolve_device(config.train.device)
+    precision = build_precision(config.train.precision, device)
+    loader = build_train_loader(config, device)
+    try:
+        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, world_size=1)
+        model = build_model(config, device)
+        optimizer = build_optimizer(model, config.train, device)
+        scheduler = build_scheduler(optimizer, config.train, plan.total_steps)
+        console = RunConsole(plan.total_steps, 0, config.log.progress)
+        state, last = restore(run_dir, resume, model, optimizer, scheduler, precision, loader, console)
+        create_run_dir(config, run_dir, data_info)
+    except BaseException:
+        loader.close()
+        raise
+    console.progress.update(console.task, completed=state.step)
+    return Run(
+        config=config, run_dir=run_dir, device=device, precision=precision, model=model,
+        train_model=wrap_model(model, config), optimizer=optimizer, scheduler=scheduler, loader=loader, plan=plan,
+        state=state, timer=PhaseTimer(device),
+        meter=ThroughputMeter(config.model.args, config.data.seq_len, device, precision.name, world_size=1),
+        logger=MetricsLogger(run_dir, config.log.tensorboard, is_main=True, resume_step=state.step if resume else None),
+        console=console, stop=stop, data_info=data_info, last_checkpoint=last,
+    )  # fmt: skip
+
+
+def restore(
+    run_dir: Path,
+    resume: bool,
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    precision: Precision,
+    loader: Any,
+    console: RunConsole,
+) -> tuple[ckpt.TrainerState, Path | None]:
+    """On --resume: the newest complete checkpoint into every piece, the loader to its position."""
+    if not resume:
+        return ckpt.TrainerState(), None
+    loaded = ckpt.find_resumable(run_dir, say=console.warn, set_aside=True)
+    if loaded is None:
+        console.warn(f"--resume: {run_dir} holds no complete checkpoint; starting it again from step 0")
+        return ckpt.TrainerState(), None
+    state = ckpt.apply_checkpoint(loaded, model, optimizer, scheduler, precision.scaler)
+    if state.loader is not None:
+        loader.load_state_dict(state.loader)
+    console.print(f"resuming from {loaded.path} (step {state.step:,}, {state.tokens_seen:,} tokens seen)")
+    return state, loaded.path
+
+
+def create_run_dir(config: RunConfig, run_dir: Path, data_info: DatasetInfo) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_resolved(config, run_dir)
+    if data_info.tokenizer is not None:
+        shutil.copyfile(data_info.tokenizer, run_dir / TOKENIZER_FILE)

@@ -1,0 +1,236 @@
+"""The step loop. One optimizer step = `grad_accum` micro-steps of (wait for data, forward, backward), then the
+optimizer; each phase is a named span of the PhaseTimer, so every logged record says where the step's time went.
+
+Per step the host waits for the device once, for the loss value (`.item()`): the NaN policy must decide before the
+update is applied. The PhaseTimer synchronizes once more at the end of the step on CUDA; on a CPU neither costs a thing.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dlx.errors import UserError
+from dlx.metrics.report import write_report
+from dlx.metrics.timing import PhaseTimer
+from dlx.metrics.verdict import bottleneck_verdict
+from dlx.train import checkpoint as ckpt
+from dlx.train import folder
+from dlx.train.config import RunConfig
+from dlx.train.data import build_eval_loader
+from dlx.train.eval import evaluate, next_token_loss
+from dlx.train.header import header_lines
+from dlx.train.precision import Precision
+from dlx.train.run import Run, build_run
+from dlx.train.signals import GracefulStop
+
+
+class NonFiniteLoss(UserError):
+    """The loss became NaN or inf under train.nan_policy: stop."""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    step: int
+    records: list[dict[str, Any]]
+    eval_records: list[dict[str, Any]]
+    verdict: Any
+    last_checkpoint: Path | None
+    stopped_by: str | None
+    """The signal that stopped the run early, or None when it ran to the end."""
+    model: torch.nn.Module
+
+    @property
+    def exit_code(self) -> int:
+        """0 for a finished run; 128 + the signal's number (the shell's convention) for one a signal stopped."""
+        if self.stopped_by is None:
+            return 0
+        return 128 + int(signal.Signals[self.stopped_by])
+
+
+def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, resume: bool = False) -> RunResult:
+    """Train as the recipe says, into a new run folder (or continue the newest complete checkpoint with resume)."""
+    with GracefulStop() as stop:
+        run = build_run(config, name, run_dir, resume, stop)
+        try:
+            if resume:
+                folder.append_event(run.run_dir, event="resume", step=run.state.step, checkpoint=run.last_checkpoint)
+            print_header(run)
+            run.console.start()
+            train_loop(run)
+            run.console.stop()
+            finish(run)
+        finally:
+            run.close()
+    return RunResult(run.run_dir, run.state.step, run.records, run.eval_records, run.verdict, run.last_checkpoint,
+                     stop.signal_name, run.model)  # fmt: skip
+
+
+def train_loop(run: Run) -> None:
+    """Optimizer steps from where the run stands to the plan's last step; stops early on a signal."""
+    window = TimingWindow()
+    for step in range(run.state.step + 1, run.plan.total_steps + 1):
+        if run.stop.requested:
+            break
+        loss = accumulate_gradients(run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer)
+        lr = run.scheduler.get_last_lr()[0]
+        with run.timer.phase("optimizer"):
+            loss_value = loss.item()  # the one wait per step: the NaN policy decides before the update
+            grad_norm = optimizer_step(run) if math.isfinite(loss_value) else None
+            run.scheduler.step()
+        window.add(run.timer.end_step())
+        run.state.step, run.state.tokens_seen = step, run.state.tokens_seen + run.plan.tokens_per_step
+        if grad_norm is None:
+            handle_non_finite(run, step, loss_value)
+        if step % run.config.log.every == 0 or step == run.plan.total_steps:
+            log_step(run, step, loss_value, lr, grad_norm, window.mean())
+            window = TimingWindow()
+        else:
+            run.console.advance(step, None)
+        between_steps(run, step)
+
+
+def between_steps(run: Run, step: int) -> None:
+    """Evaluation and checkpoints when due, with the step clock paused: they are not step time."""
+    cfg = run.config
+    due_eval = cfg.eval.every and step % cfg.eval.every == 0
+    due_save = cfg.checkpoint.every and step % cfg.checkpoint.every == 0
+    if due_eval or due_save:
+        with run.timer.paused():
+            if due_eval:
+                run_eval(run, step)
+            if due_save:
+                save(run)
+
+
+def accumulate_gradients(
+    model: nn.Module, batches: Iterator, accum: int, precision: Precision, timer: PhaseTimer
+) -> torch.Tensor:
+    """`accum` micro-steps; returns the step's mean loss (detached). Each micro-loss is divided by `accum`, so the
+    summed gradients equal those of one batch `accum` times larger (the micro-batches have equal sizes)."""
+    total = None
+    for _ in range(accum):
+        with timer.phase("data_wait"):
+            inputs, targets = next(batches)
+        with timer.phase("forward"):
+            with precision.autocast():
+                logits = model(inputs)  # (B, T, vocab)
+            loss = next_token_loss(logits, targets) / accum
+        with timer.phase("backward"):
+            precision.scale(loss).backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    return total
+
+
+def optimizer_step(run: Run) -> torch.Tensor:
+    """Unscale (fp16), clip, update, clear gradients; returns the global gradient norm before clipping."""
+    params = [p for group in run.optimizer.param_groups for p in group["params"]]
+    run.precision.unscale_(run.optimizer)
+    clip = run.config.train.grad_clip
+    if clip > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
+    else:
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    run.precision.step(run.optimizer)
+    run.optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
+def handle_non_finite(run: Run, step: int, loss_value: float) -> None:
+    """The update was not applied. `skip`: drop the batch and go on; `stop`: end the run, naming what to resume."""
+    run.optimizer.zero_grad(set_to_none=True)
+    policy = run.config.train.nan_policy
+    folder.append_event(run.run_dir, event="non_finite_loss", step=step, loss=str(loss_value), action=policy)
+    if policy == "skip":
+        run.state.nan_skipped += 1
+        run.console.warn(f"step {step}: loss is {loss_value}; batch skipped (train.nan_policy: skip)")
+        return
+    last = run.last_checkpoint or "none (no checkpoint was saved yet)"
+    raise NonFiniteLoss(
+        f"loss is {loss_value} at step {step}; last good checkpoint: {last}. Lower train.lr or raise "
+        "train.warmup_ratio and resume with --resume, or set train.nan_policy skip"
+    )
+
+
+class TimingWindow:
+    """Phase timings averaged over the steps between two logged records, so a record describes its whole window."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.count = 0
+
+    def add(self, timings: dict[str, float]) -> None:
+        for key, value in timings.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+        self.count += 1
+
+    def mean(self) -> dict[str, float]:
+        return {key: value / self.count for key, value in self.sums.items()}
+
+
+def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tensor | None, timings: dict) -> None:
+    record = run.meter.record(step=step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=run.plan.tokens_per_step,
+                              timings=timings)  # fmt: skip
+    record["epoch"] = run.loader.epoch
+    run.logger.log(record)
+    run.records.append(record)
+    run.console.print(run.meter.format_line(record))
+    run.console.advance(step, record)
+
+
+def run_eval(run: Run, step: int) -> None:
+    loader = build_eval_loader(run.config, run.device)
+    try:
+        result = evaluate(run.model, loader, run.config.eval.batches, run.precision)
+    finally:
+        loader.close()
+    record = {"step": step, **result}
+    run.logger.log_eval(record)
+    run.eval_records.append(record)
+    run.console.print(f"eval step {step} | loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} "
+                      f"| {result['batches']} batches in {result['eval_s']:.1f} s")  # fmt: skip
+
+
+def save(run: Run) -> None:
+    state = run.state
+    state.loader = run.loader.state_dict()
+    run.last_checkpoint = ckpt.save_checkpoint(
+        run.run_dir, run.model, run.optimizer, run.scheduler, run.precision.scaler, state,
+        run.config.checkpoint.keep_last,
+    )  # fmt: skip
+
+
+def finish(run: Run) -> None:
+    """Last evaluation and checkpoint (or the one an orderly stop needs), then the verdict and the report."""
+    step = run.state.step
+    saved = run.last_checkpoint is not None and run.last_checkpoint.name == ckpt.checkpoint_dir(run.run_dir, step).name
+    if step > 0 and not saved:
+        save(run)
+    if run.stop.requested:
+        folder.append_event(run.run_dir, event="stopped", step=step, signal=run.stop.signal_name)
+        run.console.warn(f"stopped by {run.stop.signal_name} after step {step}; checkpoint {run.last_checkpoint}; "
+                         f"continue with --resume --run-dir {run.run_dir}")  # fmt: skip
+    elif run.config.eval.every and not (run.eval_records and run.eval_records[-1]["step"] == step):
+        run_eval(run, step)
+    run.verdict = bottleneck_verdict(run.records)
+    run.console.print(str(run.verdict))
+    write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records)
+    run.console.print(f"run folder: {run.run_dir} (report.md, metrics.jsonl, checkpoints/)")
+
+
+def print_header(run: Run) -> None:
+    from dlx.device import device_name
+
+    trainable = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
+    run.header = header_lines(run.plan, trainable, run.precision.name, device_name(run.device)) + run.meter.header()
+    for line in run.header:
+        run.console.print(line)
+    run.console.print(f"run folder: {run.run_dir}")

@@ -1,0 +1,120 @@
+"""A whole run in-process: records, header, evaluation, the NaN policy, and bad input that leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from dlx.errors import UserError
+from dlx.train import trainer
+from dlx.train.recipe import load_recipe
+from dlx.train.trainer import pretrain
+from train_helpers import TINY, make_dataset, single_torch_thread, skip_plots
+
+REQUIRED = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "data_wait_s", "forward_s", "backward_s", "optimizer_s",
+            "step_s", "tflops", "mfu", "peak_mem_gb"}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    yield from single_torch_thread()
+
+
+@pytest.fixture(autouse=True)
+def _no_plots(request, monkeypatch):
+    skip_plots(request, monkeypatch)
+
+
+@pytest.mark.report
+def test_a_run_logs_every_phase_and_writes_its_folder(tmp_path, capsys):
+    data = make_dataset(tmp_path / "data")
+    config = load_recipe(None, [*TINY, "--data.path", str(data), "--data.num_workers", "0", "--train.grad_accum", "2",
+                                "--train.epochs", "0.5", "--eval.every", "3", "--eval.batches", "2"])  # fmt: skip
+    result = pretrain(config, "t", tmp_path / "run")
+    out = capsys.readouterr().out
+    header = ["***** Running training *****", "Num examples = ", "Total optimization steps = ",
+              "Total train batch size (w. parallel, distributed & accumulation) = 4", "Gradient Accumulation steps = 2",
+              "Number of trainable parameters = 158,016", "MFU = TFLOPS ÷ peak"]  # fmt: skip
+    for line in header:
+        assert line in out
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, result.step + 1))
+    for record in records:
+        assert set(record) >= REQUIRED, REQUIRED - set(record)
+        assert record["forward_s"] > 0 and record["backward_s"] > 0 and 0 < record["mfu"] < 1
+    evals = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals][:1] == [3] and evals[-1]["step"] == result.step
+    assert math.isclose(evals[0]["perplexity"], math.exp(evals[0]["loss"]))
+    assert "eval step 3 | loss" in out
+    assert {"report.md", "loss.png", "throughput.png"} <= {p.name for p in (tmp_path / "run").iterdir()}
+    assert "verdict" in (tmp_path / "run" / "report.md").read_text().lower()
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert "grad_accum: 2" in saved and "dim: 64" in saved
+    examples = int(out.split("Num examples = ")[1].split()[0].replace(",", ""))
+    assert result.step == math.ceil(0.5 * (examples // 2 // 2))  # epochs × ⌊batches per epoch / accum⌋
+
+
+def test_the_loss_falls_on_synthetic_data(tmp_path):
+    result = pretrain(load_recipe(None, [*TINY, "--train.max_steps", "30"]), "t", tmp_path / "run")
+    first, last = result.records[0]["loss"], result.records[-1]["loss"]
+    assert last < first - 0.5
+
+
+def nan_at_step(monkeypatch, bad_step: int) -> None:
+    """Make the loss NaN in the micro-steps of optimizer step `bad_step`."""
+    real, calls = trainer.next_token_loss, {"n": 0}
+
+    def loss(logits, targets):
+        calls["n"] += 1
+        value = real(logits, targets)
+        return value * float("nan") if calls["n"] == bad_step else value
+
+    monkeypatch.setattr(trainer, "next_token_loss", loss)
+
+
+def test_nan_loss_stops_naming_the_step_and_the_last_good_checkpoint(tmp_path, monkeypatch):
+    nan_at_step(monkeypatch, 5)
+    config = load_recipe(None, [*TINY, "--train.max_steps", "8", "--checkpoint.every", "2"])
+    with pytest.raises(UserError, match=r"loss is nan at step 5; last good checkpoint: .*step-00000004") as error:
+        pretrain(config, "t", tmp_path / "run")
+    assert "\n" not in str(error.value)
+    events = (tmp_path / "run" / "events.jsonl").read_text()
+    assert '"step": 5' in events and '"action": "stop"' in events
+    assert not (tmp_path / "run" / "checkpoints" / "step-00000006").exists()
+
+
+def test_nan_loss_skips_the_batch_under_policy_skip(tmp_path, monkeypatch, capsys):
+    nan_at_step(monkeypatch, 3)
+    config = load_recipe(None, [*TINY, "--train.max_steps", "6", "--train.nan_policy", "skip"])
+    result = pretrain(config, "t", tmp_path / "run")
+    assert result.step == 6 and "step 3: loss is nan; batch skipped" in capsys.readouterr().err
+    assert all(torch.isfinite(p).all() for p in result.model.parameters())
+    assert '"action": "skip"' in (tmp_path / "run" / "events.jsonl").read_text()
+
+
+def test_fp16_and_bf16_train(tmp_path):
+    for precision in ("fp16", "bf16"):
+        config = load_recipe(None, [*TINY, "--train.max_steps", "3", "--train.precision", precision])
+        result = pretrain(config, "t", tmp_path / precision)
+        assert all(math.isfinite(r["loss"]) for r in result.records)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--data.path", "{data}", "--model.vocab_size", "100"], "vocab_size 300, larger than model.vocab_size 100"),
+        (["--data.path", "{missing}"], "does not exist"),
+        (["--data.path", "{data}", "--data.micro_batch_size", "4096"], "fewer than one batch"),
+        (["--data.path", "{data}", "--train.grad_accum", "10000"], "fewer than train.grad_accum"),
+    ],
+)
+def test_bad_input_writes_nothing(tmp_path, extra, message):
+    data = make_dataset(tmp_path / "data")
+    extra = [e.format(data=data, missing=tmp_path / "missing") for e in extra]
+    config = load_recipe(None, [*TINY, "--data.num_workers", "0", *extra])
+    with pytest.raises(UserError, match=message):
+        pretrain(config, "t", tmp_path / "run")
+    assert not (tmp_path / "run").exists()
