@@ -31,6 +31,10 @@ class TokenLoader:
     `loop=True` runs epoch after epoch forever, each in a new order drawn from (seed, epoch); `loop=False` runs to the
     end of the current epoch and stops (a later iteration runs the next epoch). Iterating resumes where the last batch
     left off: `next(loader)` and `for ... in loader` share one position. Not thread-safe; use it from one thread.
+
+    Windows are packed across documents; no boundary tensor is returned because every document ends with eos_id:
+    `document_positions(inputs, loader.eos_id)` derives per-document positions when a trainer wants them. The tail
+    (the last n_windows mod (world_size × micro_batch_size) windows of each epoch's order) is skipped; see `order`.
     """
 
     def __init__(

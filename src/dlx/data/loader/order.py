@@ -11,6 +11,9 @@ without, always the last ones.
 Progress is a `Cursor`: the epoch and how many windows of its order all ranks together have consumed. It does not depend
 on the rank or the world size, which is what lets a run resume on a different number of ranks: the new ranks split what
 is left of the epoch from the same position.
+
+The permutation is materialised once per epoch in each worker: 8 bytes per window (40 MB for 5M windows, i.e. 10B
+tokens at seq_len 2048). Beyond that size a bijective hash of the index would serve instead.
 """
 
 from __future__ import annotations
