@@ -25,6 +25,9 @@ def _register_commands() -> None:
 
     train_commands.register(app)
     plan_commands.register(app)
+    from dlx.cli import data_commands
+
+    data_commands.register(app)
 
 
 def main() -> None:

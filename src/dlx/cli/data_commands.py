@@ -1,0 +1,86 @@
+"""`dlx prepare`, `dlx data info`, `dlx data verify`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dlx.errors import UserError
+
+data_app = typer.Typer(help="Inspect and check prepared token datasets.", no_args_is_help=True)
+
+
+def prepare(
+    inputs: Annotated[
+        list[str] | None,
+        typer.Argument(help="Files, folders and globs: .txt .jsonl .json .parquet (also .gz/.zst), source trees."),
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="Dataset folder to write (or to resume).")] = ...,
+    corpus: Annotated[str | None, typer.Option(help="Embedded corpus instead of INPUTS: 'stdlib'.")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(help="A tokenizer.json or a folder holding one.")] = None,
+    train_tokenizer: Annotated[
+        int | None, typer.Option(metavar="VOCAB_SIZE", help="Train a byte-level BPE of this size on the corpus.")
+    ] = None,
+    text_field: Annotated[str, typer.Option(help="JSON key / Parquet column of the text (WuDao: content).")] = "text",
+    val_fraction: Annotated[float | None, typer.Option(help="Share of documents held out for validation.")] = None,
+    val_documents: Annotated[int | None, typer.Option(help="Exact number of validation documents.")] = None,
+    shard_tokens: Annotated[int, typer.Option(help="Tokens per shard file.")] = 100_000_000,
+    workers: Annotated[int | None, typer.Option(help="Worker processes (default: all cores).")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Stop at the first bad input record.")] = False,
+    bos: Annotated[bool, typer.Option("--bos", help="Put BOS before every document (EOS always ends one).")] = False,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
+) -> None:
+    """Tokenize a corpus once into memory-mappable shards; rerun the same command to resume after a crash."""
+    from dlx.data.prepare import prepare_dataset
+
+    if val_fraction is not None and val_documents is not None:
+        raise UserError("give --val-fraction or --val-documents, not both")
+    prepare_dataset(
+        inputs or None, out, corpus=corpus, tokenizer=tokenizer, train_tokenizer=train_tokenizer,
+        text_field=text_field, val_fraction=val_fraction, val_documents=val_documents, shard_tokens=shard_tokens,
+        workers=workers, strict=strict, add_bos=bos, progress=not no_progress,
+    )  # fmt: skip
+
+
+@data_app.command("info")
+def info(
+    folder: Annotated[Path, typer.Argument(help="A prepared dataset folder.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+) -> None:
+    """Tokens, documents, shards, dtype and tokenizer hash of a prepared dataset."""
+    from dlx.data.shards import read_manifest
+
+    summary = read_manifest(folder).summary()
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    print(f"{folder}: {'complete' if summary['complete'] else 'INCOMPLETE (prepare did not finish)'}")
+    for key in ("tokens", "documents", "shards"):
+        per_split = ", ".join(f"{s} {summary['splits'][s][key]:,}" for s in summary["splits"])
+        print(f"  {key:<17} {summary[key]:>15,}  ({per_split})")
+    for key in ("dtype", "vocab_size", "eos_id", "bos_id", "tokenizer_sha256"):
+        print(f"  {key:<17} {summary[key]}")
+
+
+@data_app.command("verify")
+def verify(folder: Annotated[Path, typer.Argument(help="A prepared dataset folder.")]) -> None:
+    """Check every shard's size and SHA-256 and the tokenizer's hash; exit 1 naming each bad file."""
+    from dlx.data.shards import read_manifest, verify_shards
+
+    manifest = read_manifest(folder)
+    problems = verify_shards(folder)
+    for problem in problems:
+        print(f"error: {folder}/{problem}", file=sys.stderr)
+    if problems:
+        raise typer.Exit(1)
+    note = "" if manifest.complete else " (prepare did not finish: rerun it to complete the dataset)"
+    print(f"{folder}: {len(manifest.shards)} shards and the tokenizer match the manifest{note}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("prepare")(prepare)
+    app.add_typer(data_app, name="data")

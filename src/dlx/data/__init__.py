@@ -1,0 +1,1 @@
+"""Data: corpus → token shards (`prepare`), the shard format (`shards`), and the training loader (`loader`)."""

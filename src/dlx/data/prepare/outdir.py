@@ -1,0 +1,94 @@
+"""The --out folder: is it new, finished, resumable, or someone else's? And the lock that keeps two runs apart."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from dlx.data.shards import MANIFEST_FILE, PARTIAL_SUFFIX, SPLITS, Manifest, read_manifest, shard_name
+from dlx.errors import UserError
+
+WORK_DIR = ".work"
+_OURS = re.compile(r"^(manifest\.json|tokenizer\.json|(train|val)-\d+\.bin(\.partial)?|\..+\.tmp|\.work)$")
+
+
+def existing_dataset(out: Path, request: dict, tokenizer_sha256: str | None) -> Manifest | None:
+    """The manifest of a dataset in `out` made by the same request (to resume or skip), None for a fresh start.
+
+    A folder that holds another tokenizer's shards, a dataset made from other inputs or options, or files that
+    prepare did not write raises UserError before anything is written.
+    """
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a folder")
+    if not (out / MANIFEST_FILE).exists():
+        foreign = sorted(p.name for p in out.iterdir() if not _OURS.match(p.name))
+        if foreign:
+            raise UserError(f"--out {out} is not empty and not a dlx dataset (it holds {', '.join(foreign[:3])}); "
+                            "choose a new folder")  # fmt: skip
+        return None
+    manifest = read_manifest(out)
+    recorded = manifest.source.get("request", {})
+    if tokenizer_sha256 is not None and manifest.tokenizer_sha256 != tokenizer_sha256:
+        raise UserError(f"--out {out} holds shards made with another tokenizer (sha256 "
+                        f"{manifest.tokenizer_sha256[:12]}, yours {tokenizer_sha256[:12]}); choose a new --out or "
+                        f"delete {out}")  # fmt: skip
+    if recorded.get("tokenizer") != request["tokenizer"]:
+        raise UserError(f"--out {out} holds shards made with another tokenizer ({_describe(recorded.get('tokenizer'))}"
+                        f", not {_describe(request['tokenizer'])}); choose a new --out or delete {out}")  # fmt: skip
+    labels = {"fingerprint": "inputs", "files": "inputs", "bytes": "inputs"}
+    differ = sorted({labels.get(k, k) for k in request.keys() | recorded.keys() if request.get(k) != recorded.get(k)})
+    if differ:
+        raise UserError(f"--out {out} holds a dataset prepared from other inputs or options (differs in: "
+                        f"{', '.join(differ)}); choose a new --out or delete {out}")  # fmt: skip
+    return manifest
+
+
+def _describe(tokenizer: dict | None) -> str:
+    if tokenizer and tokenizer.get("train_vocab_size"):
+        return f"a {tokenizer['train_vocab_size']}-token BPE trained by prepare"
+    return "a tokenizer.json given with --tokenizer"
+
+
+@contextlib.contextmanager
+def locked(out: Path) -> Iterator[None]:
+    """An exclusive lock on the folder itself, released by the kernel if this process dies (even by SIGKILL)."""
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"another `dlx prepare` is writing {out}; wait for it to finish") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def clear_work(out: Path) -> None:
+    """Remove spools of an earlier run (a killed run's leftover workers exit on their own within a second)."""
+    shutil.rmtree(out / WORK_DIR, ignore_errors=True)
+
+
+def clear_fresh(out: Path) -> None:
+    """Remove what a run killed before its first manifest left behind (all of it prepare's own files)."""
+    clear_work(out)
+    for p in out.iterdir():
+        if _OURS.match(p.name) and p.is_file():
+            p.unlink()
+
+
+def remove_strays(out: Path, manifest: Manifest, next_index: dict[str, int]) -> None:
+    """Delete shard files the manifest does not list, except each split's partial (restored separately)."""
+    listed = {s.name for s in manifest.shards}
+    keep = listed | {shard_name(split, next_index[split]) + PARTIAL_SUFFIX for split in SPLITS}
+    for p in out.iterdir():
+        if (re.match(r"^(train|val)-\d+\.bin(\.partial)?$", p.name) and p.name not in keep) or (
+            re.match(r"^\..+\.tmp$", p.name) and p.is_file()
+        ):
+            p.unlink()

@@ -1,0 +1,177 @@
+"""`prepare_dataset`: corpus → token shards, once, in parallel, resumable.
+
+The order of a run: validate options, resolve inputs, check --out (finished with the same request: return at once;
+resumable: continue; someone else's: UserError) — then, still writing nothing, scan the corpus and load or train the
+tokenizer, so every bad-input error comes before the first byte is written. Then tokenizer.json and a first manifest
+(complete=False) are written, and the encode pass fills the shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from pathlib import Path
+
+from dlx.atomic import atomic_write_text
+from dlx.data.prepare.encode import encode_corpus, initial_resume_state, spool_dir
+from dlx.data.prepare.encoders import choose_encoder
+from dlx.data.prepare.inputs import InputFile, fingerprint, resolve_inputs, stdlib_folder, stdlib_inputs
+from dlx.data.prepare.options import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, PrepareOptions, build_options
+from dlx.data.prepare.outdir import clear_fresh, existing_dataset, locked
+from dlx.data.prepare.pool import InlinePool, WorkerPool, make_pool
+from dlx.data.prepare.progress import PrepareProgress
+from dlx.data.prepare.readers import read_unit
+from dlx.data.prepare.scan import CHECK_SAMPLE_CHARS, ScanSummary, scan_corpus
+from dlx.data.prepare.tokenizer import TokenizerInfo, describe, read_tokenizer, tokenizer_text, train_bpe
+from dlx.data.prepare.units import choose_unit_bytes, plan_units
+from dlx.data.prepare.worker import EncodeSetup
+from dlx.data.shards import TOKENIZER_FILE, Manifest, token_dtype, write_manifest
+from dlx.errors import UserError
+
+
+def prepare_dataset(
+    inputs: list[str] | None,
+    out: str | Path,
+    *,
+    corpus: str | None = None,
+    tokenizer: str | Path | None = None,
+    train_tokenizer: int | None = None,
+    text_field: str = "text",
+    val_fraction: float | None = DEFAULT_VAL_FRACTION,
+    val_documents: int | None = None,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    workers: int | None = None,
+    strict: bool = False,
+    add_bos: bool = False,
+    progress: bool = True,
+) -> Manifest:
+    """Tokenize a corpus into `out` (see `dlx prepare --help`); returns the finished manifest.
+
+    A second call with the same inputs and options does no work; a call after an interrupted one continues it and
+    ends with the same bytes as an uninterrupted run. `workers` (default: all cores) changes the speed, never the
+    output.
+    """
+    opts = build_options(
+        inputs, corpus=corpus, tokenizer=tokenizer, train_tokenizer=train_tokenizer, text_field=text_field,
+        val_fraction=val_fraction, val_documents=val_documents, shard_tokens=shard_tokens, workers=workers,
+        strict=strict, add_bos=add_bos, progress=progress,
+    )  # fmt: skip
+    out = Path(out)
+    ui = PrepareProgress(opts.progress)
+    started = time.monotonic()
+    files, ignored = (stdlib_inputs(), 0) if opts.corpus else resolve_inputs(opts.inputs)
+    if ignored:
+        ui.note(f"note: ignored {ignored} file(s) in input folders with suffixes prepare does not read")
+    request = {**opts.output_request(), "files": len(files), "bytes": sum(f.size for f in files),
+               "fingerprint": fingerprint(files)}  # fmt: skip
+    given = read_tokenizer(opts.tokenizer, opts.add_bos) if opts.tokenizer else None
+    manifest = existing_dataset(out, request, given.sha256 if given else None)
+    if manifest is not None and manifest.complete:
+        ui.note(f"{out} is already prepared ({_totals(manifest)}); nothing to do")
+        return manifest
+    with make_pool(min(opts.workers, max(1, len(files)))) as pool:
+        fresh = None if manifest is not None else _scan_and_tokenize(pool, files, opts, given, ui)
+        out.mkdir(parents=True, exist_ok=True)
+        with locked(out):
+            manifest = existing_dataset(out, request, given.sha256 if given else None)  # again, now under the lock
+            if manifest is not None and manifest.complete:
+                return manifest
+            if manifest is None:
+                if fresh is None:
+                    raise UserError(f"{out} changed while this run was starting; run `dlx prepare` again")
+                manifest = _write_start(out, opts, request, *fresh)
+            manifest = _encode(pool, out, files, manifest, opts, ui, fresh)
+    ui.note(f"prepared {out}: {_totals(manifest)} in {time.monotonic() - started:.1f}s")
+    return manifest
+
+
+def _scan_and_tokenize(
+    pool: InlinePool | WorkerPool, files: list[InputFile], opts: PrepareOptions, given: TokenizerInfo | None,
+    ui: PrepareProgress,
+) -> tuple[ScanSummary, TokenizerInfo]:  # fmt: skip
+    """The read-only first half of a fresh run: scan, report bad input, load or train the tokenizer."""
+    unit_bytes = choose_unit_bytes(sum(f.size for f in files))
+    scan = scan_corpus(pool, files, unit_bytes, opts, ui)
+    if scan.bad:
+        ui.note(f"warning: skipped {scan.bad} bad record(s) (--strict makes them fatal); the first:")
+        for example in scan.bad_examples:
+            ui.note(f"  {example}")
+    if given is not None:
+        return scan, given
+    ui.note(f"training a {opts.train_vocab_size}-token byte-level BPE on {sum(map(len, scan.sample)) / 1e6:.1f}M "
+            "characters of the corpus")  # fmt: skip
+    tok = train_bpe(scan.sample, opts.train_vocab_size)
+    info = describe(tok, tok.to_str(pretty=True), opts.add_bos, None, "(trained)")
+    if info.vocab_size < opts.train_vocab_size:
+        ui.note(f"note: the corpus only supports {info.vocab_size} tokens (asked for {opts.train_vocab_size})")
+    return scan, info
+
+
+def _write_start(out: Path, opts: PrepareOptions, request: dict, scan: ScanSummary, tok: TokenizerInfo) -> Manifest:
+    """The first writes of a fresh run: tokenizer.json, then a manifest with no shards and the resume state."""
+    clear_fresh(out)
+    atomic_write_text(out / TOKENIZER_FILE, tok.json_text)
+    source = {
+        "inputs": list(opts.inputs) if opts.inputs else [f"{opts.corpus}:{stdlib_folder()}"],
+        "request": request,
+        "scan": scan.record(),
+        "resume": initial_resume_state(choose_unit_bytes(request["bytes"])),
+    }
+    manifest = Manifest(
+        dtype=token_dtype(tok.vocab_size), vocab_size=tok.vocab_size, eos_id=tok.eos_id, bos_id=tok.bos_id,
+        tokenizer_sha256=tok.sha256, source=source,
+    )  # fmt: skip
+    write_manifest(out, manifest)
+    return manifest
+
+
+def _encode(
+    pool: InlinePool | WorkerPool, out: Path, files: list[InputFile], manifest: Manifest, opts: PrepareOptions,
+    ui: PrepareProgress, fresh: tuple[ScanSummary, TokenizerInfo] | None,
+) -> Manifest:  # fmt: skip
+    json_text = tokenizer_text(out)
+    if hashlib.sha256(json_text.encode("utf-8")).hexdigest() != manifest.tokenizer_sha256:
+        raise UserError(f"{out}/{TOKENIZER_FILE} was replaced after prepare started; delete {out} and run again")
+    unit_bytes = manifest.source["resume"]["unit_bytes"]
+    sample = fresh[0].sample if fresh else _first_documents(files, unit_bytes, opts.text_field)
+    encoder, why = choose_encoder(json_text, _spread(sample, CHECK_SAMPLE_CHARS))
+    ui.note(why)
+    setup = EncodeSetup(
+        tokenizer_json=json_text, encoder=encoder, text_field=opts.text_field,
+        val_threshold=manifest.source["scan"]["val_threshold"], eos_id=manifest.eos_id, bos_id=manifest.bos_id,
+        dtype=manifest.dtype, spool_dir=spool_dir(out),
+    )  # fmt: skip
+    return encode_corpus(pool, out, files, manifest, setup, opts.shard_tokens, ui)
+
+
+def _first_documents(files: list[InputFile], unit_bytes: int, text_field: str) -> list[str]:
+    """About CHECK_SAMPLE_CHARS of the corpus's first documents (a resumed run has no scan sample)."""
+    sample, chars = [], 0
+    for unit in plan_units(files, unit_bytes):
+        for item in read_unit(unit, text_field):
+            if isinstance(item, str) and item:
+                sample.append(item)
+                chars += len(item)
+                if chars >= CHECK_SAMPLE_CHARS:
+                    return sample
+    return sample
+
+
+def _spread(sample: list[str], max_chars: int) -> list[str]:
+    """Documents drawn evenly (seeded) from the whole sample, about max_chars in all."""
+    order = list(range(len(sample)))
+    random.Random(0).shuffle(order)
+    picked, chars = [], 0
+    for i in order:
+        if chars >= max_chars:
+            break
+        picked.append(sample[i])
+        chars += len(sample[i])
+    return picked
+
+
+def _totals(m: Manifest) -> str:
+    s, val = m.summary(), m.summary()["splits"]["val"]
+    return (f"{s['tokens']:,} tokens in {s['shards']} {m.dtype} shards, {s['documents']:,} documents "
+            f"(val: {val['documents']:,} documents, {val['tokens']:,} tokens)")  # fmt: skip
