@@ -20,7 +20,7 @@ from dlx.data.prepare.worker import MAX_REPORTED, ScanRequest, ScanResult, scan_
 from dlx.errors import UserError
 
 TRAIN_SAMPLE_CHARS = 64 << 20  # text a tokenizer is trained on, spread over the whole corpus
-CHECK_SAMPLE_CHARS = 1 << 20  # text the tiktoken fast path is checked on against Hugging Face
+CHECK_SAMPLE_CHARS = 256 << 10  # text the tiktoken fast path is checked on against Hugging Face (at start-up)
 HASH_SPACE = 2**64
 
 
