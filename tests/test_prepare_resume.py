@@ -100,3 +100,18 @@ def test_sigterm_stops_workers_and_the_run_resumes(tmp_path, tiny_tokenizer):
     assert not psutil.wait_procs(workers, timeout=10)[1]
     assert subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0
     assert _committed(out) == (True, -1)
+
+
+def test_concurrent_runs_on_one_folder_queue_and_agree(tmp_path, tiny_tokenizer):
+    write_jsonl(tmp_path / "a.jsonl", make_documents(600, seed=9))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "dlx", "prepare", str(tmp_path / "a.jsonl"), "--out", str(out), "--tokenizer",
+           str(tiny_tokenizer), "--shard-tokens", "2000", "--workers", "1", "--no-progress"]  # fmt: skip
+    runs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    errors = [run.communicate(timeout=120)[1] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], errors
+    assert sum("nothing to do" in e for e in errors) == 1
+    clean = tmp_path / "clean"
+    prepare_dataset([str(tmp_path / "a.jsonl")], clean, tokenizer=tiny_tokenizer, shard_tokens=2000, workers=1,
+                    progress=False)  # fmt: skip
+    assert folder_bytes(out) == folder_bytes(clean)

@@ -7,7 +7,7 @@ import fcntl
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dlx.data.shards import MANIFEST_FILE, PARTIAL_SUFFIX, SPLITS, Manifest, read_manifest, shard_name
@@ -57,14 +57,19 @@ def _describe(tokenizer: dict | None) -> str:
 
 
 @contextlib.contextmanager
-def locked(out: Path) -> Iterator[None]:
-    """An exclusive lock on the folder itself, released by the kernel if this process dies (even by SIGKILL)."""
+def locked(out: Path, note: Callable[[str], None]) -> Iterator[None]:
+    """An exclusive lock on the folder itself, released by the kernel if this process dies (even by SIGKILL).
+
+    A second run waits for the first (every rank of a job may call prepare: one works, the others then find the
+    finished dataset).
+    """
     fd = os.open(out, os.O_RDONLY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UserError(f"another `dlx prepare` is writing {out}; wait for it to finish") from None
+            note(f"waiting for another `dlx prepare` that is writing {out}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)

@@ -1,9 +1,10 @@
 """`prepare_dataset`: corpus → token shards, once, in parallel, resumable.
 
 The order of a run: validate options, resolve inputs, check --out (finished with the same request: return at once;
-resumable: continue; someone else's: UserError) — then, still writing nothing, scan the corpus and load or train the
-tokenizer, so every bad-input error comes before the first byte is written. Then tokenizer.json and a first manifest
-(complete=False) are written, and the encode pass fills the shards.
+resumable: continue; someone else's: UserError) — then, holding a lock on the folder and still writing nothing, scan
+the corpus and load or train the tokenizer, so every bad-input error comes before the first byte is written (an --out
+folder created for the run is removed again). Then tokenizer.json and a first manifest (complete=False) are written,
+and the encode pass fills the shards.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def prepare_dataset(
 
     A second call with the same inputs and options does no work; a call after an interrupted one continues it and
     ends with the same bytes as an uninterrupted run. `workers` (default: all cores) changes the speed, never the
-    output.
+    output. Concurrent calls on one `out` (every rank of a job, say) queue on a lock: the first prepares, the others
+    then find the finished dataset. Workers are spawned, so a calling script needs the usual
+    `if __name__ == "__main__":` guard.
     """
     opts = build_options(
         inputs, corpus=corpus, tokenizer=tokenizer, train_tokenizer=train_tokenizer, text_field=text_field,
@@ -66,24 +69,38 @@ def prepare_dataset(
     request = {**opts.output_request(), "files": len(files), "bytes": sum(f.size for f in files),
                "fingerprint": fingerprint(files)}  # fmt: skip
     given = read_tokenizer(opts.tokenizer, opts.add_bos) if opts.tokenizer else None
-    manifest = existing_dataset(out, request, given.sha256 if given else None)
-    if manifest is not None and manifest.complete:
-        ui.note(f"{out} is already prepared ({_totals(manifest)}); nothing to do")
-        return manifest
-    with make_pool(min(opts.workers, max(1, len(files)))) as pool:
-        fresh = None if manifest is not None else _scan_and_tokenize(pool, files, opts, given, ui)
+    sha = given.sha256 if given else None
+    manifest = existing_dataset(out, request, sha)  # read-only: refuse someone else's folder before creating anything
+    if manifest is None or not manifest.complete:
+        created = not out.exists()
         out.mkdir(parents=True, exist_ok=True)
-        with locked(out):
-            manifest = existing_dataset(out, request, given.sha256 if given else None)  # again, now under the lock
-            if manifest is not None and manifest.complete:
-                return manifest
-            if manifest is None:
-                if fresh is None:
-                    raise UserError(f"{out} changed while this run was starting; run `dlx prepare` again")
-                manifest = _write_start(out, opts, request, *fresh)
-            manifest = _encode(pool, out, files, manifest, opts, ui, fresh)
-    ui.note(f"prepared {out}: {_totals(manifest)} in {time.monotonic() - started:.1f}s")
+        try:
+            with locked(out, ui.note):
+                manifest = existing_dataset(out, request, sha)  # again: another run may have finished meanwhile
+                if manifest is None or not manifest.complete:
+                    manifest = _run(out, files, opts, request, given, manifest, ui)
+                    ui.note(f"prepared {out}: {_totals(manifest)} in {time.monotonic() - started:.1f}s")
+                    return manifest
+        except BaseException:
+            if created and out.is_dir() and not any(out.iterdir()):
+                out.rmdir()  # bad input found by the scan: leave nothing behind
+            raise
+    ui.note(f"{out} is already prepared ({_totals(manifest)}); nothing to do")
     return manifest
+
+
+def _run(
+    out: Path, files: list[InputFile], opts: PrepareOptions, request: dict, given: TokenizerInfo | None,
+    manifest: Manifest | None, ui: PrepareProgress,
+) -> Manifest:  # fmt: skip
+    """Under the lock: a fresh start (scan, tokenizer, first writes) unless resuming, then the encode pass."""
+    n_units = sum(1 for _ in plan_units(files, choose_unit_bytes(request["bytes"])))
+    with make_pool(min(opts.workers, n_units)) as pool:
+        fresh = None
+        if manifest is None:
+            fresh = _scan_and_tokenize(pool, files, opts, given, ui)
+            manifest = _write_start(out, opts, request, *fresh)
+        return _encode(pool, out, files, manifest, opts, ui, fresh)
 
 
 def _scan_and_tokenize(
