@@ -194,6 +194,6 @@ def test_stdlib_corpus_is_the_interpreters_own_sources(tmp_path, tiny_tokenizer)
     m = prepare_dataset(None, tmp_path / "out", corpus="stdlib", tokenizer=tiny_tokenizer, workers=2, progress=False)
     assert m.complete and m.split_documents("val") > 0 and m.source["scan"]["bad_records"] == 0
     val = set(decoded_documents(tmp_path / "out", "val"))
-    texts = [t for f in files[:60] if (t := Path(f.path).read_text(encoding="utf-8")) and t not in val]
+    texts = [t for f in files[:60] if (t := Path(f.path).read_bytes().decode()) and t not in val]
     tok = load_tokenizer(tmp_path / "out")
     assert [tok.decode(ids) for ids in read_documents(tmp_path / "out")[: len(texts)]] == texts

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
+import zstandard
+
 from dlx.data.prepare.inputs import InputFile
 from dlx.data.prepare.units import WorkUnit
 
@@ -34,6 +36,8 @@ class BadRecord:
     def where(self) -> str:
         if self.offset is not None:
             return f"{self.path}:{line_at_offset(self.path, self.offset)}"
+        if self.line == 0:
+            return self.path  # the whole file
         return f"{self.path}:{self.unit} {self.line}" if self.unit != "line" else f"{self.path}:{self.line}"
 
 
@@ -51,13 +55,7 @@ def line_at_offset(path: str, offset: int) -> int:
     return newlines + 1
 
 
-CORRUPT_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error)
-try:
-    import zstandard
-
-    CORRUPT_ERRORS += (zstandard.ZstdError,)
-except ImportError:  # pragma: no cover - zstandard is a dependency
-    zstandard = None
+CORRUPT_ERRORS = (OSError, EOFError, zlib.error, zstandard.ZstdError)
 
 
 def open_binary(f: InputFile) -> IO[bytes]:
@@ -181,8 +179,9 @@ def _json_file(path: str, stream: IO[bytes], text_field: str) -> Iterator[Item]:
 
 def _json_array(path: str, head: bytes, stream: IO[bytes], text_field: str) -> Iterator[Item]:
     """Elements of a top-level JSON array, decoded one at a time so the file is never held whole."""
+    reader = _ArrayReader(stream)
     try:
-        reader = _ArrayReader(head, stream)
+        reader.append(head)
         reader.peek()
         reader.pos += 1  # the "["
         first = True
@@ -210,12 +209,11 @@ class _Malformed(Exception):
 class _ArrayReader:
     """A growing window over a decoded JSON stream, with the line number of the read position."""
 
-    def __init__(self, head: bytes, stream: IO[bytes]):
+    def __init__(self, stream: IO[bytes]):
         self.stream, self.utf8 = stream, codecs.getincrementaldecoder("utf-8")()
         self.buf, self.pos, self.line, self.eof = "", 0, 1, False
-        self._append(head)
 
-    def _append(self, data: bytes) -> None:
+    def append(self, data: bytes) -> None:
         try:
             self.buf += self.utf8.decode(data, final=not data)
         except UnicodeDecodeError as e:
@@ -227,7 +225,7 @@ class _ArrayReader:
         if self.eof:
             return False
         self.buf, self.pos = self.buf[self.pos :], 0
-        self._append(self.stream.read(max(READ_CHUNK, 2 * len(self.buf))))
+        self.append(self.stream.read(max(READ_CHUNK, 2 * len(self.buf))))
         return True
 
     def peek(self) -> str:
