@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -118,3 +119,20 @@ def test_bad_input_writes_nothing(tmp_path, extra, message):
     with pytest.raises(UserError, match=message):
         pretrain(config, "t", tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_the_demo_trains_and_prints_a_sample(tmp_path, monkeypatch, capsys):
+    """The demo's wiring, on a tiny dataset and model (the real one takes minutes: see BENCHMARKS.md)."""
+    from dlx.data.shards import read_manifest
+    from dlx.train import demo
+
+    data = make_dataset(tmp_path / "data")
+    monkeypatch.setattr(demo, "prepare_demo_data", lambda: read_manifest(data))
+    monkeypatch.setitem(demo.DEMO_RECIPE, "model", {"preset": "debug"})
+    monkeypatch.setitem(demo.DEMO_RECIPE, "data", {"path": str(data), "seq_len": 32, "micro_batch_size": 2})
+    monkeypatch.setitem(demo.DEMO_RECIPE, "train", {"max_steps": 4, "precision": "fp32"})
+    monkeypatch.setitem(demo.DEMO_RECIPE, "eval", {"every": 2, "batches": 2})
+    assert demo.run_demo(run_dir=tmp_path / "run") == 0
+    out = capsys.readouterr().out
+    assert re.search(r"dlx demo: .* min; train loss \d+\.\d+ → \d+\.\d+; val loss \d+\.\d+ \(perplexity", out)
+    assert f"sample (temperature 0.7, top-k 40):\n{'-' * 60}\n{demo.DEMO_PROMPT}" in out

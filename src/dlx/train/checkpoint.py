@@ -123,6 +123,28 @@ def save_checkpoint(
     """Write `checkpoints/step-N/` atomically, then delete all but the newest `keep_last` checkpoints."""
     remove_unfinished_saves(run_dir)
     path = checkpoint_dir(run_dir, state.step)
+    try:
+        _write(path, model, optimizer, scheduler, scaler, state)
+    except (OSError, SafetensorError, RuntimeError) as e:  # a full disk or quota (torch.save says RuntimeError)
+        # atomic_dir removed the temporary folder; the older checkpoints were never touched.
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:160]
+        previous = next(iter(list_checkpoints(run_dir)), None)
+        raise UserError(
+            f"cannot save checkpoint {path.name}: {reason}; the previous checkpoint "
+            f"({previous or 'none'}) is intact. Free space in {run_dir} and resume with --resume"
+        ) from None
+    prune_checkpoints(run_dir, keep_last)
+    return path
+
+
+def _write(
+    path: Path,
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler | None,
+    state: TrainerState,
+) -> None:
     with atomic_dir(path, overwrite=True) as tmp:
         write_weights(model, tmp)
         torch.save(
@@ -136,8 +158,6 @@ def save_checkpoint(
         )
         state.files = {name: (tmp / name).stat().st_size for name in (WEIGHTS_FILE, ARGS_FILE, TRAIN_STATE_FILE)}
         (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
-    prune_checkpoints(run_dir, keep_last)
-    return path
 
 
 def _scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from torch import nn
 from dlx import device as dev
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
-from dlx.metrics.logger import MetricsLogger
+from dlx.metrics.logger import EVAL_FILE, METRICS_FILE, MetricsLogger, read_jsonl
 from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.llama import Transformer
@@ -134,13 +134,15 @@ def build_run(config: RunConfig, name: str, run_dir: Path | None, resume: bool, 
         loader.close()
         raise
     console.progress.update(console.task, completed=state.step)
+    logger = MetricsLogger(run_dir, config.log.tensorboard, is_main=True, resume_step=state.step if resume else None)
     return Run(
         config=config, run_dir=run_dir, device=device, precision=precision, model=model,
         train_model=wrap_model(model, config), optimizer=optimizer, scheduler=scheduler, loader=loader, plan=plan,
         state=state, timer=PhaseTimer(device),
         meter=ThroughputMeter(config.model.args, config.data.seq_len, device, precision.name, world_size=1),
-        logger=MetricsLogger(run_dir, config.log.tensorboard, is_main=True, resume_step=state.step if resume else None),
-        console=console, stop=stop, data_info=data_info, last_checkpoint=last,
+        logger=logger, console=console, stop=stop, data_info=data_info, last_checkpoint=last,
+        # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
+        records=read_jsonl(run_dir / METRICS_FILE), eval_records=read_jsonl(run_dir / EVAL_FILE),
     )  # fmt: skip
 
 

@@ -90,7 +90,7 @@ def train_loop(run: Run) -> None:
         run.state.step, run.state.tokens_seen = step, run.state.tokens_seen + run.plan.tokens_per_step
         if grad_norm is None:
             handle_non_finite(run, step, loss_value)
-        if step % run.config.log.every == 0 or step == run.plan.total_steps:
+        if step % run.config.log.every == 0 or step in (1, run.plan.total_steps):  # step 1: the starting loss
             log_step(run, step, loss_value, lr, grad_norm, window.mean())
             window = TimingWindow()
         else:
@@ -220,9 +220,10 @@ def finish(run: Run) -> None:
                          f"continue with --resume --run-dir {run.run_dir}")  # fmt: skip
     elif run.config.eval.every and not (run.eval_records and run.eval_records[-1]["step"] == step):
         run_eval(run, step)
-    run.verdict = bottleneck_verdict(run.records)
-    run.console.print(str(run.verdict))
-    write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records)
+    if run.records:
+        run.verdict = bottleneck_verdict(run.records)
+        run.console.print(str(run.verdict))
+        write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records)
     run.console.print(f"run folder: {run.run_dir} (report.md, metrics.jsonl, checkpoints/)")
 
 
