@@ -40,8 +40,13 @@ def synchronize(device: torch.device) -> None:
 
 
 def reset_peak_memory(device: torch.device) -> None:
+    """CUDA: the allocator's peak. CPU (Linux): the process's peak RSS, back to the current RSS (`clear_refs` 5)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        return
+    # Not Linux, or /proc not writable: the peak stays the process's lifetime peak.
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 
 
 def peak_memory_gb(device: torch.device) -> float:
@@ -57,7 +62,10 @@ def peak_memory_method(device: torch.device) -> str:
     """How `peak_memory_gb` measures, in words, for headers and reports."""
     if device.type == "cuda":
         return "CUDA caching-allocator peak (torch.cuda.max_memory_allocated), tensors only, since the last reset"
-    return "process peak resident set size (ru_maxrss): weights, activations, Python and torch runtime together"
+    return (
+        "process peak resident set size (ru_maxrss, since the last reset on Linux): weights, activations, Python and "
+        "torch runtime together"
+    )
 
 
 def timing_event(device: torch.device) -> torch.cuda.Event:
@@ -103,3 +111,24 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         return tensor.to(device, non_blocking=tensor.is_pinned())
     return tensor
+
+
+def memory_budget_gb(device: torch.device) -> float:
+    """What a run may use: the GPU's total memory on CUDA; on a CPU the memory available now (psutil)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / 1e9
+    return psutil.virtual_memory().available / 1e9
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is the device running out of memory (torch.OutOfMemoryError, raised by the CUDA allocator)."""
+    return isinstance(error, torch.OutOfMemoryError)
+
+
+def release_memory(device: torch.device) -> None:
+    """After an out-of-memory error: collect the dropped tensors and hand the cached blocks back to the device."""
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
