@@ -1,5 +1,7 @@
 """`dlx plan`: the estimator's arithmetic, sharding, and bad input."""
 
+import json
+
 import pytest
 
 from dlx.bench.estimate import TrainingShape, activation_bytes_per_token_per_layer, max_micro_batch, plan_memory
@@ -15,11 +17,19 @@ def test_state_bytes_follow_the_documented_rule():
     assert plain.grads_gb == pytest.approx(158_016 * 4 / 1e9)
     assert plain.optimizer_gb == pytest.approx(158_016 * 8 / 1e9)
     assert plain.logits_gb == pytest.approx(2 * 32 * 512 * 12 / 1e9)
-    zero3 = plan_memory(args, TrainingShape(32, 2, precision="fp32", strategy="zero3", world_size=4))
-    assert zero3.weights_gb * 4 == pytest.approx(plain.weights_gb)
-    assert zero3.optimizer_gb * 4 == pytest.approx(plain.optimizer_gb)
-    zero1 = plan_memory(args, TrainingShape(32, 2, precision="fp32", strategy="zero1", world_size=4))
+    for strategy, stage in (("fsdp", 2), ("deepspeed", 3)):
+        sharded = plan_memory(args, TrainingShape(32, 2, precision="fp32", strategy=strategy, zero_stage=stage,
+                                                  world_size=4))  # fmt: skip
+        assert sharded.weights_gb * 4 == pytest.approx(plain.weights_gb)
+        assert sharded.grads_gb * 4 == pytest.approx(plain.grads_gb)
+        assert sharded.optimizer_gb * 4 == pytest.approx(plain.optimizer_gb)
+    zero1 = plan_memory(args, TrainingShape(32, 2, precision="fp32", strategy="deepspeed", zero_stage=1, world_size=4))
     assert (zero1.weights_gb, zero1.grads_gb) == (plain.weights_gb, plain.grads_gb)
+    assert zero1.optimizer_gb * 4 == pytest.approx(plain.optimizer_gb)
+    zero2 = plan_memory(args, TrainingShape(32, 2, precision="fp32", strategy="deepspeed", zero_stage=2, world_size=4))
+    assert (zero2.weights_gb, zero2.grads_gb * 4) == (plain.weights_gb, pytest.approx(plain.grads_gb))
+    ddp = plan_memory(args, TrainingShape(32, 2, precision="fp32", strategy="ddp", world_size=4))
+    assert ddp.grads_gb == pytest.approx(2 * plain.grads_gb)  # gradients plus DDP's buckets
 
 
 def test_activation_terms_and_checkpointing():
@@ -49,8 +59,32 @@ def test_max_micro_batch_is_the_largest_that_fits():
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"micro_batch": 0}, "micro-batch must be a positive integer"), ({"precision": "fp8"}, "unknown precision 'fp8'")],
+    [
+        ({"micro_batch": 0}, "micro-batch must be a positive integer"),
+        ({"precision": "fp8"}, "unknown precision 'fp8'"),
+        ({"strategy": "zero3"}, "unknown strategy 'zero3'"),
+        ({"strategy": "deepspeed", "zero_stage": 4}, "zero-stage must be 1, 2 or 3"),
+    ],
 )
 def test_bad_values_are_one_line_errors(kwargs, message):
     with pytest.raises(UserError, match=message):
         TrainingShape(**{"seq_len": 16, "micro_batch": 1, **kwargs})
+
+
+def test_plan_cli_predicts_step_time_per_rank_under_sharding():
+    from typer.testing import CliRunner
+
+    from dlx.cli.app import _register_commands, app
+
+    if not app.registered_commands:  # another test may have registered them in this process
+        _register_commands()
+    argv = ["plan", "llama3.2-1b", "--seq-len", "2048", "--micro-batch", "4", "--grad-accum", "2", "--gpu", "H100",
+            "--mfu", "0.5", "--strategy", "deepspeed", "--zero-stage", "3", "--world-size", "8", "--json"]  # fmt: skip
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    tokens = 4 * 2048 * 2 * 8
+    assert summary["tokens_per_step"] == tokens
+    expected = summary["flops_per_token_attention"] * tokens / (989.4e12 * 0.5 * 8)
+    assert summary["predicted_step_s"] == pytest.approx(expected)
+    assert summary["weights_gb"] == pytest.approx(1_235_814_400 * 6 / 8 / 1e9)

@@ -2,8 +2,9 @@
 
 Bytes per parameter, with AdamW and mixed precision by autocast (weights stay fp32, matmuls run in bf16/fp16):
     weights 4, gradients 4, AdamW moments 8, plus a 2-byte copy of each weight that autocast caches during forward.
-Sharding over `world_size` ranks: DDP replicates everything (and keeps 4 bytes/param of gradient buckets); ZeRO-1 shards
-the optimizer state, ZeRO-2 also the gradients, ZeRO-3 and FSDP also the weights.
+Sharding over `world_size` ranks, in the recipe's `parallel` words: DDP replicates everything (and keeps 4 bytes/param
+of gradient buckets); DeepSpeed ZeRO stage 1 shards the optimizer state, stage 2 also the gradients, stage 3 also the
+weights; FSDP shards all three (like stage 3).
 
 Activations saved for backward, per token and per layer (p = bytes of the autocast dtype, d = dim, f = FFN hidden,
 k = n_kv_heads · head_dim), counted from what dlx's modules keep:
@@ -23,14 +24,15 @@ beside the measurement.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dlx.errors import UserError
 from dlx.metrics.flops import FlopsPerToken, training_flops_per_token
 from dlx.model.args import ModelArgs
 from dlx.model.stats import model_stats
 
-STRATEGIES = ("none", "ddp", "fsdp", "zero1", "zero2", "zero3")
+STRATEGIES = ("none", "ddp", "fsdp", "deepspeed")
+ZERO_STAGES = (1, 2, 3)
 CHECKPOINTING = ("none", "full", "selective")
 AUTOCAST_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 GB = 1e9
@@ -44,6 +46,8 @@ class TrainingShape:
     precision: str = "bf16"
     strategy: str = "none"
     world_size: int = 1
+    zero_stage: int = 2
+    """DeepSpeed ZeRO stage (strategy deepspeed): 1 shards the optimizer state, 2 also gradients, 3 also weights."""
     activation_checkpointing: str = "none"
     attention_matrix: bool = False
     """True when the attention kernel stores the T×T scores (PyTorch's math path, used on CPU)."""
@@ -54,6 +58,8 @@ class TrainingShape:
                 raise UserError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
         _check_choice("precision", self.precision, tuple(AUTOCAST_BYTES))
         _check_choice("strategy", self.strategy, STRATEGIES)
+        if self.zero_stage not in ZERO_STAGES:
+            raise UserError(f"zero-stage must be 1, 2 or 3, got {self.zero_stage}")
         _check_choice("activation-checkpointing", self.activation_checkpointing, CHECKPOINTING)
 
 
@@ -90,13 +96,20 @@ def _state_bytes(n_params: int, shape: TrainingShape) -> tuple[float, float, flo
     grads = n_params * 4 * (2 if shape.strategy == "ddp" else 1)
     optimizer = n_params * 8
     world = shape.world_size
-    if shape.strategy in ("zero1", "zero2", "zero3", "fsdp"):
+    if sharding_stage(shape) >= 1:
         optimizer /= world
-    if shape.strategy in ("zero2", "zero3", "fsdp"):
+    if sharding_stage(shape) >= 2:
         grads /= world
-    if shape.strategy in ("zero3", "fsdp"):
+    if sharding_stage(shape) >= 3:
         weights /= world
     return weights, grads, optimizer
+
+
+def sharding_stage(shape: TrainingShape) -> int:
+    """What is sharded, as a ZeRO stage: 0 nothing, 1 optimizer state, 2 and gradients, 3 and weights."""
+    if shape.strategy == "deepspeed":
+        return shape.zero_stage
+    return 3 if shape.strategy == "fsdp" else 0
 
 
 def activation_bytes_per_token_per_layer(args: ModelArgs, shape: TrainingShape) -> float:
@@ -143,12 +156,6 @@ def max_micro_batch(args: ModelArgs, shape: TrainingShape, budget_gb: float, lim
     low, high = 1, limit
     while low <= high:
         mid = (low + high) // 2
-        fits = plan_memory(args, _with_batch(shape, mid)).total_gb <= budget_gb
+        fits = plan_memory(args, replace(shape, micro_batch=mid)).total_gb <= budget_gb
         best, low, high = (mid, mid + 1, high) if fits else (best, low, mid - 1)
     return best
-
-
-def _with_batch(shape: TrainingShape, micro_batch: int) -> TrainingShape:
-    from dataclasses import replace
-
-    return replace(shape, micro_batch=micro_batch)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -14,35 +14,44 @@ def plan(
     micro_batch: Annotated[int, typer.Option(help="Sequences per micro-batch per rank.")] = 1,
     grad_accum: Annotated[int, typer.Option(help="Micro-batches per optimizer step.")] = 1,
     precision: Annotated[str, typer.Option(help="bf16, fp16 or fp32.")] = "bf16",
-    strategy: Annotated[str, typer.Option(help="none, ddp, fsdp, zero1, zero2 or zero3.")] = "none",
+    strategy: Annotated[str, typer.Option(help="none, ddp, fsdp or deepspeed (as the recipe's parallel.strategy).")] = (
+        "none"
+    ),
+    zero_stage: Annotated[int, typer.Option(help="DeepSpeed ZeRO stage 1, 2 or 3 (strategy deepspeed).")] = 2,
     world_size: Annotated[int, typer.Option(help="Data-parallel ranks.")] = 1,
     activation_checkpointing: Annotated[str, typer.Option(help="none, full or selective.")] = "none",
     gpu: Annotated[str, typer.Option(help="GPU name in the peak table, for the predicted step time.")] = "H100",
-    mfu: Annotated[float, typer.Option(help="Assumed MFU (0-1) for the predicted step time.")] = 0.4,
+    mfu: Annotated[float, typer.Option(help="Assumed MFU (0-1, attention convention) for the step time.")] = 0.4,
     memory_gb: Annotated[float, typer.Option(help="Device memory, for the largest micro-batch that fits.")] = 80.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Estimate memory (weights, gradients, optimizer, activations, logits), FLOPs per token and step time."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from dlx.bench.estimate import TrainingShape, max_micro_batch, plan_memory
+    """Estimate memory per rank (weights, gradients, optimizer, activations, logits), FLOPs per token and step time."""
+    from dlx.bench.estimate import TrainingShape
     from dlx.errors import UserError
-    from dlx.metrics.flops import CONVENTIONS
-    from dlx.metrics.peak import gpu_peak
-    from dlx.model.presets import resolve_model_args
 
     if not 0 < mfu <= 1:
         raise UserError(f"--mfu must be in (0, 1], got {mfu}")
-    args = resolve_model_args(model)
     shape = TrainingShape(
-        seq_len, micro_batch, grad_accum, precision, strategy, world_size, activation_checkpointing
+        seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, precision=precision, strategy=strategy,
+        world_size=world_size, zero_stage=zero_stage, activation_checkpointing=activation_checkpointing,
     )  # fmt: skip
+    summary = plan_summary(model, shape, gpu, mfu, memory_gb)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print_plan(model, summary, gpu, mfu, world_size, memory_gb)
+
+
+def plan_summary(model: str, shape: Any, gpu: str, mfu: float, memory_gb: float) -> dict[str, Any]:
+    """Every figure `dlx plan` prints, as one flat mapping (the --json output)."""
+    from dlx.bench.estimate import max_micro_batch, plan_memory
+    from dlx.metrics.peak import gpu_peak
+    from dlx.model.presets import resolve_model_args
+
+    args = resolve_model_args(model)
     result = plan_memory(args, shape)
-    peak = gpu_peak(gpu, precision)
-    step_s = result.step_seconds(peak.tflops, mfu, world_size) if peak.tflops else None
-    fits = max_micro_batch(args, shape, memory_gb)
-    summary = {
+    peak = gpu_peak(gpu, shape.precision)
+    return {
         "params": result.params,
         "weights_gb": result.weights_gb,
         "grads_gb": result.grads_gb,
@@ -53,28 +62,37 @@ def plan(
         "flops_per_token_dense": result.flops_per_token.dense,
         "flops_per_token_attention": result.flops_per_token.attention,
         "tokens_per_step": result.tokens_per_step,
-        "predicted_step_s": step_s,
+        "predicted_step_s": result.step_seconds(peak.tflops, mfu, shape.world_size) if peak.tflops else None,
+        "peak_tflops": peak.tflops,
         "peak_source": peak.source,
-        "max_micro_batch": fits,
+        "max_micro_batch": max_micro_batch(args, shape, memory_gb),
     }
-    if as_json:
-        print(json.dumps(summary, indent=2))
-        return
+
+
+def print_plan(model: str, summary: dict[str, Any], gpu: str, mfu: float, world_size: int, memory_gb: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from dlx.metrics.flops import CONVENTIONS
+
     console = Console(width=max(Console().width, 110))
-    table = Table("memory per rank", "GB", title=f"{model}: {result.params:,} parameters")
+    table = Table("memory per rank", "GB", title=f"{model}: {summary['params']:,} parameters")
     for key in ("weights", "grads", "optimizer", "activations", "logits", "total"):
         table.add_row(key, f"{summary[f'{key}_gb']:.2f}")
     console.print(table)
     for name, text in CONVENTIONS.items():
         console.print(f"FLOPs/token ({name}: {text}): {summary[f'flops_per_token_{name}']:.3e}")
+    step_s = summary["predicted_step_s"]
     if step_s is None:
-        console.print(f"predicted step time: unknown ({peak.source})")
+        console.print(f"predicted step time: unknown ({summary['peak_source']})")
     else:
         console.print(
-            f"predicted step time at {mfu:.0%} MFU on {world_size}× {gpu} ({peak.source}, {peak.tflops} TFLOPS): "
-            f"{step_s:.3f} s for {result.tokens_per_step:,} tokens"
+            f"predicted step time at {mfu:.0%} MFU on {world_size}× {gpu} ({summary['peak_source']}, "
+            f"{summary['peak_tflops']} TFLOPS): {step_s:.3f} s for {summary['tokens_per_step']:,} tokens"
         )
-    console.print(f"largest micro-batch within {memory_gb:g} GB: {fits}")
+    fits = summary["max_micro_batch"]
+    note = "" if fits else " (not even micro-batch 1 fits: shard with --strategy, checkpoint activations, or shorten)"
+    console.print(f"largest micro-batch within {memory_gb:g} GB: {fits}{note}")
 
 
 def register(app: typer.Typer) -> None:
