@@ -3,8 +3,6 @@ outlives its parent."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,37 +11,17 @@ import time
 import psutil
 
 from dlx.data.prepare import prepare_dataset
-from dlx.data.shards import MANIFEST_FILE
+from fault_helpers import committed as _committed
+from fault_helpers import signal_after_progress
 from test_prepare_helpers import folder_bytes, make_documents, tiny_tokenizer, write_jsonl
 
 __all__ = ["tiny_tokenizer"]
 
 
-def _committed(out) -> tuple[bool, int] | None:
-    """(complete, committed units) from the manifest, None before it exists."""
-    try:
-        m = json.loads((out / MANIFEST_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return m["complete"], m["source"].get("resume", {}).get("next_unit", -1)
-
-
 def _kill_after_progress(cmd, out, min_next_unit: int) -> tuple[bool, list[psutil.Process]]:
     """Start prepare; SIGKILL it once the manifest has committed `min_next_unit` units. (killed?, its workers)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    workers: list[psutil.Process] = []
-    deadline = time.monotonic() + 90
-    while proc.poll() is None and time.monotonic() < deadline:
-        state = _committed(out)
-        if state is not None and not state[0] and state[1] >= min_next_unit:
-            workers = psutil.Process(proc.pid).children(recursive=True)
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return True, workers
-        time.sleep(0.005)
-    stderr = proc.communicate()[1]
-    assert proc.returncode == 0, stderr.decode()
-    return False, workers
+    proc, tree = signal_after_progress(cmd, out, min_next_unit, "SIGKILL")
+    return proc is not None, tree[1:]
 
 
 def test_sigkill_then_rerun_gives_identical_bytes(tmp_path, tiny_tokenizer):

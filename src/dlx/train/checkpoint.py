@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 
 from dlx.atomic import atomic_dir
 from dlx.errors import UserError
+from dlx.faults import pause_point
 from dlx.model.io import ARGS_FILE, WEIGHTS_FILE, write_weights
 from dlx.model.llama import Transformer
 
@@ -147,7 +148,7 @@ def _write(
 ) -> None:
     with atomic_dir(path, overwrite=True) as tmp:
         write_weights(model, tmp)
-        torch.save(
+        save_torch(
             {
                 "optimizer": optimizer.state_dict(),
                 "scheduler": _scheduler_state(scheduler),
@@ -156,8 +157,39 @@ def _write(
             },
             tmp / TRAIN_STATE_FILE,
         )
+        pause_point("checkpoint_save")  # test-only, off by default: see dlx.faults
         state.files = {name: (tmp / name).stat().st_size for name in (WEIGHTS_FILE, ARGS_FILE, TRAIN_STATE_FILE)}
         (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
+
+
+class _KeepWriteError:
+    """A file for torch.save that keeps the OSError of a failed write: torch.save itself reports a full disk as
+    `enforce fail ... unexpected pos`, which names no cause."""
+
+    def __init__(self, file: Any) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def save_torch(obj: Any, path: Path) -> None:
+    """torch.save to `path`; a failed write raises its OSError (ENOSPC, EDQUOT, EFBIG), not torch's RuntimeError."""
+    with open(path, "wb") as f:
+        keep = _KeepWriteError(f)
+        try:
+            torch.save(obj, keep)
+        except RuntimeError:
+            if keep.error is not None:
+                raise keep.error from None
+            raise
 
 
 def _scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict[str, Any]:

@@ -7,6 +7,7 @@ message that names the key and what is allowed (`describe_error`). Cross-section
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
@@ -31,12 +32,15 @@ class ModelSection(BaseModel):
     @model_validator(mode="after")
     def _resolve(self) -> ModelSection:
         overrides = dict(self.model_extra or {})
-        unknown = sorted(set(overrides) - set(ModelArgs.model_fields))
+        unknown = sorted(set(overrides) - set(ModelArgs.model_fields), key=str)
         if unknown:
             raise ValueError(
-                f"unknown key 'model.{unknown[0]}'; model takes 'preset' and the ModelArgs fields "
+                f"unknown key {f'model.{unknown[0]}'!r}; model takes 'preset' and the ModelArgs fields "
                 f"{', '.join(ModelArgs.model_fields)}"
             )
+        infinite = [key for key, value in overrides.items() if isinstance(value, float) and not math.isfinite(value)]
+        if infinite:  # ModelArgs takes inf for its `gt=0` floats; no model trains with them
+            raise ValueError(f"model.{infinite[0]}: must be a finite number (got {overrides[infinite[0]]})")
         try:
             self._args = resolve_model_args(self.preset, **overrides)
         except UserError as e:
@@ -192,8 +196,8 @@ def describe_error(error: ValidationError) -> str:
     key = ".".join(str(part) for part in first["loc"])
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
-        section = key.rsplit(".", 1)[0] if "." in key else ""
-        return f"unknown key '{key}'; {_allowed_keys(section)}"
+        section = str(first["loc"][0]) if len(first["loc"]) > 1 else ""
+        return f"unknown key {key!r}; {_allowed_keys(section)}"
     if first["type"] == "value_error":  # our own validators: the message already names the keys
         return message if not key or message.startswith((f"{key}.", "unknown key")) else f"{key}: {message}"
     return f"{key}: {message[0].lower()}{message[1:]} (got {first.get('input')!r})"
@@ -213,7 +217,8 @@ def build_config(raw: dict[str, Any]) -> RunConfig:
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as e:
-        raise UserError(f"recipe: {describe_error(e)}") from None
+        # One line even when the message quotes a value that holds a line break.
+        raise UserError(f"recipe: {describe_error(e)}".replace("\n", "\\n")) from None
 
 
 def describe_keys() -> list[str]:

@@ -40,9 +40,10 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str, str]]:
         arg = args[i]
         if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
             raise UserError(
-                f"unexpected argument '{arg}'; overrides look like --section.key VALUE, e.g. --train.lr 1e-3"
+                f"unexpected argument {arg!r}; overrides look like --section.key VALUE, e.g. --train.lr 1e-3"
             )
         name, has_value, value = arg[2:].partition("=")
+        name = name.replace("\n", "\\n")  # echoed in the messages below, which must stay one line
         if not has_value:
             if i + 1 >= len(args) or args[i + 1].startswith("--"):
                 raise UserError(f"override --{name} needs a value, e.g. --{name} VALUE")
@@ -117,7 +118,7 @@ def split_command_line(args: list[str]) -> tuple[str | None, list[str]]:
             continue
         if recipe is not None:
             raise UserError(
-                f"two recipes given ('{recipe}' and '{arg}'); give one, and overrides as --section.key VALUE"
+                f"two recipes given ({recipe!r} and {arg!r}); give one, and overrides as --section.key VALUE"
             )
         recipe, i = arg, i + 1
     return recipe, overrides

@@ -21,6 +21,7 @@ from dlx.data.loader.sync import SyncFeed
 from dlx.data.loader.transfer import make_transfer
 from dlx.data.loader.windows import count_windows
 from dlx.errors import UserError
+from dlx.faults import pause_point
 
 SPLITS = ("train", "val")
 
@@ -110,6 +111,7 @@ class TokenLoader:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        pause_point(f"{self.split}_batch")  # test-only, off by default: see dlx.faults
         if self._schedule is None:
             self._start()
         cursor = next(self._schedule, None)

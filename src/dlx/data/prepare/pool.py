@@ -53,7 +53,10 @@ def _worker_main(conn, parent_pid: int) -> None:
             reply = ("user", str(e))
         except BaseException:
             reply = ("error", traceback.format_exc())
-        conn.send(reply)
+        try:
+            conn.send(reply)
+        except OSError:  # the parent died (SIGKILL) while we worked: nobody to tell, and no traceback to print
+            return
 
 
 def _unwrap(reply: tuple[str, Any]) -> Any:
