@@ -1,0 +1,65 @@
+"""The sweep's grid: command-line lists (`512,1024,2048`) parsed and validated, expanded into measurement points."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from dlx.errors import UserError
+
+BENCH_PRECISIONS = ("bf16", "fp16", "fp32")
+
+
+@dataclass(frozen=True)
+class BenchPoint:
+    """One configuration of the sweep; its fields are the key that a re-run uses to skip measured points."""
+
+    seq_len: int
+    """Tokens per sequence (the seed's cutoff_len)."""
+    micro_batch: int
+    """Sequences per forward/backward pass."""
+    grad_accum: int
+    """Micro-batches per optimizer step; one `it` of it/s is one optimizer step."""
+    precision: str
+    """bf16, fp16 (autocast, fp32 weights) or fp32."""
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.micro_batch * self.grad_accum
+
+    def label(self) -> str:
+        return f"seq {self.seq_len}, micro-batch {self.micro_batch}, accum {self.grad_accum}, {self.precision}"
+
+
+def parse_positive_ints(option: str, text: str) -> list[int]:
+    """`"512,1024"` -> [512, 1024]; anything but positive integers is a UserError naming the option and the value."""
+    values = []
+    for item in text.split(","):
+        item = item.strip()
+        value = int(item) if item.isascii() and item.isdigit() else 0  # no signs, no '1e3', no '²'
+        if value <= 0:
+            raise UserError(f"{option}: '{item}' is not a positive integer (give a comma-separated list, e.g. 1,4,8)")
+        values.append(value)
+    return sorted(set(values))
+
+
+def parse_precisions(text: str, auto_means: str) -> list[str]:
+    """`"bf16,fp32"` -> ["bf16", "fp32"]; `auto` is what `dlx pretrain` would pick on this device (`auto_means`)."""
+    names = []
+    for item in text.split(","):
+        name = auto_means if item.strip() == "auto" else item.strip()
+        if name not in BENCH_PRECISIONS:
+            raise UserError(f"--precision: unknown precision '{item.strip()}'; choose from auto, "
+                            f"{', '.join(BENCH_PRECISIONS)}")  # fmt: skip
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def expand_points(
+    seq_lens: list[int], micro_batches: list[int], grad_accums: list[int], precisions: list[str]
+) -> list[BenchPoint]:
+    """Every combination, in measuring order: precision, seq len, grad accum, then micro-batch growing (so that an
+    out-of-memory micro-batch lets the larger ones at the same seq len be marked without trying them)."""
+    grid = itertools.product(precisions, seq_lens, grad_accums, micro_batches)
+    return [BenchPoint(seq, batch, accum, precision) for precision, seq, accum, batch in grid]
