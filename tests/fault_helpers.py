@@ -138,3 +138,21 @@ def signal_after_progress(
     stderr = proc.communicate()[1]
     assert proc.returncode == 0, stderr
     return None, []
+
+
+def start_torchrun(args: list[str], cwd: Path, env: dict[str, str], n_ranks: int = 2) -> subprocess.Popen:
+    """`torchrun --standalone --nproc_per_node N dlx ARGS` (plots left out, as `NO_PLOTS`), in a session of its own."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n_ranks),
+                "--no-python", sys.executable, "-c", NO_PLOTS]  # fmt: skip
+    return subprocess.Popen([*launcher, *args], cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+
+
+def rank_processes(launcher: psutil.Process) -> dict[int, psutil.Process]:
+    """The worker processes torchrun started, by their RANK."""
+    ranks = {}
+    for child in launcher.children():
+        rank = child.environ().get("RANK")
+        if rank is not None:
+            ranks[int(rank)] = child
+    return ranks

@@ -2,7 +2,9 @@
 to send a signal at an exact moment instead of guessing with sleeps.
 
     DLX_FAULT_PAUSE=POINT[@N]   the N-th time (default: the first) the process reaches POINT, it writes the marker
-                                file $DLX_FAULT_DIR/POINT (holding its pid) and waits while that file exists (≤ 120 s)
+                                file $DLX_FAULT_DIR/POINT (holding its pid) and waits while that file exists (≤ 120 s);
+                                under torchrun with more than one rank, every rank pauses, each on its own marker
+                                POINT.rankR, so that a test can hold all ranks at the same moment and signal one
     POINT                       checkpoint_save (weights written, trainer_state.json not yet), train_batch and
                                 val_batch (the trainer asks the loader for a training / evaluation batch)
 
@@ -22,6 +24,13 @@ MAX_PAUSE_S = 120.0
 _arrivals: dict[str, int] = {}
 
 
+def marker_name(point: str) -> str:
+    """POINT in one process, POINT.rankR for rank R of a torchrun group of several."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"{point}.rank{os.environ.get('RANK', '0')}"
+    return point
+
+
 def pause_point(point: str) -> None:
     """Wait here if `DLX_FAULT_PAUSE` names this point and arrival; otherwise return at once (one dict lookup)."""
     spec = os.environ.get(PAUSE_ENV)
@@ -33,7 +42,7 @@ def pause_point(point: str) -> None:
     _arrivals[point] = _arrivals.get(point, 0) + 1
     if _arrivals[point] != int(nth or 1):
         return
-    marker = Path(os.environ.get(DIR_ENV, ".")) / point
+    marker = Path(os.environ.get(DIR_ENV, ".")) / marker_name(point)
     marker.write_text(str(os.getpid()))
     deadline = time.monotonic() + MAX_PAUSE_S
     while marker.exists() and time.monotonic() < deadline:
