@@ -40,7 +40,7 @@ from fault_helpers import (
 )
 from train_helpers import TINY, losses, make_dataset, single_torch_thread, skip_plots
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.distributed]
 
 RUN = [*TINY, "--data.num_workers", "1", "--train.max_steps", "8", "--checkpoint.every", "3",
        "--train.global_batch_size", "4", "--parallel.strategy", "ddp"]  # fmt: skip
