@@ -182,3 +182,16 @@ def test_console_command_exits_2_with_one_line(tmp_path, argv, message):
                           text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1 and proc.stdout == ""
+
+
+def test_table_says_when_mfu_exceeds_100_percent():
+    from dlx.bench.results import markdown_table, point_row
+
+    fixed = {"model": "debug", "device": "CPU", "data": "synthetic", "compile": "off"}
+    row = point_row(fixed, BenchPoint(16, 1, 1, "bf16"), "ok", it_per_s=1.0, tokens_per_s=16.0, step_s=1.0,
+                    forward_s=0.3, backward_s=0.6, optimizer_s=0.1, peak_mem_gb=0.5, est_mem_gb=0.1, tflops=0.003,
+                    tflops_dense=0.0028, mfu=3.2, mfu_dense=3.0, peak_tflops=0.0009, peak_source="probe")  # fmt: skip
+    table = markdown_table([row], ["# head"])
+    assert "| bf16 | 16 | 1 | 1 | 1 | 16 | 1000 (300 / 600 / 100) | 0.5 (0.1) | 0.003 | 320.0% (300.0%) |" in table
+    assert "MFU above 100 % (bf16)" in table
+    assert "MFU above 100 %" not in markdown_table([{**row, "mfu": 0.5}], ["# head"])

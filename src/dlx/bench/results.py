@@ -100,6 +100,12 @@ def _conventions(rows: list[dict[str, Any]]) -> list[str]:
         "up the difference); est. GB: `dlx plan`'s estimate for the same point",
         *(f"- {status}: {meaning}" for status, meaning in STATUSES.items() if status != "ok"),
     ]
+    over = sorted({r["precision"] for r in rows if isinstance(r["mfu"], float) and r["mfu"] > 1.0})
+    if over:
+        lines.append(
+            f"- MFU above 100 % ({', '.join(over)}): training ran faster than the peak it is divided by, so that peak "
+            "(on a CPU, a matmul probe) does not describe this device; those MFU figures mean nothing"
+        )
     return lines
 
 

@@ -76,7 +76,8 @@ def print_plan(model: str, summary: dict[str, Any], gpu: str, mfu: float, world_
     from dlx.metrics.flops import CONVENTIONS
 
     console = Console(width=max(Console().width, 110))
-    table = Table("memory per rank", "GB", title=f"{model}: {summary['params']:,} parameters")
+    console.print(f"{model}: {summary['params']:,} parameters")  # not a table title: rich wraps those to its width
+    table = Table("memory per rank", "GB")
     for key in ("weights", "grads", "optimizer", "activations", "logits", "total"):
         table.add_row(key, f"{summary[f'{key}_gb']:.2f}")
     console.print(table)

@@ -1,0 +1,72 @@
+"""What every benchmark writes beside its figures (command, git SHA, versions, hardware), and how it appends them to
+its section of BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from dlx.atomic import atomic_write_text
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
+
+
+def cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def versions() -> str:
+    """python and torch, and transformers/accelerate where installed (HF Trainer's figures depend on them)."""
+    text = f"python {platform.python_version()}, torch {torch.__version__}"
+    with contextlib.suppress(ImportError):
+        import accelerate
+        import transformers
+
+        text += f", transformers {transformers.__version__}, accelerate {accelerate.__version__}"
+    return text
+
+
+def environment(watched: list[str]) -> list[str]:
+    """The exact command, code version (flagged when files under `watched` differ from it), versions and hardware."""
+    git = ["git", "-C", str(ROOT)]
+    sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", *watched], capture_output=True, text=True).stdout
+    executable = Path(sys.executable)
+    python = str(executable.relative_to(ROOT)) if executable.is_relative_to(ROOT) else executable.name
+    threads = os.environ.get("OMP_NUM_THREADS")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    modified = f" ({', '.join(watched)}: modified)" if dirty.strip() else ""
+    return [
+        f"- command: `{shlex.join([python, *sys.argv])}` (from the repository root"
+        f"{f', OMP_NUM_THREADS={threads}' if threads else ''})",
+        f"- git: {sha}{modified}; {versions()}",
+        f"- hardware: {cpu_name()}, {os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}; "
+        f"load average before the run {load} (the machine is shared)",
+    ]
+
+
+def record_section(section: str, intro: str, lines: list[str], path: Path = BENCHMARKS_MD) -> None:
+    """Append `lines` at the end of the `## section` of BENCHMARKS.md (created, with `intro`, at the end if missing);
+    other sections are left as they are."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    entry = "\n".join(lines) + "\n"
+    start = text.find(f"\n## {section}\n")
+    if start < 0:
+        text = text.rstrip("\n") + f"\n\n## {section}\n\n{intro}\n\n" + entry
+    else:
+        end = text.find("\n## ", start + 1)
+        end = len(text) if end < 0 else end + 1
+        text = text[:end].rstrip("\n") + "\n\n" + entry + ("\n" + text[end:] if end < len(text) else "")
+    atomic_write_text(path, text)
