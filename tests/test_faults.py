@@ -20,8 +20,6 @@ from dlx.data.prepare import prepare_dataset
 from dlx.model.io import load_model
 from dlx.train.checkpoint import list_checkpoints, read_checkpoint
 from dlx.train.launch import launch
-from dlx.train.recipe import load_recipe
-from dlx.train.trainer import pretrain
 from fault_helpers import (
     SIGNALS,
     cli_env,
@@ -36,10 +34,10 @@ from fault_helpers import (
     wait_for_file,
 )
 from test_prepare_helpers import folder_bytes, make_documents, tiny_tokenizer, write_jsonl
-from train_helpers import TINY, losses, make_dataset, single_torch_thread, skip_plots
+from train_helpers import TINY, losses, make_dataset, train_quietly
 
 __all__ = ["tiny_tokenizer"]
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("in_process_training")]
 
 RUN = [*TINY, "--data.num_workers", "1", "--train.max_steps", "10", "--checkpoint.every", "3", "--eval.every", "4",
        "--eval.batches", "2"]  # fmt: skip
@@ -55,16 +53,6 @@ LAST_BEFORE_KILL = 3
 EXIT_CODES = {"SIGINT": 128 + signal.SIGINT, "SIGTERM": 128 + signal.SIGTERM, "SIGKILL": -signal.SIGKILL}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    yield from single_torch_thread()
-
-
-@pytest.fixture(autouse=True)
-def _no_plots(request, monkeypatch):
-    skip_plots(request, monkeypatch)
-
-
 @pytest.fixture(scope="session")
 def dataset(tmp_path_factory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("faults") / "data")
@@ -73,19 +61,7 @@ def dataset(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def reference(dataset, tmp_path_factory) -> dict[int, float]:
     """Losses of the uninterrupted run, step by step."""
-    import torch
-
-    from dlx.train import trainer
-
-    run_dir = tmp_path_factory.mktemp("reference") / "run"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(trainer, "write_report", lambda *args, **kwargs: None)
-            pretrain(load_recipe(None, [*RUN, "--data.path", str(dataset)]), "reference", run_dir)
-    finally:
-        torch.set_num_threads(threads)
+    run_dir = train_quietly([*RUN, "--data.path", str(dataset)], tmp_path_factory.mktemp("reference") / "run")
     return losses(run_dir)
 
 

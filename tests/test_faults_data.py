@@ -15,23 +15,13 @@ from dlx.data.loader import TokenLoader
 from dlx.errors import UserError
 from dlx.train.recipe import load_recipe
 from dlx.train.trainer import pretrain
-from train_helpers import TINY, make_dataset, run_cli, single_torch_thread, skip_plots
+from train_helpers import TINY, make_dataset, run_cli
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("in_process_training")]
 
 SHARD = "train-00000.bin"
 TOKEN = 20
 """The flipped token: in the first window, so the first step reads it (unshuffled)."""
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    yield from single_torch_thread()
-
-
-@pytest.fixture(autouse=True)
-def _no_plots(request, monkeypatch):
-    skip_plots(request, monkeypatch)
 
 
 def flip(folder: Path, offset: int, bit: int) -> None:
@@ -54,12 +44,6 @@ def test_a_flipped_byte_is_named_by_data_verify_and_the_loader(tmp_path):
     assert "\n" not in str(error.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=IndexError,
-    reason="the loader hands ids >= vocab_size to the model: IndexError 'index out of range in self' from "
-    "tok_embeddings, a traceback that names no shard (dlx pretrain exits 1 mid-run)",
-)
 def test_a_flipped_byte_past_the_vocabulary_is_named_by_the_run(tmp_path):
     folder = make_dataset(tmp_path / "data")
     flip(folder, 2 * TOKEN + 1, 0x80)  # the high byte: id + 32768, past the 300-token vocabulary

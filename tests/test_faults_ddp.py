@@ -38,9 +38,9 @@ from fault_helpers import (
     start_torchrun,
     wait_for_file,
 )
-from train_helpers import TINY, losses, make_dataset, single_torch_thread, skip_plots
+from train_helpers import TINY, losses, make_dataset
 
-pytestmark = [pytest.mark.faults, pytest.mark.distributed]
+pytestmark = [pytest.mark.faults, pytest.mark.distributed, pytest.mark.usefixtures("in_process_training")]
 
 RUN = [*TINY, "--data.num_workers", "1", "--train.max_steps", "8", "--checkpoint.every", "3",
        "--train.global_batch_size", "4", "--parallel.strategy", "ddp"]  # fmt: skip
@@ -50,16 +50,6 @@ ORDERLY_STEP, LAST_BEFORE_KILL = 5, 3
 VICTIM = 1
 TORCHRUN_FAILED = 1
 """torchrun's exit status when a worker exited non-zero or was killed."""
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    yield from single_torch_thread()
-
-
-@pytest.fixture(autouse=True)
-def _no_plots(request, monkeypatch):
-    skip_plots(request, monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -138,21 +128,7 @@ def test_ddp_rank_signalled(name, signalled, reference, tmp_path):
     assert losses(run_dir) == reference  # exact float equality at every step 1..8
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            signal_name,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="dlx.train.trainer.finish reports rank 0's own signal (None) when another rank received it: "
-                "'stopped by None after step 5', events.jsonl signal null, rank 0 exits 0 "
-                "(torchrun lists no failure for it)",
-            ),
-        )
-        for signal_name in ("SIGINT", "SIGTERM")
-    ],
-)
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
 def test_ddp_stop_names_the_signal(name, signalled):
     """The stop that rank 1's signal caused is reported, by rank 0 (the one that prints and writes events), with that
     signal's name."""

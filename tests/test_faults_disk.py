@@ -21,22 +21,12 @@ from dlx.train.checkpoint import list_checkpoints, read_checkpoint
 from dlx.train.recipe import load_recipe
 from dlx.train.trainer import pretrain
 from fault_helpers import NO_PLOTS, cli_env
-from train_helpers import TINY, single_torch_thread, skip_plots
+from train_helpers import TINY
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("in_process_training")]
 
 FIRST = ["--train.max_steps", "3", "--checkpoint.every", "3", "--eval.every", "0"]
 RESUME = ["pretrain", "--resume", "--train.max_steps", "6"]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    yield from single_torch_thread()
-
-
-@pytest.fixture(autouse=True)
-def _no_plots(request, monkeypatch):
-    skip_plots(request, monkeypatch)
 
 
 def user_namespaces_work() -> bool:

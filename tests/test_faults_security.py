@@ -18,24 +18,14 @@ from dlx.model.io import load_model
 from dlx.train.checkpoint import DamagedCheckpoint, find_resumable, list_checkpoints, read_checkpoint
 from dlx.train.recipe import load_recipe
 from dlx.train.trainer import pretrain
-from train_helpers import TINY, single_torch_thread, skip_plots
+from train_helpers import TINY
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("in_process_training")]
 
 SOURCE = Path(dlx.__file__).parent
 UNPICKLERS = {("pickle", "load"), ("pickle", "loads"), ("pickle", "Unpickler"), ("dill", "load"),
               ("joblib", "load"), ("torch", "load"), ("yaml", "load"), ("yaml", "unsafe_load"), ("np", "load"),
               ("numpy", "load")}  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    yield from single_torch_thread()
-
-
-@pytest.fixture(autouse=True)
-def _no_plots(request, monkeypatch):
-    skip_plots(request, monkeypatch)
 
 
 def _dotted(node: ast.AST) -> tuple[str, str] | None:

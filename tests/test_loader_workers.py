@@ -57,11 +57,20 @@ def dataset(tmp_path: Path) -> Path:
     return write_dataset(tmp_path / "data")
 
 
+def is_resource_tracker(process: psutil.Process) -> bool:
+    """multiprocessing's resource tracker: started by the first spawn pool in this pytest process (an in-process
+    `dlx prepare`), it lives as long as pytest does and is not the loader's."""
+    try:
+        return "resource_tracker" in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
+
+
 @pytest.fixture(autouse=True)
 def no_stray_processes():
     """Fail a test that leaves a child process behind, and kill it so that it cannot outlive the test session."""
     yield
-    children = psutil.Process().children(recursive=True)
+    children = [child for child in psutil.Process().children(recursive=True) if not is_resource_tracker(child)]
     for child in children:
         child.kill()
     psutil.wait_procs(children, timeout=5)

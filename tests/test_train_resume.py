@@ -13,19 +13,11 @@ from dlx.model.io import load_model
 from dlx.train.checkpoint import DamagedCheckpoint, list_checkpoints, read_checkpoint
 from dlx.train.recipe import load_recipe
 from dlx.train.trainer import pretrain
-from train_helpers import TINY, losses, make_dataset, single_torch_thread, skip_plots
+from train_helpers import TINY, losses, make_dataset
 
 STEPS = ["--train.max_steps", "8", "--checkpoint.every", "4", "--train.grad_accum", "2"]
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    yield from single_torch_thread()
-
-
-@pytest.fixture(autouse=True)
-def _no_plots(request, monkeypatch):
-    skip_plots(request, monkeypatch)
+pytestmark = pytest.mark.usefixtures("in_process_training")
 
 
 def run(run_dir, *extra, resume=False):
@@ -117,15 +109,15 @@ def test_a_failed_save_is_one_line_and_leaves_the_previous_checkpoint(tmp_path, 
 
     from dlx.train import checkpoint
 
-    real, calls = checkpoint.write_weights, {"n": 0}
+    real, calls = checkpoint.write_weight_dict, {"n": 0}
 
-    def write_weights(model, folder):
+    def write_weight_dict(state, args, folder):
         calls["n"] += 1
         if calls["n"] == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(model, folder)
+        real(state, args, folder)
 
-    monkeypatch.setattr(checkpoint, "write_weights", write_weights)
+    monkeypatch.setattr(checkpoint, "write_weight_dict", write_weight_dict)
     with pytest.raises(UserError, match=r"cannot save checkpoint step-00000008: No space left on device; the prev"):
         run(tmp_path / "r")
     assert [p.name for p in list_checkpoints(tmp_path / "r")] == ["step-00000004"]

@@ -13,20 +13,12 @@ from dlx.errors import UserError
 from dlx.train import trainer
 from dlx.train.recipe import load_recipe
 from dlx.train.trainer import pretrain
-from train_helpers import TINY, make_dataset, single_torch_thread, skip_plots
+from train_helpers import TINY, make_dataset
 
 REQUIRED = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "data_wait_s", "forward_s", "backward_s", "optimizer_s",
             "step_s", "tflops", "mfu", "peak_mem_gb"}  # fmt: skip
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    yield from single_torch_thread()
-
-
-@pytest.fixture(autouse=True)
-def _no_plots(request, monkeypatch):
-    skip_plots(request, monkeypatch)
+pytestmark = pytest.mark.usefixtures("in_process_training")
 
 
 @pytest.mark.report

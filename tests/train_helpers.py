@@ -96,3 +96,23 @@ def skip_plots(request, monkeypatch) -> None:
         from dlx.train import trainer
 
         monkeypatch.setattr(trainer, "write_report", lambda *args, **kwargs: None)
+
+
+def train_quietly(overrides: list[str], run_dir: Path) -> Path:
+    """`dlx pretrain OVERRIDES` in this process on one torch thread without report plots, for module- and
+    session-scoped fixtures (which cannot use the function-scoped `in_process_training`)."""
+    import pytest
+    import torch
+
+    from dlx.train import trainer
+    from dlx.train.launch import launch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(trainer, "write_report", lambda *args, **kwargs: None)
+            assert launch(None, overrides, run_dir, resume=False) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return run_dir

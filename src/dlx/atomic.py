@@ -45,24 +45,35 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary folder to fill; on success it is renamed to `path` (replacing it if `overwrite`)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    tmp = make_temp_dir(path)
     try:
         yield tmp
-        for child in tmp.rglob("*"):
-            if child.is_file():
-                with open(child, "rb") as f:
-                    os.fsync(f.fileno())
-        if path.exists() and overwrite:
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-        fsync_dir(path.parent)
+        publish_dir(tmp, path, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def make_temp_dir(path: str | os.PathLike) -> Path:
+    """An empty folder beside `path` under a hidden temporary name (`.NAME.XXXX.tmp`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+
+
+def publish_dir(tmp: Path, path: str | os.PathLike, overwrite: bool = False) -> None:
+    """fsync every file of the filled `tmp`, then rename it to `path` in one step."""
+    path = Path(path)
+    for child in tmp.rglob("*"):
+        if child.is_file():
+            with open(child, "rb") as f:
+                os.fsync(f.fileno())
+    if path.exists() and overwrite:
+        old = path.with_name(f".{path.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+    fsync_dir(path.parent)

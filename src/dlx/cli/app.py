@@ -18,13 +18,14 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from dlx.cli import model_commands, plan_commands
+    from dlx.cli import bench_commands, model_commands, plan_commands
 
     model_commands.register(app)
     from dlx.cli import train_commands
 
     train_commands.register(app)
     plan_commands.register(app)
+    bench_commands.register(app)
     from dlx.cli import data_commands
 
     data_commands.register(app)

@@ -27,8 +27,16 @@ def unique_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 
 def write_weights(model: Transformer, folder: Path) -> None:
     """Write into an existing (temporary) folder; callers make the folder appear atomically."""
-    save_file(unique_state_dict(model), str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
-    (folder / ARGS_FILE).write_text(model.args.model_dump_json(indent=2) + "\n")
+    write_weight_dict(unique_state_dict(model), model.args, folder)
+
+
+def write_weight_dict(state: dict[str, torch.Tensor], args: ModelArgs, folder: Path) -> None:
+    """The same from a state dict (e.g. gathered from FSDP shards); a tied output projection is left out."""
+    if args.tie_embeddings:
+        state = {name: t for name, t in state.items() if name != "output.weight"}
+    state = {name: t.detach().contiguous() for name, t in state.items()}
+    save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    (folder / ARGS_FILE).write_text(args.model_dump_json(indent=2) + "\n")
 
 
 def save_model(model: Transformer, out_dir: str | Path, overwrite: bool = False) -> Path:

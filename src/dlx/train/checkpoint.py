@@ -1,14 +1,18 @@
 """Checkpoints: everything a run needs to continue exactly where it stopped, written atomically.
 
     RUN_DIR/checkpoints/step-00000100/
-        model.safetensors     weights (safetensors: loading runs no code)
+        model.safetensors     the whole model's weights, whatever the strategy (safetensors: loading runs no code)
         model_args.json       the model shape; with the weights, a model folder `dlx export-hf` and `load_model` read
-        train_state.pt        optimizer, scheduler, fp16 loss scaler and RNG states: tensors and plain data only,
-                              read back with torch.load(weights_only=True), which refuses pickled code
-        trainer_state.json    step, tokens seen, loader position, and the size of every file above; written last
+        train_state.pt        scheduler, fp16 loss scaler, RNG states and (one process, DDP) the optimizer state:
+                              tensors and plain data only, read back with torch.load(weights_only=True)
+        dcp/                  FSDP: model and optimizer shards, PyTorch Distributed Checkpoint (reshards on load)
+        deepspeed/            DeepSpeed: the engine's own ZeRO checkpoint
+        trainer_state.json    step, tokens seen, loader position, format, world size, and the size of every file
+                              above; written last
 
-The folder is filled under a temporary name and renamed into place (`atomic_dir`), so a crash mid-save leaves the
-previous checkpoints untouched and at most a `.step-*.tmp` folder, which the next save or resume removes. A folder
+The folder is filled under a temporary name by every rank and renamed into place by rank 0 once all have written, so
+a crash mid-save leaves the previous checkpoints untouched and at most a `.step-*.tmp` folder, which the next save or
+resume removes. A folder
 whose files are missing, shorter or longer than recorded, or unreadable is damaged; `find_resumable` then falls back to
 the one before it and says so.
 """
@@ -28,11 +32,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from dlx.atomic import atomic_dir
+from dlx.atomic import make_temp_dir, publish_dir
 from dlx.errors import UserError
 from dlx.faults import pause_point
-from dlx.model.io import ARGS_FILE, WEIGHTS_FILE, write_weights
-from dlx.model.llama import Transformer
+from dlx.model.args import ModelArgs
+from dlx.model.io import WEIGHTS_FILE, write_weight_dict
+from dlx.parallel.distributed import any_rank, main_decides
+from dlx.parallel.strategy import Strategy, check_format
 
 CHECKPOINTS_DIR = "checkpoints"
 TRAIN_STATE_FILE = "train_state.pt"
@@ -52,6 +58,10 @@ class TrainerState:
     """Steps whose update was skipped for a non-finite loss (train.nan_policy: skip)."""
     loader: dict[str, Any] | None = None
     """The training loader's state_dict: where the next batch comes from."""
+    format: str = "full"
+    """How model and optimizer state are stored: full (one process, DDP), dcp (FSDP) or deepspeed."""
+    world_size: int = 1
+    """Ranks that trained the run up to this checkpoint."""
     files: dict[str, int] = field(default_factory=dict)
     """Byte size of every other file of the checkpoint, to detect truncation."""
 
@@ -114,52 +124,84 @@ def _as_tuples(value: Any) -> Any:
 
 def save_checkpoint(
     run_dir: Path,
-    model: Transformer,
-    optimizer: torch.optim.Optimizer,
+    strategy: Strategy,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler | None,
     state: TrainerState,
     keep_last: int,
 ) -> Path:
-    """Write `checkpoints/step-N/` atomically, then delete all but the newest `keep_last` checkpoints."""
-    remove_unfinished_saves(run_dir)
+    """Write `checkpoints/step-N/` atomically (every rank calls this), then delete all but the newest `keep_last`."""
     path = checkpoint_dir(run_dir, state.step)
+    tmp = main_decides(lambda: _start_save(run_dir, path))
+    error: BaseException | None = None
     try:
-        _write(path, model, optimizer, scheduler, scaler, state)
+        _write_parts(tmp, strategy, scheduler, scaler, state)
     except (OSError, SafetensorError, RuntimeError) as e:  # a full disk or quota (torch.save says RuntimeError)
-        # atomic_dir removed the temporary folder; the older checkpoints were never touched.
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:160]
-        previous = next(iter(list_checkpoints(run_dir)), None)
+        error = e
+    if any_rank(error is not None, strategy.precision.device):
+        main_decides(lambda: shutil.rmtree(tmp, ignore_errors=True))  # the older checkpoints were never touched
         raise UserError(
-            f"cannot save checkpoint {path.name}: {reason}; the previous checkpoint "
-            f"({previous or 'none'}) is intact. Free space in {run_dir} and resume with --resume"
+            f"cannot save checkpoint {path.name}: {_reason(error)}; the previous checkpoint "
+            f"({next(iter(list_checkpoints(run_dir)), None) or 'none'}) is intact. Free space in {run_dir} and "
+            "resume with --resume"
         ) from None
-    prune_checkpoints(run_dir, keep_last)
+    main_decides(lambda: _publish(tmp, path, state, run_dir, keep_last))
     return path
 
 
-def _write(
-    path: Path,
-    model: Transformer,
-    optimizer: torch.optim.Optimizer,
+def _start_save(run_dir: Path, path: Path) -> Path:
+    remove_unfinished_saves(run_dir)
+    return make_temp_dir(path)
+
+
+def _reason(error: BaseException | None) -> str:
+    if error is None:
+        return "another rank failed to write its part"
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return str(error).splitlines()[0][:160]
+
+
+def _write_parts(
+    tmp: Path,
+    strategy: Strategy,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler | None,
     state: TrainerState,
 ) -> None:
-    with atomic_dir(path, overwrite=True) as tmp:
-        write_weights(model, tmp)
-        save_torch(
-            {
-                "optimizer": optimizer.state_dict(),
-                "scheduler": _scheduler_state(scheduler),
-                "scaler": scaler.state_dict() if scaler is not None else None,
-                "rng": rng_state(),
-            },
-            tmp / TRAIN_STATE_FILE,
-        )
-        pause_point("checkpoint_save")  # test-only, off by default: see dlx.faults
-        state.files = {name: (tmp / name).stat().st_size for name in (WEIGHTS_FILE, ARGS_FILE, TRAIN_STATE_FILE)}
+    """Every rank: its shards (DCP, DeepSpeed); rank 0: the whole weights and train_state.pt."""
+    weights = strategy.full_weights()  # a collective under FSDP and ZeRO-3
+    strategy.save_sharded(tmp)
+    if not strategy.env.is_main:
+        return
+    args: ModelArgs = strategy.model.args
+    write_weight_dict(weights, args, tmp)
+    save_torch(
+        {
+            "optimizer": strategy.optimizer_state(),
+            "scheduler": _scheduler_state(scheduler),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": rng_state(),
+        },
+        tmp / TRAIN_STATE_FILE,
+    )
+    pause_point("checkpoint_save")  # test-only, off by default: see dlx.faults
+    state.format, state.world_size = strategy.checkpoint_format, strategy.env.world_size
+
+
+def _publish(tmp: Path, path: Path, state: TrainerState, run_dir: Path, keep_last: int) -> None:
+    """Rank 0, once every rank has written: record every file's size, write trainer_state.json last, rename."""
+    try:
+        state.files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
         (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
+        publish_dir(tmp, path, overwrite=True)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(
+            f"cannot save checkpoint {path.name}: {_reason(e)}; the previous checkpoint is intact. Free space in "
+            f"{run_dir} and resume with --resume"
+        ) from None
+    prune_checkpoints(run_dir, keep_last)
 
 
 class _KeepWriteError:
@@ -257,18 +299,17 @@ def find_resumable(run_dir: Path, say=print, set_aside: bool = False) -> LoadedC
 
 def apply_checkpoint(
     loaded: LoadedCheckpoint,
-    model: Transformer,
-    optimizer: torch.optim.Optimizer,
+    strategy: Strategy,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler | None,
 ) -> TrainerState:
     """Put a checkpoint read by `read_checkpoint` into the live objects and restore the random generators."""
+    check_format(loaded.state.format, loaded.state.world_size, strategy, strategy.env.world_size, loaded.path)
     weights = dict(loaded.weights)
-    if model.args.tie_embeddings:
+    if strategy.model.args.tie_embeddings:
         weights["output.weight"] = weights["tok_embeddings.weight"]
     try:
-        model.load_state_dict(weights, strict=True)
-        optimizer.load_state_dict(loaded.train_state["optimizer"])
+        strategy.load(loaded.path, weights, loaded.train_state)
     except (RuntimeError, ValueError, KeyError) as e:
         raise UserError(
             f"checkpoint {loaded.path} does not fit this recipe's model or optimizer ({str(e).splitlines()[0][:160]}); "

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from dlx.errors import UserError
 from dlx.model.args import ModelArgs
 from dlx.model.presets import PRESETS, resolve_model_args
+from dlx.parallel.config import ParallelConfig
 
 SYNTHETIC = "synthetic"
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False, validate_assignment=True)
@@ -82,7 +83,11 @@ class TrainSection(BaseModel):
     epochs: float = Field(1.0, gt=0, le=1e6)
     """Passes over the training split, used when max_steps is not set (needs a prepared dataset)."""
     grad_accum: int = Field(1, gt=0, le=1 << 16)
-    """Micro-batches whose gradients add up to one optimizer step."""
+    """Micro-batches whose gradients add up to one optimizer step (on each rank)."""
+    global_batch_size: int | None = Field(None, gt=0, le=1 << 30)
+    """Sequences per optimizer step over all ranks; when set, grad_accum = it / (micro_batch_size × world size)."""
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    """adamw (fused where available), or plain sgd (no momentum; for exact comparisons across layouts)."""
     lr: float = Field(3e-4, gt=0, le=10)
     """Peak learning rate, reached at the end of warm-up."""
     min_lr: float = Field(3e-5, ge=0, le=10)
@@ -150,7 +155,7 @@ class LogSection(BaseModel):
     """Show a progress bar with loss, tokens/s, MFU and ETA (only on a terminal)."""
 
 
-SECTIONS = ("model", "data", "train", "eval", "checkpoint", "log")
+SECTIONS = ("model", "data", "train", "eval", "checkpoint", "log", "parallel")
 
 
 class RunConfig(BaseModel):
@@ -170,6 +175,8 @@ class RunConfig(BaseModel):
     """When to save and how many to keep."""
     log: LogSection = Field(default_factory=LogSection)
     """Metrics records, console lines, progress bar, TensorBoard."""
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    """How the ranks under torchrun share the work (DDP, FSDP2, DeepSpeed), activation checkpointing."""
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -181,7 +188,15 @@ class RunConfig(BaseModel):
             )
         if self.data.path == SYNTHETIC and self.train.max_steps is None:
             raise ValueError("synthetic data has no epochs: set train.max_steps (or data.path to a prepared dataset)")
+        self._check_parallel()
         return self
+
+    def _check_parallel(self) -> None:
+        train, strategy = self.train, self.parallel.strategy
+        if strategy == "deepspeed" and train.nan_policy == "skip":
+            raise ValueError("train.nan_policy skip is not available with parallel.strategy deepspeed; use stop")
+        if strategy == "fsdp" and train.precision == "fp16":
+            raise ValueError("parallel.strategy fsdp trains in bf16 or fp32; set train.precision bf16 (or fp32)")
 
     def resolved(self) -> dict[str, Any]:
         """Every section with defaults filled in and the model fully resolved, as written into the run folder."""

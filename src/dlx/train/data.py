@@ -22,9 +22,14 @@ VAL_SEED_OFFSET = 1_000_003
 
 
 class SyntheticLoader:
-    """Generated tokens, free to make and deterministic per batch index (so resuming needs only the index), with
-    structure a model learns within a few steps: each token is either a fresh draw from a Zipf-like distribution
-    (p(k) ∝ 1 / (k + 1)) or, half the time, the previous token + 1. So a short test run shows the loss falling."""
+    """Generated tokens, free to make and deterministic per sequence, with structure a model learns within a few steps:
+    each token is either a fresh draw from a Zipf-like distribution (p(k) ∝ 1 / (k + 1)) or, half the time, the
+    previous token + 1. So a short test run shows the loss falling.
+
+    Sequence `i` of the stream depends only on (seed, i), and the ranks split the stream as the TokenLoader splits an
+    epoch: each micro-batch step takes the next `world_size × micro_batch_size` sequences, rank `r` the `r`-th block.
+    So N ranks see exactly the batches one process sees with an N times larger micro-batch, and the position (sequences
+    consumed, all ranks together) resumes on any number of ranks."""
 
     def __init__(
         self,
@@ -37,7 +42,7 @@ class SyntheticLoader:
         device: torch.device | str = "cpu",
         num_batches: int | None = None,
     ):
-        """`num_batches`: stop after this many (an eval pass); None runs forever."""
+        """`num_batches`: stop after this many micro-batches on this rank (an eval pass); None runs forever."""
         self.vocab_size, self.seq_len, self.micro_batch_size = vocab_size, seq_len, micro_batch_size
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.device = torch.device(device)
@@ -46,37 +51,40 @@ class SyntheticLoader:
         self.windows_per_epoch: int | None = None  # unbounded: no epochs
         self.batches_per_epoch: int | None = None
         self.eos_id = 0
-        self._index = 0
+        self._consumed = 0
+        """Sequences consumed by all ranks together."""
         self._weights = 1.0 / torch.arange(1, vocab_size + 1, dtype=torch.float)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.num_batches is not None and self._index >= self.num_batches:
+        step_sequences = self.world_size * self.micro_batch_size
+        if self.num_batches is not None and self._consumed >= self.num_batches * step_sequences:
             raise StopIteration
-        tokens = self._batch(self.seed * 1_000_000_007 + self._index * self.world_size + self.rank)
-        self._index += 1
+        first = self._consumed + self.rank * self.micro_batch_size
+        tokens = torch.stack([self._sequence(first + i) for i in range(self.micro_batch_size)])  # (B, T + 1)
+        self._consumed += step_sequences
         return dev.to_device(tokens[:, :-1], self.device), dev.to_device(tokens[:, 1:], self.device)
 
-    def _batch(self, seed: int) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(seed)
-        shape = (self.micro_batch_size, self.seq_len + 1)
-        fresh = torch.multinomial(self._weights, shape[0] * shape[1], replacement=True, generator=generator)
-        is_fresh = torch.rand(shape, generator=generator) < 0.5
-        is_fresh[:, 0] = True
-        position = torch.arange(shape[1]).expand(shape)
+    def _sequence(self, index: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_000_007 + index)
+        length = self.seq_len + 1
+        fresh = torch.multinomial(self._weights, length, replacement=True, generator=generator)
+        is_fresh = torch.rand(length, generator=generator) < 0.5
+        is_fresh[0] = True
+        position = torch.arange(length)
         # Each position continues from the last fresh draw at or before it: token = draw + distance to it.
-        last_fresh = torch.where(is_fresh, position, 0).cummax(dim=1).values
-        return (fresh.view(shape).gather(1, last_fresh) + position - last_fresh) % self.vocab_size  # (B, T + 1)
+        last_fresh = torch.where(is_fresh, position, 0).cummax(dim=0).values
+        return (fresh[last_fresh] + position - last_fresh) % self.vocab_size  # (T + 1,)
 
     def state_dict(self) -> dict:
-        return {"kind": SYNTHETIC, "batches": self._index}
+        return {"kind": SYNTHETIC, "sequences": self._consumed}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("kind") != SYNTHETIC:
+        if state.get("kind") != SYNTHETIC or "sequences" not in state:
             raise UserError("the checkpoint's loader state is not from synthetic data; resume with the run's data.path")
-        self._index = int(state["batches"])
+        self._consumed = int(state["sequences"])
 
     def close(self) -> None:
         pass

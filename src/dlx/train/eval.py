@@ -36,11 +36,11 @@ def evaluate(model: nn.Module, batches: Iterable, max_batches: int, precision: P
     loss = torch.stack(losses).double().mean().item() if losses else math.nan
     return {
         "loss": loss,
-        "perplexity": _perplexity(loss),
+        "perplexity": perplexity(loss),
         "batches": len(losses),
         "eval_s": time.perf_counter() - start,
     }
 
 
-def _perplexity(loss: float) -> float:
+def perplexity(loss: float) -> float:
     return math.exp(loss) if loss < 700 else math.inf  # exp overflows a float beyond ~709; NaN stays NaN

@@ -27,9 +27,12 @@ RESUMABLE_CHANGES = {
     ("train", "max_steps"), ("train", "epochs"), ("train", "nan_policy"), ("train", "compile"), ("train", "device"),
     ("data", "num_workers"), ("data", "prefetch"), ("eval", "every"), ("eval", "batches"),
     ("checkpoint", "every"), ("checkpoint", "keep_last"), ("log", "every"), ("log", "tensorboard"),
-    ("log", "progress"),
+    ("log", "progress"), ("parallel", "strategy"), ("parallel", "activation_checkpointing"),
+    ("parallel", "reshard_after_forward"), ("parallel", "timeout_s"), ("data", "micro_batch_size"),
+    ("train", "grad_accum"), ("train", "global_batch_size"),
 }  # fmt: skip
-"""Keys a resumed run may change: how long it runs and what it records. Others would not continue the same run."""
+"""Keys a resumed run may change: how long it runs, what it records, and how ranks share it (a run may resume on
+another number of ranks with the batch split differently; the checkpoint says which strategies can read it)."""
 
 
 def new_run_dir(name: str, run_dir: Path | None) -> Path:

@@ -47,17 +47,33 @@ def plan_steps(
 ) -> StepPlan:
     """How many optimizer steps the run takes: train.max_steps, or epochs × steps per epoch."""
     train = config.train
+    grad_accum = resolve_grad_accum(config, world_size)
     total = train.max_steps
     if total is None:
-        steps_per_epoch = (batches_per_epoch or 0) // train.grad_accum
+        steps_per_epoch = (batches_per_epoch or 0) // grad_accum
         if steps_per_epoch == 0:
             raise UserError(
-                f"the training split has {batches_per_epoch} micro-batches per epoch, fewer than train.grad_accum "
-                f"({train.grad_accum}): lower train.grad_accum or data.micro_batch_size, or prepare more data"
+                f"the training split has {batches_per_epoch} micro-batches per epoch and rank, fewer than "
+                f"train.grad_accum ({grad_accum}): lower train.grad_accum or data.micro_batch_size, or prepare "
+                "more data"
             )
         total = max(1, math.ceil(train.epochs * steps_per_epoch))
-    return StepPlan(windows_per_epoch, config.data.micro_batch_size, train.grad_accum, world_size,
+    return StepPlan(windows_per_epoch, config.data.micro_batch_size, grad_accum, world_size,
                     config.data.seq_len, total)  # fmt: skip
+
+
+def resolve_grad_accum(config: RunConfig, world_size: int) -> int:
+    """train.grad_accum, or global_batch_size / (micro_batch_size × world size), which must divide exactly."""
+    global_batch, micro = config.train.global_batch_size, config.data.micro_batch_size
+    if global_batch is None:
+        return config.train.grad_accum
+    per_step = micro * world_size
+    if global_batch % per_step:
+        raise UserError(
+            f"train.global_batch_size {global_batch} is not a multiple of data.micro_batch_size × world size = "
+            f"{micro} × {world_size} = {per_step}; pick a global batch that is, or another micro-batch or rank count"
+        )
+    return global_batch // per_step
 
 
 def header_lines(plan: StepPlan, trainable: int, precision: str, device_name: str) -> list[str]:

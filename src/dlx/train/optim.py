@@ -27,12 +27,14 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(model: nn.Module, cfg: TrainSection, device: torch.device) -> torch.optim.AdamW:
-    """AdamW, fused (one kernel for every parameter) on CUDA and CPU, where PyTorch has that implementation."""
+def build_optimizer(model: nn.Module, cfg: TrainSection, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW, fused (one kernel for every parameter) on CUDA and CPU, where PyTorch has that implementation; or plain
+    SGD, whose update is linear in the gradient (float noise stays small: the way to compare parallel layouts)."""
+    groups = param_groups(model, cfg.weight_decay)
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr)
     fused = device.type in ("cuda", "cpu")
-    return torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None
-    )
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
 
 
 class LRSchedule:

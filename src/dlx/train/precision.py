@@ -25,8 +25,12 @@ class Precision:
     device: torch.device
     scaler: torch.amp.GradScaler | None
     """Only for fp16: scales the loss so that small gradients do not underflow, and skips steps with inf/NaN grads."""
+    engine_managed: bool = False
+    """DeepSpeed casts the weights and scales the loss itself: no autocast, no scaler here."""
 
     def autocast(self) -> contextlib.AbstractContextManager:
+        if self.engine_managed:
+            return contextlib.nullcontext()
         return dev.autocast(self.device, self.name)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
@@ -45,7 +49,7 @@ class Precision:
             optimizer.step()
 
 
-def build_precision(name: str, device: torch.device) -> Precision:
+def build_precision(name: str, device: torch.device, engine_managed: bool = False) -> Precision:
     resolved = resolve_precision(name, device)
-    scaler = torch.amp.GradScaler(device.type) if resolved == "fp16" else None
-    return Precision(resolved, device, scaler)
+    scaler = torch.amp.GradScaler(device.type) if resolved == "fp16" and not engine_managed else None
+    return Precision(resolved, device, scaler, engine_managed)

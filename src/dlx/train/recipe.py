@@ -60,7 +60,10 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str, str]]:
 
 def coerce_value(section: str, key: str, raw: str) -> Any:
     """A command-line string as the recipe's YAML would have given it; strings stay strings for string-typed keys
-    (so a dataset folder named `2024` is not read as a number)."""
+    (so a dataset folder named `2024` is not read as a number); `none` is a choice of some keys
+    (parallel.strategy), not null."""
+    if raw in _choices(section, key):
+        return raw
     if raw.strip().lower() in ("null", "none", "~"):
         return None
     if _is_string_field(section, key):
@@ -71,13 +74,20 @@ def coerce_value(section: str, key: str, raw: str) -> Any:
         return raw
 
 
+def _annotation(section: str, key: str) -> Any:
+    field = RunConfig.model_fields[section].annotation.model_fields.get(key)  # type: ignore[union-attr]
+    return None if field is None else field.annotation
+
+
+def _choices(section: str, key: str) -> tuple[Any, ...]:
+    annotation = None if section == "model" else _annotation(section, key)
+    return typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else ()
+
+
 def _is_string_field(section: str, key: str) -> bool:
     if section == "model":
         return key == "preset"
-    field = RunConfig.model_fields[section].annotation.model_fields.get(key)  # type: ignore[union-attr]
-    if field is None:
-        return False
-    annotation = field.annotation
+    annotation = _annotation(section, key)
     return annotation is str or (typing.get_origin(annotation) is typing.Literal)
 
 

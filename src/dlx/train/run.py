@@ -13,20 +13,21 @@ import numpy as np
 import torch
 from torch import nn
 
-from dlx import device as dev
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
 from dlx.metrics.logger import EVAL_FILE, METRICS_FILE, MetricsLogger, read_jsonl
 from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.llama import Transformer
+from dlx.parallel.build import build_strategy, check_strategy_installed
+from dlx.parallel.distributed import DistEnv, main_decides
+from dlx.parallel.strategy import Strategy
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
 from dlx.train.config import RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
 from dlx.train.header import StepPlan, plan_steps
-from dlx.train.optim import build_optimizer, build_scheduler
 from dlx.train.precision import Precision, build_precision
 from dlx.train.recipe import write_resolved
 from dlx.train.signals import GracefulStop
@@ -39,9 +40,11 @@ class Run:
     device: torch.device
     precision: Precision
     model: Transformer
-    """The bare model: checkpoints, evaluation and sampling use it."""
+    """The bare model (under FSDP: sharded in place); checkpoints and sampling use it."""
     train_model: nn.Module
-    """What the step calls: the model after `wrap_model`."""
+    """What the step calls: the model after `dlx.parallel.wrap.parallelize` (or the DeepSpeed engine)."""
+    strategy: Strategy
+    """What differs between one process, DDP, FSDP and DeepSpeed: gradient sync, the update, checkpoints."""
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     loader: Any
@@ -54,15 +57,17 @@ class Run:
     console: RunConsole
     stop: GracefulStop
     data_info: DatasetInfo
-    rank: int = 0
-    world_size: int = 1
+    env: DistEnv = field(default_factory=DistEnv)
+    """This rank and the world size (rank 0 of 1 without torchrun)."""
     last_checkpoint: Path | None = None
     header: list[str] = field(default_factory=list)
     """The start-up header, repeated in report.md."""
     records: list[dict[str, Any]] = field(default_factory=list)
     eval_records: list[dict[str, Any]] = field(default_factory=list)
     verdict: Any = None
-    """The bottleneck verdict, once the run has finished."""
+    """The bottleneck verdict, once the run has finished (rank 0)."""
+    stopped_early: bool = False
+    """A signal reached some rank and all ranks stopped after the same step."""
 
     def close(self) -> None:
         """Stop the loader's workers and flush the logs; safe to call twice."""
@@ -87,15 +92,6 @@ def build_model(config: RunConfig, device: torch.device) -> Transformer:
     return model
 
 
-def wrap_model(model: Transformer, config: RunConfig) -> nn.Module:
-    """The one place where the model is wrapped from outside. Today: torch.compile per block. Distributed training
-    (issue 6) adds its documented order here: activation checkpointing → compile → FSDP / DDP."""
-    if config.train.compile:
-        for block in model.layers:
-            block.compile()
-    return model
-
-
 def resolve_run_dir(config: RunConfig, name: str, run_dir: Path | None, resume: bool) -> Path:
     if not resume:
         return folder.new_run_dir(name, run_dir)
@@ -105,6 +101,7 @@ def resolve_run_dir(config: RunConfig, name: str, run_dir: Path | None, resume: 
 
 
 def check_optional_features(config: RunConfig) -> None:
+    check_strategy_installed(config)
     if config.log.tensorboard:
         try:
             import torch.utils.tensorboard  # noqa: F401
@@ -114,33 +111,40 @@ def check_optional_features(config: RunConfig) -> None:
             ) from None
 
 
-def build_run(config: RunConfig, name: str, run_dir: Path | None, resume: bool, stop: GracefulStop) -> Run:
-    """Validate, build, restore (on --resume), and only then create the run folder."""
+def build_run(
+    config: RunConfig,
+    name: str,
+    run_dir: Path | None,
+    resume: bool,
+    stop: GracefulStop,
+    env: DistEnv,
+    device: torch.device,
+) -> Run:
+    """Validate, build, restore (on --resume), and only then create the run folder. Rank 0 takes the decisions that
+    touch the file system (which folder, which checkpoint) and every rank gets them, or the same one-line error."""
     data_info = inspect_dataset(config)
-    check_optional_features(config)
-    run_dir = resolve_run_dir(config, name, run_dir, resume)
-    device = dev.resolve_device(config.train.device)
-    precision = build_precision(config.train.precision, device)
-    loader = build_train_loader(config, device)
+    run_dir = main_decides(lambda: resolve_run_dir(config, name, run_dir, resume))
+    precision = build_precision(config.train.precision, device, engine_managed=config.parallel.strategy == "deepspeed")
+    loader = build_train_loader(config, device, env.rank, env.world_size)
     try:
-        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, world_size=1)
+        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.world_size)
         model = build_model(config, device)
-        optimizer = build_optimizer(model, config.train, device)
-        scheduler = build_scheduler(optimizer, config.train, plan.total_steps)
-        console = RunConsole(plan.total_steps, 0, config.log.progress)
-        state, last = restore(run_dir, resume, model, optimizer, scheduler, precision, loader, console)
-        create_run_dir(config, run_dir, data_info)
+        strategy, scheduler = build_strategy(model, config, device, env, precision, plan)
+        console = RunConsole(plan.total_steps, 0, config.log.progress, is_main=env.is_main)
+        state, last = restore(run_dir, resume, strategy, scheduler, loader, console)
+        main_decides(lambda: create_run_dir(config, run_dir, data_info))
     except BaseException:
         loader.close()
         raise
     console.progress.update(console.task, completed=state.step)
-    logger = MetricsLogger(run_dir, config.log.tensorboard, is_main=True, resume_step=state.step if resume else None)
+    logger = MetricsLogger(run_dir, config.log.tensorboard, is_main=env.is_main,
+                           resume_step=state.step if resume else None)  # fmt: skip
     return Run(
         config=config, run_dir=run_dir, device=device, precision=precision, model=model,
-        train_model=wrap_model(model, config), optimizer=optimizer, scheduler=scheduler, loader=loader, plan=plan,
-        state=state, timer=PhaseTimer(device),
-        meter=ThroughputMeter(config.model.args, config.data.seq_len, device, precision.name, world_size=1),
-        logger=logger, console=console, stop=stop, data_info=data_info, last_checkpoint=last,
+        train_model=strategy.train_model, strategy=strategy, optimizer=strategy.optimizer, scheduler=scheduler,
+        loader=loader, plan=plan, state=state, timer=PhaseTimer(device),
+        meter=ThroughputMeter(config.model.args, config.data.seq_len, device, precision.name, env.world_size),
+        logger=logger, console=console, stop=stop, data_info=data_info, env=env, last_checkpoint=last,
         # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
         records=read_jsonl(run_dir / METRICS_FILE), eval_records=read_jsonl(run_dir / EVAL_FILE),
     )  # fmt: skip
@@ -149,25 +153,32 @@ def build_run(config: RunConfig, name: str, run_dir: Path | None, resume: bool, 
 def restore(
     run_dir: Path,
     resume: bool,
-    model: Transformer,
-    optimizer: torch.optim.Optimizer,
+    strategy: Strategy,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-    precision: Precision,
     loader: Any,
     console: RunConsole,
 ) -> tuple[ckpt.TrainerState, Path | None]:
     """On --resume: the newest complete checkpoint into every piece, the loader to its position."""
     if not resume:
         return ckpt.TrainerState(), None
-    loaded = ckpt.find_resumable(run_dir, say=console.warn, set_aside=True)
+    loaded = find_checkpoint(run_dir, console, strategy.env)
     if loaded is None:
         console.warn(f"--resume: {run_dir} holds no complete checkpoint; starting it again from step 0")
         return ckpt.TrainerState(), None
-    state = ckpt.apply_checkpoint(loaded, model, optimizer, scheduler, precision.scaler)
+    state = ckpt.apply_checkpoint(loaded, strategy, scheduler, strategy.precision.scaler)
     if state.loader is not None:
         loader.load_state_dict(state.loader)
-    console.print(f"resuming from {loaded.path} (step {state.step:,}, {state.tokens_seen:,} tokens seen)")
+    console.print(f"resuming from {loaded.path} (step {state.step:,}, {state.tokens_seen:,} tokens seen, "
+                  f"written by {state.world_size} rank(s), {state.format} format)")  # fmt: skip
     return state, loaded.path
+
+
+def find_checkpoint(run_dir: Path, console: RunConsole, env: DistEnv) -> ckpt.LoadedCheckpoint | None:
+    """Rank 0 picks the newest complete checkpoint (setting damaged ones aside); the other ranks then read it."""
+    if not env.is_distributed:
+        return ckpt.find_resumable(run_dir, say=console.warn, set_aside=True)
+    path = main_decides(lambda: getattr(ckpt.find_resumable(run_dir, say=console.warn, set_aside=True), "path", None))
+    return ckpt.read_checkpoint(path) if path is not None else None
 
 
 def create_run_dir(config: RunConfig, run_dir: Path, data_info: DatasetInfo) -> None:

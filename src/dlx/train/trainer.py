@@ -1,12 +1,17 @@
 """The step loop. One optimizer step = `grad_accum` micro-steps of (wait for data, forward, backward), then the
 optimizer; each phase is a named span of the PhaseTimer, so every logged record says where the step's time went.
 
-Per step the host waits for the device once, for the loss value (`.item()`): the NaN policy must decide before the
-update is applied. The PhaseTimer synchronizes once more at the end of the step on CUDA; on a CPU neither costs a thing.
+Per step the host waits for the device once, for the loss value: the NaN policy must decide before the update is
+applied. Under torchrun that wait is one all-reduce (the `communication` phase) that also agrees on stopping, so every
+rank takes the same decision. The PhaseTimer synchronizes once more at the end of the step on CUDA.
+
+What differs between one process, DDP, FSDP and DeepSpeed (gradient sync, the update, checkpoints) is behind
+`run.strategy` (dlx.parallel.strategy); the loop is the same for all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 from collections.abc import Iterator
@@ -21,11 +26,13 @@ from dlx.errors import UserError
 from dlx.metrics.report import write_report
 from dlx.metrics.timing import PhaseTimer
 from dlx.metrics.verdict import bottleneck_verdict
+from dlx.parallel import distributed
+from dlx.parallel.strategy import Strategy
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
 from dlx.train.config import RunConfig
 from dlx.train.data import build_eval_loader
-from dlx.train.eval import evaluate, next_token_loss
+from dlx.train.eval import evaluate, next_token_loss, perplexity
 from dlx.train.header import header_lines
 from dlx.train.precision import Precision
 from dlx.train.run import Run, build_run
@@ -58,33 +65,51 @@ class RunResult:
 
 def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, resume: bool = False) -> RunResult:
     """Train as the recipe says, into a new run folder (or continue the newest complete checkpoint with resume)."""
-    with GracefulStop() as stop:
-        run = build_run(config, name, run_dir, resume, stop)
-        try:
-            if resume:
-                folder.append_event(run.run_dir, event="resume", step=run.state.step, checkpoint=run.last_checkpoint)
-            print_header(run)
-            run.console.start()
-            train_loop(run)
-            run.console.stop()
-            finish(run)
-        finally:
-            run.close()
+    from dlx import device as dev
+    from dlx.train.run import check_optional_features
+
+    check_optional_features(config)
+    device = dev.resolve_device(config.train.device, distributed.env_from_torchrun().local_rank)
+    needs_group = config.parallel.strategy in ("fsdp", "deepspeed")
+    env = distributed.init_distributed(device, needs_group, config.parallel.timeout_s)
+    every_rank_ends = False
+    try:
+        with GracefulStop() as stop:
+            run = build_run(config, name, run_dir, resume, stop, env, device)
+            try:
+                train(run, resume)
+            finally:
+                run.close()
+        every_rank_ends = True
+    except UserError:
+        every_rank_ends = True  # raised on every rank alike (main_decides, any_rank, the agreed loss)
+        raise
+    finally:
+        distributed.teardown(meet=every_rank_ends)
     return RunResult(run.run_dir, run.state.step, run.records, run.eval_records, run.verdict, run.last_checkpoint,
                      stop.signal_name, run.model)  # fmt: skip
 
 
+def train(run: Run, resume: bool) -> None:
+    if resume and run.env.is_main:
+        folder.append_event(run.run_dir, event="resume", step=run.state.step, checkpoint=run.last_checkpoint)
+    print_header(run)
+    run.console.start()
+    train_loop(run)
+    run.console.stop()
+    finish(run)
+
+
 def train_loop(run: Run) -> None:
-    """Optimizer steps from where the run stands to the plan's last step; stops early on a signal."""
+    """Optimizer steps from where the run stands to the plan's last step; stops early on a signal (to any rank)."""
     window = TimingWindow()
     for step in range(run.state.step + 1, run.plan.total_steps + 1):
-        if run.stop.requested:
-            break
-        loss = accumulate_gradients(run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer)
+        loss = accumulate_gradients(run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer,
+                                    run.strategy)  # fmt: skip
         lr = run.scheduler.get_last_lr()[0]
+        loss_value, stop_requested = agree_on_step(run, loss)  # NaN policy and stop: the same on every rank
         with run.timer.phase("optimizer"):
-            loss_value = loss.item()  # the one wait per step: the NaN policy decides before the update
-            grad_norm = optimizer_step(run) if math.isfinite(loss_value) else None
+            grad_norm = run.strategy.optimizer_step() if math.isfinite(loss_value) else None
             run.scheduler.step()
         window.add(run.timer.end_step())
         run.state.step, run.state.tokens_seen = step, run.state.tokens_seen + run.plan.tokens_per_step
@@ -95,60 +120,85 @@ def train_loop(run: Run) -> None:
             window = TimingWindow()
         else:
             run.console.advance(step, None)
-        between_steps(run, step)
+        stopped_between = between_steps(run, step)
+        if stop_requested or stopped_between:
+            run.stopped_early = True
+            name_the_stop(run)
+            break
 
 
-def between_steps(run: Run, step: int) -> None:
-    """Evaluation and checkpoints when due, with the step clock paused: they are not step time."""
+def agree_on_step(run: Run, loss: torch.Tensor) -> tuple[float, bool]:
+    """The step's loss (mean over ranks) and whether any rank was asked to stop. One process: `.item()`, the step's
+    one wait for the device. Under torchrun: one all-reduce of both, timed as `communication`."""
+    if not run.env.is_distributed:
+        with run.timer.phase("optimizer"):
+            return loss.item(), run.stop.requested
+    with run.timer.phase("communication"):
+        loss_sum, stops = distributed.all_reduce_tensor([loss, float(run.stop.requested)], "sum", loss.device)
+    return loss_sum / run.env.world_size, stops > 0
+
+
+def name_the_stop(run: Run) -> None:
+    """Every rank stops at the same step, whichever rank the signal reached; they agree on its name too (one collective,
+    once), so that every rank reports it and exits with 128 + its number."""
+    own = signal.Signals[run.stop.signal_name].value if run.stop.signal_name else 0
+    agreed = int(distributed.all_reduce([float(own)], "max", run.device)[0])
+    if not run.stop.signal_name and agreed:
+        run.stop.signal_name = signal.Signals(agreed).name
+
+
+def between_steps(run: Run, step: int) -> bool:
+    """Evaluation and checkpoints when due, with the step clock paused: they are not step time. Returns whether a stop
+    was requested (on any rank) while they ran, so that a signal during an evaluation stops at this step."""
     cfg = run.config
     due_eval = cfg.eval.every and step % cfg.eval.every == 0
     due_save = cfg.checkpoint.every and step % cfg.checkpoint.every == 0
-    if due_eval or due_save:
-        with run.timer.paused():
-            if due_eval:
-                run_eval(run, step)
-            if due_save:
-                save(run)
+    if not (due_eval or due_save):
+        return False
+    with run.timer.paused():
+        if due_eval:
+            run_eval(run, step)
+        if due_save:
+            save(run)
+    return distributed.any_rank(run.stop.requested, run.device)
 
 
 def accumulate_gradients(
-    model: nn.Module, batches: Iterator, accum: int, precision: Precision, timer: PhaseTimer
+    model: nn.Module,
+    batches: Iterator,
+    accum: int,
+    precision: Precision,
+    timer: PhaseTimer,
+    strategy: Strategy | None = None,
 ) -> torch.Tensor:
     """`accum` micro-steps; returns the step's mean loss (detached). Each micro-loss is divided by `accum`, so the
-    summed gradients equal those of one batch `accum` times larger (the micro-batches have equal sizes)."""
+    summed gradients equal those of one batch `accum` times larger (the micro-batches have equal sizes). Under DDP
+    and FSDP, gradients are synchronised only in the last micro-step's backward (`strategy.gradient_sync`)."""
     total = None
-    for _ in range(accum):
+    for index in range(accum):
+        last = index == accum - 1
         with timer.phase("data_wait"):
             inputs, targets = next(batches)
-        with timer.phase("forward"):
-            with precision.autocast():
-                logits = model(inputs)  # (B, T, vocab)
-            loss = next_token_loss(logits, targets) / accum
-        with timer.phase("backward"):
-            precision.scale(loss).backward()
+        with strategy.gradient_sync(last) if strategy else contextlib.nullcontext():
+            with timer.phase("forward"):
+                with precision.autocast():
+                    logits = model(inputs)  # (B, T, vocab)
+                loss = next_token_loss(logits, targets) / accum
+            with timer.phase("backward"):
+                if strategy:
+                    strategy.backward(loss, last)
+                else:
+                    precision.scale(loss).backward()
         total = loss.detach() if total is None else total + loss.detach()
     return total
 
 
-def optimizer_step(run: Run) -> torch.Tensor:
-    """Unscale (fp16), clip, update, clear gradients; returns the global gradient norm before clipping."""
-    params = [p for group in run.optimizer.param_groups for p in group["params"]]
-    run.precision.unscale_(run.optimizer)
-    clip = run.config.train.grad_clip
-    if clip > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
-    else:
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-    run.precision.step(run.optimizer)
-    run.optimizer.zero_grad(set_to_none=True)
-    return grad_norm
-
-
 def handle_non_finite(run: Run, step: int, loss_value: float) -> None:
     """The update was not applied. `skip`: drop the batch and go on; `stop`: end the run, naming what to resume."""
-    run.optimizer.zero_grad(set_to_none=True)
+    run.strategy.zero_grad()
     policy = run.config.train.nan_policy
-    folder.append_event(run.run_dir, event="non_finite_loss", step=step, loss=str(loss_value), action=policy)
+    if run.env.is_main:
+        folder.append_event(run.run_dir, event="non_finite_loss", step=step, loss=str(loss_value), action=policy)
     if policy == "skip":
         run.state.nan_skipped += 1
         run.console.warn(f"step {step}: loss is {loss_value}; batch skipped (train.nan_policy: skip)")
@@ -177,8 +227,13 @@ class TimingWindow:
 
 
 def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tensor | None, timings: dict) -> None:
+    """Under torchrun the record holds every rank's mean phase times and the largest peak memory of any rank."""
+    names = sorted(timings)
+    timings = dict(zip(names, distributed.all_reduce([timings[n] for n in names], "mean", run.device), strict=True))
     record = run.meter.record(step=step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=run.plan.tokens_per_step,
                               timings=timings)  # fmt: skip
+    if run.env.is_distributed and record.get("peak_mem_gb") is not None:
+        record["peak_mem_gb"] = distributed.all_reduce([record["peak_mem_gb"]], "max", run.device)[0]
     record["epoch"] = run.loader.epoch
     run.logger.log(record)
     run.records.append(record)
@@ -187,11 +242,15 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
 
 
 def run_eval(run: Run, step: int) -> None:
-    loader = build_eval_loader(run.config, run.device)
+    """Each rank evaluates its share of the validation batches; the record holds the mean over ranks."""
+    loader = build_eval_loader(run.config, run.device, run.env.rank, run.env.world_size)
     try:
         result = evaluate(run.model, loader, run.config.eval.batches, run.precision)
     finally:
         loader.close()
+    if run.env.is_distributed:
+        result["loss"] = distributed.all_reduce([result["loss"]], "mean", run.device)[0]
+        result["perplexity"] = perplexity(result["loss"])
     record = {"step": step, **result}
     run.logger.log_eval(record)
     run.eval_records.append(record)
@@ -203,9 +262,8 @@ def save(run: Run) -> None:
     state = run.state
     state.loader = run.loader.state_dict()
     run.last_checkpoint = ckpt.save_checkpoint(
-        run.run_dir, run.model, run.optimizer, run.scheduler, run.precision.scaler, state,
-        run.config.checkpoint.keep_last,
-    )  # fmt: skip
+        run.run_dir, run.strategy, run.scheduler, run.precision.scaler, state, run.config.checkpoint.keep_last
+    )
 
 
 def finish(run: Run) -> None:
@@ -214,13 +272,14 @@ def finish(run: Run) -> None:
     saved = run.last_checkpoint is not None and run.last_checkpoint.name == ckpt.checkpoint_dir(run.run_dir, step).name
     if step > 0 and not saved:
         save(run)
-    if run.stop.requested:
-        folder.append_event(run.run_dir, event="stopped", step=step, signal=run.stop.signal_name)
+    if run.stopped_early:
+        if run.env.is_main:
+            folder.append_event(run.run_dir, event="stopped", step=step, signal=run.stop.signal_name)
         run.console.warn(f"stopped by {run.stop.signal_name} after step {step}; checkpoint {run.last_checkpoint}; "
                          f"continue with --resume --run-dir {run.run_dir}")  # fmt: skip
     elif run.config.eval.every and not (run.eval_records and run.eval_records[-1]["step"] == step):
         run_eval(run, step)
-    if run.records:
+    if run.records and run.env.is_main:
         run.verdict = bottleneck_verdict(run.records)
         run.console.print(str(run.verdict))
         write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records)
@@ -230,7 +289,8 @@ def finish(run: Run) -> None:
 def print_header(run: Run) -> None:
     from dlx.device import device_name
 
-    trainable = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
+    # ds_numel: a ZeRO-3 parameter's full size (its local tensor is empty); a DTensor's numel is already the full one
+    trainable = sum(getattr(p, "ds_numel", p.numel()) for p in run.model.parameters() if p.requires_grad)
     run.header = header_lines(run.plan, trainable, run.precision.name, device_name(run.device)) + run.meter.header()
     for line in run.header:
         run.console.print(line)

@@ -14,12 +14,12 @@ import numpy as np
 import torch
 
 from dlx.data.loader.dataset import open_split
-from dlx.data.loader.order import Cursor, Order, advance, schedule, settle
+from dlx.data.loader.order import Cursor, EpochWindows, Order, advance, schedule, settle
 from dlx.data.loader.pool import WorkerPool
 from dlx.data.loader.state import make_state, read_state
 from dlx.data.loader.sync import SyncFeed
 from dlx.data.loader.transfer import make_transfer
-from dlx.data.loader.windows import count_windows
+from dlx.data.loader.windows import TokenWindows, count_windows
 from dlx.errors import UserError
 from dlx.faults import pause_point
 
@@ -119,13 +119,31 @@ class TokenLoader:
             self._stop()
             raise StopIteration
         try:
-            inputs, targets = self._transfer(self._feed.next_batch())
+            host = self._feed.next_batch()
+            if int(host.max()) >= self._manifest.vocab_size:  # microseconds; a damaged shard must not reach the model
+                raise UserError(self._describe_bad_token(cursor))
+            inputs, targets = self._transfer(host)
         except BaseException:
             self._stop()  # the position is unchanged: the next call restarts cleanly from it
             raise
         self._cursor = advance(self._order, cursor)
         self._epoch = cursor.epoch
         return inputs, targets
+
+    def _describe_bad_token(self, cursor: Cursor) -> str:
+        """Which shard holds a token id outside the vocabulary, and where (the windows re-read in this process)."""
+        windows = TokenWindows(self._spec, self.seq_len)
+        for window_id in EpochWindows(self._order)(cursor).tolist():
+            tokens = windows.window(window_id)
+            bad = np.flatnonzero(tokens >= self._manifest.vocab_size)
+            if len(bad):
+                shard, offset = windows.locate(window_id * self.seq_len + int(bad[0]))
+                return (
+                    f"dataset {self.folder}: shard {shard} holds token id {int(tokens[bad[0]])} at token {offset:,}, "
+                    f"outside the tokenizer's {self._manifest.vocab_size:,} ids: the shard is damaged or was written "
+                    f"by another tokenizer; check with `dlx data verify {self.folder}` and run `dlx prepare` again"
+                )
+        return f"dataset {self.folder}: a batch holds a token id outside the vocabulary; run `dlx data verify`"
 
     def _start(self) -> None:
         start = settle(self._order, self._cursor)

@@ -56,6 +56,7 @@ class TokenWindows:
             for name, tokens in spec.shards
             if tokens > 0
         ]
+        self._names = [name for name, tokens in spec.shards if tokens > 0]
         sizes = [len(s) for s in self._shards]
         self._starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self.n_windows = count_windows(int(self._starts[-1]), seq_len)
@@ -77,6 +78,11 @@ class TokenWindows:
             shard += 1
             pieces.append(self._shards[shard][:length])
         return np.concatenate(pieces)
+
+    def locate(self, token: int) -> tuple[str, int]:
+        """(shard file name, offset in it) of token number `token` of the stream."""
+        shard = int(np.searchsorted(self._starts, token, side="right")) - 1
+        return self._names[shard], token - int(self._starts[shard])
 
     def fill(self, window_ids: np.ndarray, out: np.ndarray) -> None:
         """Write a micro-batch into `out` (2, B, seq_len) int64: out[0] inputs, out[1] targets (shifted by one)."""

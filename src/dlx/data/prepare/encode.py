@@ -81,7 +81,9 @@ def _append_spools(res: UnitTokens, writers: dict[str, ShardWriter], setup: Enco
             continue
         copied = 0
         with open(path, "rb") as f:
-            while (block := np.fromfile(f, dtype=dtype, count=COPY_TOKENS)).size:
+            # f.read + frombuffer, not np.fromfile(f): a Ctrl-C inside fromfile's file-object path surfaced as a
+            # TypeError ("expected str, bytes or os.PathLike") instead of KeyboardInterrupt
+            while (block := np.frombuffer(f.read(COPY_TOKENS * dtype.itemsize), dtype=dtype)).size:
                 finished += writers[split].write(block)
                 copied += block.size
         if copied != res.tokens[split]:

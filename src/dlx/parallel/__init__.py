@@ -1,0 +1,1 @@
+"""Scale-out: process groups (`distributed`) and wrapping the model from outside, in one documented order (`wrap`)."""

@@ -1,0 +1,22 @@
+"""The recipe's `parallel` section: how the ranks torchrun starts share the work."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ParallelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+    strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = "none"
+    """none (one process), ddp (DistributedDataParallel), fsdp (FSDP2 fully_shard) or deepspeed (ZeRO)."""
+    zero_stage: int = Field(2, ge=1, le=3)
+    """DeepSpeed ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also weights (strategy deepspeed)."""
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    """Recompute activations in backward: none, every block (full), or every other block (selective)."""
+    reshard_after_forward: bool = True
+    """FSDP: free the gathered weights after forward (ZeRO-3 style); false keeps them until backward (ZeRO-2 style)."""
+    timeout_s: float = Field(600.0, gt=0, le=86400)
+    """Seconds a rank waits for the others in a collective before it fails instead of hanging."""

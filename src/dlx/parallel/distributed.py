@@ -1,0 +1,136 @@
+"""The process group under torchrun: who am I, set-up, decisions rank 0 takes for all, metric reduction, teardown.
+
+torch 2.13 ranks can abort at exit unless they meet at a barrier and destroy the process group before the interpreter
+shuts down; `teardown` does both, and is safe to call when no group exists.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from dlx.errors import UserError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def env_from_torchrun() -> DistEnv:
+    if not launched_by_torchrun():
+        return DistEnv()
+    return DistEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def init_distributed(device: torch.device, needs_group: bool, timeout_s: float) -> DistEnv:
+    """Join the torchrun group (NCCL on CUDA, gloo on CPU). `needs_group`: FSDP and DeepSpeed need a process group
+    even in a single plain process; that one gets a group of one rank on a free local port."""
+    env = env_from_torchrun()
+    if dist.is_initialized() or not (env.is_distributed or needs_group):
+        return env
+    if not launched_by_torchrun():
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def group_active() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def teardown(meet: bool = True) -> None:
+    """Destroy the group; first, when every rank is known to be ending too (`meet`: a finished run, or an error all
+    ranks raised together), meet them in a barrier so that none exits while a peer still talks to it (torch 2.13 ranks
+    may abort at exit otherwise). A rank failing on its own must not wait: its peers are inside another collective, so
+    a barrier would hang both; destroying the group ends their collective with an error instead."""
+    if not group_active():
+        return
+    try:
+        if meet:
+            dist.barrier()
+    except Exception:  # a peer is gone: nothing to wait for
+        pass
+    finally:
+        dist.destroy_process_group()
+
+
+def main_decides(fn: Callable[[], T]) -> T:
+    """Run `fn` on rank 0 only and give every rank its result, or raise its UserError on every rank (so that a bad
+    input stops all ranks with the same one line instead of leaving the others waiting)."""
+    if not group_active() or dist.get_world_size() == 1:
+        return fn()
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("ok", fn())
+        except UserError as e:
+            box[0] = ("error", str(e))
+    dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == "error":
+        raise UserError(value)
+    return value
+
+
+def barrier() -> None:
+    if group_active() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def all_reduce(values: list[float], op: str, device: torch.device) -> list[float]:
+    """Sum, mean or max of each value across ranks in one collective; the values themselves without a group."""
+    if not group_active() or dist.get_world_size() == 1:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    if op == "mean":
+        tensor /= dist.get_world_size()
+    return tensor.tolist()
+
+
+def all_reduce_tensor(values: list[torch.Tensor | float], op: str, device: torch.device) -> list[float]:
+    """Like `all_reduce`, for values that may still be on the device (a loss): one stack, one collective, one wait."""
+    stacked = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values])
+    if group_active() and dist.get_world_size() > 1:
+        dist.all_reduce(stacked, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        if op == "mean":
+            stacked /= dist.get_world_size()
+    return stacked.tolist()
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when it is true on at least one."""
+    return all_reduce([float(flag)], "max", device)[0] > 0

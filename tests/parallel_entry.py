@@ -1,0 +1,33 @@
+"""torchrun's entry point for tests/test_parallel.py: `dlx` without report.md's plots (seconds of matplotlib per run),
+and, when DLX_TEST_FAIL_RANK and DLX_TEST_FAIL_STEP are set, one rank that fails in a given step as a crashing rank
+would (a RuntimeError in its forward/backward)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from dlx.cli.app import main
+from dlx.train import trainer
+
+
+def fail_in_step(step: int, rank: str) -> None:
+    accumulate = trainer.accumulate_gradients
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(None)
+        if len(calls) == step:
+            raise RuntimeError(f"injected failure on rank {rank} in step {step}")
+        return accumulate(*args, **kwargs)
+
+    trainer.accumulate_gradients = failing
+
+
+if __name__ == "__main__":
+    trainer.write_report = lambda *args, **kwargs: None
+    fail_rank = os.environ.get("DLX_TEST_FAIL_RANK")
+    if fail_rank is not None and os.environ.get("RANK") == fail_rank:
+        fail_in_step(int(os.environ["DLX_TEST_FAIL_STEP"]), fail_rank)
+    sys.argv[0] = "dlx"
+    main()
