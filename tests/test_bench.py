@@ -195,3 +195,17 @@ def test_table_says_when_mfu_exceeds_100_percent():
     assert "| bf16 | 16 | 1 | 1 | 1 | 16 | 1000 (300 / 600 / 100) | 0.5 (0.1) | 0.003 | 320.0% (300.0%) |" in table
     assert "MFU above 100 % (bf16)" in table
     assert "MFU above 100 %" not in markdown_table([{**row, "mfu": 0.5}], ["# head"])
+
+
+def test_a_prepared_dataset_instead_of_synthetic_tokens(tmp_path):
+    from train_helpers import make_dataset
+
+    dataset = make_dataset(tmp_path / "data")
+    result = invoke("bench", "--model", "debug", "--data", str(dataset), "--seq-len", "16", "--micro-batch", "1,2",
+                    "--steps", "1", "--warmup", "1", "--out", str(tmp_path / "bench"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    _, rows = read_csv(tmp_path / "bench" / "bench.csv")
+    assert [(r["data"], r["micro_batch"], r["status"]) for r in rows] == [(str(dataset), "1", "ok"),
+                                                                          (str(dataset), "2", "ok")]  # fmt: skip
+    missing = invoke("bench", "--model", "debug", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "b2"))
+    assert isinstance(missing.exception, UserError) and "does not exist" in str(missing.exception)
