@@ -65,6 +65,11 @@ def peak_for(device: torch.device, precision: str) -> Peak:
         name = torch.cuda.get_device_name(device)
         return gpu_peak(name, precision, torch.backends.cuda.matmul.allow_tf32)
     if device.type == "cpu":
+        from dlx.device import supports_native_bf16
+
+        if precision == "bf16" and not supports_native_bf16(device):
+            # emulated bf16: a lone torch.mm probe runs slower than autocast training, and MFU came out at 160-330 %
+            return Peak(None, "bf16 is emulated on this CPU (no AVX512-BF16 or AMX), so it has no peak; MFU omitted")
         return measure_cpu_peak(precision)
     return Peak(None, f"no peak known for device type '{device.type}'; MFU omitted")
 
