@@ -1,7 +1,8 @@
 """Three ways to train the same model on the same synthetic tokens, each advanced `steps` optimizer steps at a time and
 timed, in fp32 or with bf16 autocast (fp32 weights):
 
-  bare        forward, cross-entropy, backward, AdamW step, zero_grad; batches built in advance (the ceiling)
+  bare        forward, cross-entropy, backward, gradient clipping at 1.0, AdamW step, zero_grad; batches built in
+              advance (the ceiling: the same training config as the other two, which both clip at 1.0)
   dlx         `train_loop` of a real `dlx pretrain` run (synthetic SyntheticLoader, PhaseTimer phases,
               ThroughputMeter record and metrics.jsonl line every 10 steps, grad-norm clipping, cosine schedule, NaN
               check), console to a buffer
@@ -36,6 +37,8 @@ from dlx.train.signals import GracefulStop
 from dlx.train.trainer import train_loop
 
 VOCAB, SEQ, BATCH, LR = 8192, 256, 8, 3e-4
+GRAD_CLIP = 1.0
+"""Gradient-norm clipping in all three loops: dlx's train.grad_clip and HF TrainingArguments.max_grad_norm defaults."""
 TOKENS_PER_STEP = SEQ * BATCH
 BARE, DLX, HF = "bare PyTorch loop", "dlx pretrain", "HF Trainer"
 
@@ -68,6 +71,7 @@ class Bare:
                 logits = self.model(inputs)
             loss = F.cross_entropy(logits.float().view(-1, VOCAB), targets.reshape(-1))
             loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return time.perf_counter() - start
