@@ -239,10 +239,19 @@ def environment() -> list[str]:
     root = Path(__file__).resolve().parent.parent
     git = ["git", "-C", str(root)]
     sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run([*git, "status", "--porcelain", "--", "src/dlx/data/loader", "benchmarks/bench_loader.py"],
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())  # fmt: skip
+    dirty = subprocess.run(
+        [*git, "status", "--porcelain", "--", "src/dlx/data/loader", "benchmarks/bench_loader.py"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return [
         f"- command: `{shlex.join([_relative(Path(sys.executable), root), *sys.argv])}` (from the repository root)",

@@ -174,21 +174,32 @@ def prepare_end_to_end(json_text: str, docs: list[str]) -> tuple[float, float]:
 
 def table(seconds: dict[str, list[float]], cpu_share: dict[str, float], text_bytes: int, tokens: int) -> list[str]:
     base = statistics.median(seconds["hf encode_batch"])
-    rows = ["| path (1 core) | MB/s: median (min, max) | tokens/s (median) | × hf encode_batch | CPU/wall | "
-            f"hours per core for {CORPUS_GB} GB |", "|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| path (1 core) | MB/s: median (min, max) | tokens/s (median) | × hf encode_batch | CPU/wall | "
+        f"hours per core for {CORPUS_GB} GB |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, runs in seconds.items():
         med = statistics.median(runs)
         mbs = [text_bytes / s / 1e6 for s in runs]
         hours = CORPUS_GB * 1e9 / (text_bytes / med) / 3600
-        rows.append(f"| {name} | {text_bytes / med / 1e6:.2f} ({min(mbs):.2f}, {max(mbs):.2f}) | {tokens / med:,.0f} | "
-                    f"{base / med:.2f} | {cpu_share[name]:.2f} | {hours:.1f} |")  # fmt: skip
+        rows.append(
+            f"| {name} | {text_bytes / med / 1e6:.2f} ({min(mbs):.2f}, {max(mbs):.2f}) | {tokens / med:,.0f} | "
+            f"{base / med:.2f} | {cpu_share[name]:.2f} | {hours:.1f} |"
+        )
     return rows
 
 
 def environment(tokenizer_name: str) -> list[str]:
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())  # fmt: skip
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return [
         f"- command: `{shlex.join(['python', *sys.argv])}` (from the repository root)",
@@ -244,10 +255,18 @@ def main() -> None:
     e2e, e2e_cpu = prepare_end_to_end(json_text, docs)
     seconds["dlx prepare, 1 worker, end to end (1 run)"] = [e2e]
     cpu_share["dlx prepare, 1 worker, end to end (1 run)"] = e2e_cpu
-    lines = [f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}", "", *header, "",
-             f"{len(docs):,} documents, {text_bytes / 1e6:.1f} MB of text, {tokens:,} tokens; ids identical to hf "
-             f"encode_batch on {identical:,} of {len(docs):,} documents; {args.repeats} interleaved runs per path:",
-             "", *table(seconds, cpu_share, text_bytes, tokens), "", NOTE]  # fmt: skip
+    lines = [
+        f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+        "",
+        *header,
+        "",
+        f"{len(docs):,} documents, {text_bytes / 1e6:.1f} MB of text, {tokens:,} tokens; ids identical to hf "
+        f"encode_batch on {identical:,} of {len(docs):,} documents; {args.repeats} interleaved runs per path:",
+        "",
+        *table(seconds, cpu_share, text_bytes, tokens),
+        "",
+        NOTE,
+    ]
     print("\n".join(lines))
     if not args.no_record:
         record_results(ROOT / "BENCHMARKS.md", lines)

@@ -72,11 +72,19 @@ def main() -> None:
                 contender.close()
     step_s = TOKENS_PER_STEP / statistics.median(results[f"{DLX} fp32"])
     cost = timer_cost_per_step()
-    lines = [f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}", "", *header, "",
-             f"demo model (seq {SEQ}, micro-batch {BATCH}, fp32, fused AdamW), synthetic tokens, {args.rounds} "
-             f"interleaved rounds of {args.steps} steps after {args.warmup} warm-up steps each:", "", *table(results),
-             "", f"PhaseTimer cost: {cost * 1e6:.1f} µs per step = {100 * cost / step_s:.4f} % of a dlx step "
-             f"({1e3 * step_s:.0f} ms)."]  # fmt: skip
+    lines = [
+        f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+        "",
+        *header,
+        "",
+        f"demo model (seq {SEQ}, micro-batch {BATCH}, fp32, fused AdamW), synthetic tokens, {args.rounds} "
+        f"interleaved rounds of {args.steps} steps after {args.warmup} warm-up steps each:",
+        "",
+        *table(results),
+        "",
+        f"PhaseTimer cost: {cost * 1e6:.1f} µs per step = {100 * cost / step_s:.4f} % of a dlx step "
+        f"({1e3 * step_s:.0f} ms).",
+    ]
     print("\n".join(lines))
     if not args.no_record:
         record_section("Trainer", "Measured by `benchmarks/bench_trainer.py`; see its docstring.", lines)

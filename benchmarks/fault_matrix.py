@@ -36,49 +36,103 @@ SIGNALLED = "no process left, nothing in /dev/shm, newest checkpoint loads, resu
 
 _F, _FR = "tests/test_faults.py", "tests/test_faults_ddp.py"
 CELLS: list[tuple[str, str, str]] = [
-    *[(s, f"dlx pretrain: {what}", f"{_F}::test_pretrain_signalled[{moment}-{s}]")
-      for moment, what in (("step", "training step"), ("save", "checkpoint save"), ("eval", "evaluation"))
-      for s in ("SIGINT", "SIGTERM", "SIGKILL")],
+    *[
+        (s, f"dlx pretrain: {what}", f"{_F}::test_pretrain_signalled[{moment}-{s}]")
+        for moment, what in (("step", "training step"), ("save", "checkpoint save"), ("eval", "evaluation"))
+        for s in ("SIGINT", "SIGTERM", "SIGKILL")
+    ],
     *[(s, "dlx prepare (2 workers)", f"{_F}::test_prepare_signalled[{s}]") for s in ("SIGINT", "SIGTERM", "SIGKILL")],
-    *[(s, "2-rank DDP, rank 1 signalled", f"{_FR}::test_ddp_rank_signalled[{s}]")
-      for s in ("SIGINT", "SIGTERM", "SIGKILL")],
-    *[(s, "2-rank DDP, rank 1 signalled: rank 0 names the signal", f"{_FR}::test_ddp_stop_names_the_signal[{s}]")
-      for s in ("SIGINT", "SIGTERM")],
-    ("one flipped byte in a shard", "dlx data verify, loader(verify=True)",
-     "tests/test_faults_data.py::test_a_flipped_byte_is_named_by_data_verify_and_the_loader"),
-    ("one flipped byte in a shard", "dlx prepare output, dlx data verify",
-     "tests/test_prepare.py::test_cli_prepare_info_and_verify_catches_one_flipped_byte"),
-    ("one flipped byte in a shard", "TokenLoader(verify=True)",
-     "tests/test_loader.py::test_bad_input_is_one_clear_line"
-     "[_corrupt_first_shard-options4-failed verification: train-00000.bin: checksum mismatch]"),
-    ("one flipped byte: a token id past the vocabulary", "dlx pretrain reads it",
-     "tests/test_faults_data.py::test_a_flipped_byte_past_the_vocabulary_is_named_by_the_run"),
-    ("truncated newest checkpoint", "--resume",
-     "tests/test_train_resume.py::test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one"),
+    *[
+        (s, "2-rank DDP, rank 1 signalled", f"{_FR}::test_ddp_rank_signalled[{s}]")
+        for s in ("SIGINT", "SIGTERM", "SIGKILL")
+    ],
+    *[
+        (s, "2-rank DDP, rank 1 signalled: rank 0 names the signal", f"{_FR}::test_ddp_stop_names_the_signal[{s}]")
+        for s in ("SIGINT", "SIGTERM")
+    ],
+    (
+        "one flipped byte in a shard",
+        "dlx data verify, loader(verify=True)",
+        "tests/test_faults_data.py::test_a_flipped_byte_is_named_by_data_verify_and_the_loader",
+    ),
+    (
+        "one flipped byte in a shard",
+        "dlx prepare output, dlx data verify",
+        "tests/test_prepare.py::test_cli_prepare_info_and_verify_catches_one_flipped_byte",
+    ),
+    (
+        "one flipped byte in a shard",
+        "TokenLoader(verify=True)",
+        "tests/test_loader.py::test_bad_input_is_one_clear_line"
+        "[_corrupt_first_shard-options4-failed verification: train-00000.bin: checksum mismatch]",
+    ),
+    (
+        "one flipped byte: a token id past the vocabulary",
+        "dlx pretrain reads it",
+        "tests/test_faults_data.py::test_a_flipped_byte_past_the_vocabulary_is_named_by_the_run",
+    ),
+    (
+        "truncated newest checkpoint",
+        "--resume",
+        "tests/test_train_resume.py::test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one",
+    ),
     ("disk full (tmpfs)", "checkpoint save", "tests/test_faults_disk.py::test_a_full_filesystem_during_a_save"),
-    ("file size limit (RLIMIT_FSIZE)", "checkpoint save",
-     "tests/test_faults_disk.py::test_a_file_size_limit_during_a_save"),
-    ("a failing write", "checkpoint save",
-     "tests/test_train_resume.py::test_a_failed_save_is_one_line_and_leaves_the_previous_checkpoint"),
-    ("NaN loss, nan_policy stop", "training step",
-     "tests/test_train_run.py::test_nan_loss_stops_naming_the_step_and_the_last_good_checkpoint"),
-    ("NaN loss, nan_policy skip", "training step",
-     "tests/test_train_run.py::test_nan_loss_skips_the_batch_under_policy_skip"),
-    ("bad recipe file (hypothesis)", "dlx pretrain start",
-     "tests/test_faults_recipes.py::test_a_broken_recipe_file_is_one_line"),
-    ("bad overrides (hypothesis)", "dlx pretrain start",
-     "tests/test_faults_recipes.py::test_broken_overrides_are_one_line"),
-    ("negative or non-finite numbers (hypothesis)", "dlx pretrain start",
-     "tests/test_faults_recipes.py::test_a_negative_or_non_finite_number_is_refused_naming_its_key"),
-    ("bad recipe through the CLI", "dlx pretrain start",
-     "tests/test_faults_recipes.py::test_cli_exit_2_one_line_no_traceback"),
-    ("unpickling calls in the source", "source scan",
-     "tests/test_faults_security.py::test_the_source_unpickles_nothing"),
-    ("pickled payloads planted in a checkpoint", "load, resume",
-     "tests/test_faults_security.py::test_planted_pickles_are_refused_without_running"),
-    ("pickled payload in train_state.pt", "--resume",
-     "tests/test_train_resume.py::test_a_pickled_payload_is_refused_without_running_it"),
-]  # fmt: skip
+    (
+        "file size limit (RLIMIT_FSIZE)",
+        "checkpoint save",
+        "tests/test_faults_disk.py::test_a_file_size_limit_during_a_save",
+    ),
+    (
+        "a failing write",
+        "checkpoint save",
+        "tests/test_train_resume.py::test_a_failed_save_is_one_line_and_leaves_the_previous_checkpoint",
+    ),
+    (
+        "NaN loss, nan_policy stop",
+        "training step",
+        "tests/test_train_run.py::test_nan_loss_stops_naming_the_step_and_the_last_good_checkpoint",
+    ),
+    (
+        "NaN loss, nan_policy skip",
+        "training step",
+        "tests/test_train_run.py::test_nan_loss_skips_the_batch_under_policy_skip",
+    ),
+    (
+        "bad recipe file (hypothesis)",
+        "dlx pretrain start",
+        "tests/test_faults_recipes.py::test_a_broken_recipe_file_is_one_line",
+    ),
+    (
+        "bad overrides (hypothesis)",
+        "dlx pretrain start",
+        "tests/test_faults_recipes.py::test_broken_overrides_are_one_line",
+    ),
+    (
+        "negative or non-finite numbers (hypothesis)",
+        "dlx pretrain start",
+        "tests/test_faults_recipes.py::test_a_negative_or_non_finite_number_is_refused_naming_its_key",
+    ),
+    (
+        "bad recipe through the CLI",
+        "dlx pretrain start",
+        "tests/test_faults_recipes.py::test_cli_exit_2_one_line_no_traceback",
+    ),
+    (
+        "unpickling calls in the source",
+        "source scan",
+        "tests/test_faults_security.py::test_the_source_unpickles_nothing",
+    ),
+    (
+        "pickled payloads planted in a checkpoint",
+        "load, resume",
+        "tests/test_faults_security.py::test_planted_pickles_are_refused_without_running",
+    ),
+    (
+        "pickled payload in train_state.pt",
+        "--resume",
+        "tests/test_train_resume.py::test_a_pickled_payload_is_refused_without_running_it",
+    ),
+]
 """(fault, moment, pytest node id). The signal cells all check the same things: see SIGNALLED."""
 
 
@@ -150,12 +204,17 @@ def main() -> int:
     rows, notes = matrix(outcomes)
     counts = {r: sum(o.result == r for o in outcomes.values()) for r in ("pass", "known failure", "FAIL", "error")}
     summary = ", ".join(f"{n} {r}" for r, n in counts.items() if n) + f"; {wall:.0f} s of pytest in all"
-    lines = [f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}", "", *header,
-             f"- pytest: `pytest -m faults tests`, then the {len(elsewhere)} cells tested elsewhere by node id "
-             f"(OMP_NUM_THREADS=1); {summary}",
-             f"- every signal cell checks: {SIGNALLED} (DDP: torchrun exits 1; after a SIGKILL the resume is "
-             "also done in one process, equal within float rounding)",
-             "", *rows]  # fmt: skip
+    lines = [
+        f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+        "",
+        *header,
+        f"- pytest: `pytest -m faults tests`, then the {len(elsewhere)} cells tested elsewhere by node id "
+        f"(OMP_NUM_THREADS=1); {summary}",
+        f"- every signal cell checks: {SIGNALLED} (DDP: torchrun exits 1; after a SIGKILL the resume is "
+        "also done in one process, equal within float rounding)",
+        "",
+        *rows,
+    ]
     if notes:
         lines += ["", "Not passing:", "", *notes]
     print("\n".join(lines))

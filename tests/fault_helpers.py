@@ -34,8 +34,16 @@ NO_PLOTS = (
 def start_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, plots: bool = True, **popen):
     """`dlx ARGS` in a session of its own, so that a SIGINT can go to its whole process group (Ctrl-C)."""
     command = [sys.executable, "-m", "dlx"] if plots else [sys.executable, "-c", NO_PLOTS]
-    return subprocess.Popen([*command, *args], cwd=cwd, env=env or cli_env(), text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, **popen)  # fmt: skip
+    return subprocess.Popen(
+        [*command, *args],
+        cwd=cwd,
+        env=env or cli_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        **popen,
+    )
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
@@ -124,8 +132,9 @@ def signal_after_progress(
 ) -> tuple[subprocess.Popen | None, list[psutil.Process]]:
     """Start `dlx prepare` (cmd); send signal `name` once its manifest has committed `min_next_unit` units but is not
     complete. (the ended process, its process tree), or (None, []) when it finished before that point."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=cli_env(),
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=cli_env(), start_new_session=True
+    )
     deadline = time.monotonic() + 90
     while proc.poll() is None and time.monotonic() < deadline:
         state = committed(out)
@@ -142,10 +151,27 @@ def signal_after_progress(
 
 def start_torchrun(args: list[str], cwd: Path, env: dict[str, str], n_ranks: int = 2) -> subprocess.Popen:
     """`torchrun --standalone --nproc_per_node N dlx ARGS` (plots left out, as `NO_PLOTS`), in a session of its own."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n_ranks),
-                "--no-python", sys.executable, "-c", NO_PLOTS]  # fmt: skip
-    return subprocess.Popen([*launcher, *args], cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(n_ranks),
+        "--no-python",
+        sys.executable,
+        "-c",
+        NO_PLOTS,
+    ]
+    return subprocess.Popen(
+        [*launcher, *args],
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def rank_processes(launcher: psutil.Process) -> dict[int, psutil.Process]:

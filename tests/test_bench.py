@@ -18,8 +18,17 @@ from dlx.errors import UserError
 from dlx.model import resolve_model_args
 from train_helpers import single_torch_thread
 
-ISSUE_COLUMNS = ["seq_len", "micro_batch", "grad_accum", "precision", "it_per_s", "tokens_per_s", "peak_mem_gb",
-                 "tflops", "mfu"]  # fmt: skip
+ISSUE_COLUMNS = [
+    "seq_len",
+    "micro_batch",
+    "grad_accum",
+    "precision",
+    "it_per_s",
+    "tokens_per_s",
+    "peak_mem_gb",
+    "tflops",
+    "mfu",
+]
 
 one_thread = pytest.fixture(autouse=True)(single_torch_thread)
 
@@ -43,21 +52,45 @@ def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 
 def test_sweep_writes_csv_table_plot_marks_oom_and_rerun_skips(tmp_path):
     # micro-batch 4096 at seq 32 needs ~2.2 GB by the estimate: over the 1 GB budget, marked, never run.
-    argv = ["bench", "--model", "debug", "--seq-len", "16,32", "--micro-batch", "1,2,4096", "--precision", "fp32",
-            "--steps", "1", "--warmup", "0", "--memory-limit-gb", "1", "--out", str(tmp_path)]  # fmt: skip
+    argv = [
+        "bench",
+        "--model",
+        "debug",
+        "--seq-len",
+        "16,32",
+        "--micro-batch",
+        "1,2,4096",
+        "--precision",
+        "fp32",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--memory-limit-gb",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
     first = invoke(*argv)
     assert first.exit_code == 0, first.output
     columns, rows = read_csv(tmp_path / "bench.csv")
     assert set(ISSUE_COLUMNS) <= set(columns)  # the issue's names, spelled as it spells them
     status = {(int(r["seq_len"]), int(r["micro_batch"])): r["status"] for r in rows}
-    assert status == {(16, 1): "ok", (16, 2): "ok", (16, 4096): "oom_estimate",
-                      (32, 1): "ok", (32, 2): "ok", (32, 4096): "oom_estimate"}  # fmt: skip
+    assert status == {
+        (16, 1): "ok",
+        (16, 2): "ok",
+        (16, 4096): "oom_estimate",
+        (32, 1): "ok",
+        (32, 2): "ok",
+        (32, 4096): "oom_estimate",
+    }
     for row in rows:
         if row["status"] == "ok":
             assert float(row["it_per_s"]) > 0 and float(row["tokens_per_s"]) > 0 and float(row["peak_mem_gb"]) > 0
             assert float(row["tflops"]) > 0 and float(row["mfu"]) > 0 and float(row["est_mem_gb"]) > 0
-            assert float(row["tokens_per_s"]) == pytest.approx(float(row["it_per_s"]) * int(row["seq_len"])
-                                                               * int(row["micro_batch"]))  # fmt: skip
+            assert float(row["tokens_per_s"]) == pytest.approx(
+                float(row["it_per_s"]) * int(row["seq_len"]) * int(row["micro_batch"])
+            )
         else:
             assert row["it_per_s"] == "" and float(row["est_mem_gb"]) > 1.0
     assert "estimate" in first.output and "OOM (estimate" in first.output
@@ -108,8 +141,20 @@ def test_other_errors_are_not_taken_for_out_of_memory(tmp_path, monkeypatch):
 
 
 def test_find_max_batch_on_cpu_comes_from_the_estimator(tmp_path):
-    result = invoke("bench", "--model", "debug", "--seq-len", "32,64", "--precision", "fp32,bf16", "--find-max-batch",
-                    "--memory-limit-gb", "0.5", "--out", str(tmp_path))  # fmt: skip
+    result = invoke(
+        "bench",
+        "--model",
+        "debug",
+        "--seq-len",
+        "32,64",
+        "--precision",
+        "fp32,bf16",
+        "--find-max-batch",
+        "--memory-limit-gb",
+        "0.5",
+        "--out",
+        str(tmp_path),
+    )
     assert result.exit_code == 0, result.output
     assert "measured: not measured (CPU)" in result.output
     args = resolve_model_args("debug")
@@ -156,8 +201,18 @@ def test_bad_input_is_one_line(tmp_path, option, value, message):
 
 def test_model_that_cannot_fit_micro_batch_one_is_one_line(tmp_path):
     for extra in ([], ["--find-max-batch"]):
-        result = invoke("bench", "--model", "llama3-8b", "--seq-len", "2048", "--memory-limit-gb", "4", "--out",
-                        str(tmp_path), *extra)  # fmt: skip
+        result = invoke(
+            "bench",
+            "--model",
+            "llama3-8b",
+            "--seq-len",
+            "2048",
+            "--memory-limit-gb",
+            "4",
+            "--out",
+            str(tmp_path),
+            *extra,
+        )
         assert isinstance(result.exception, UserError), result.output
         message = str(result.exception)
         assert "cannot fit even micro-batch 1 at seq len 2048" in message and "\n" not in message
@@ -178,8 +233,12 @@ def test_parse_positive_ints_sorts_and_dedupes():
     ],
 )
 def test_console_command_exits_2_with_one_line(tmp_path, argv, message):
-    proc = subprocess.run([sys.executable, "-m", "dlx", "bench", *argv, "--out", str(tmp_path)], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlx", "bench", *argv, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1 and proc.stdout == ""
 
@@ -188,9 +247,25 @@ def test_table_says_when_mfu_exceeds_100_percent():
     from dlx.bench.results import markdown_table, point_row
 
     fixed = {"model": "debug", "device": "CPU", "data": "synthetic", "compile": "off"}
-    row = point_row(fixed, BenchPoint(16, 1, 1, "bf16"), "ok", it_per_s=1.0, tokens_per_s=16.0, step_s=1.0,
-                    forward_s=0.3, backward_s=0.6, optimizer_s=0.1, peak_mem_gb=0.5, est_mem_gb=0.1, tflops=0.003,
-                    tflops_dense=0.0028, mfu=3.2, mfu_dense=3.0, peak_tflops=0.0009, peak_source="probe")  # fmt: skip
+    row = point_row(
+        fixed,
+        BenchPoint(16, 1, 1, "bf16"),
+        "ok",
+        it_per_s=1.0,
+        tokens_per_s=16.0,
+        step_s=1.0,
+        forward_s=0.3,
+        backward_s=0.6,
+        optimizer_s=0.1,
+        peak_mem_gb=0.5,
+        est_mem_gb=0.1,
+        tflops=0.003,
+        tflops_dense=0.0028,
+        mfu=3.2,
+        mfu_dense=3.0,
+        peak_tflops=0.0009,
+        peak_source="probe",
+    )
     table = markdown_table([row], ["# head"])
     assert "| bf16 | 16 | 1 | 1 | 1 | 16 | 1000 (300 / 600 / 100) | 0.5 (0.1) | 0.003 | 320.0% (300.0%) |" in table
     assert "MFU above 100 % (bf16)" in table
@@ -201,11 +276,28 @@ def test_a_prepared_dataset_instead_of_synthetic_tokens(tmp_path):
     from train_helpers import make_dataset
 
     dataset = make_dataset(tmp_path / "data")
-    result = invoke("bench", "--model", "debug", "--data", str(dataset), "--seq-len", "16", "--micro-batch", "1,2",
-                    "--steps", "1", "--warmup", "1", "--out", str(tmp_path / "bench"))  # fmt: skip
+    result = invoke(
+        "bench",
+        "--model",
+        "debug",
+        "--data",
+        str(dataset),
+        "--seq-len",
+        "16",
+        "--micro-batch",
+        "1,2",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--out",
+        str(tmp_path / "bench"),
+    )
     assert result.exit_code == 0, result.output
     _, rows = read_csv(tmp_path / "bench" / "bench.csv")
-    assert [(r["data"], r["micro_batch"], r["status"]) for r in rows] == [(str(dataset), "1", "ok"),
-                                                                          (str(dataset), "2", "ok")]  # fmt: skip
+    assert [(r["data"], r["micro_batch"], r["status"]) for r in rows] == [
+        (str(dataset), "1", "ok"),
+        (str(dataset), "2", "ok"),
+    ]
     missing = invoke("bench", "--model", "debug", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "b2"))
     assert isinstance(missing.exception, UserError) and "does not exist" in str(missing.exception)

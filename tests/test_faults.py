@@ -39,8 +39,19 @@ from train_helpers import TINY, losses, make_dataset, train_quietly
 __all__ = ["tiny_tokenizer"]
 pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("in_process_training")]
 
-RUN = [*TINY, "--data.num_workers", "1", "--train.max_steps", "10", "--checkpoint.every", "3", "--eval.every", "4",
-       "--eval.batches", "2"]  # fmt: skip
+RUN = [
+    *TINY,
+    "--data.num_workers",
+    "1",
+    "--train.max_steps",
+    "10",
+    "--checkpoint.every",
+    "3",
+    "--eval.every",
+    "4",
+    "--eval.batches",
+    "2",
+]
 """Checkpoints at steps 3, 6, 9, 10; evaluations at 4, 8, 10; one loader worker process."""
 
 MOMENTS = {
@@ -107,8 +118,15 @@ def corpus(tmp_path_factory, tiny_tokenizer) -> tuple[Path, dict[str, bytes]]:
     folder = tmp_path_factory.mktemp("corpus")
     write_jsonl(folder / "a.jsonl", make_documents(2500, seed=5))
     clean = folder / "clean"
-    prepare_dataset([str(folder / "a.jsonl")], clean, tokenizer=tiny_tokenizer, shard_tokens=3000, val_fraction=0.05,
-                    workers=1, progress=False)  # fmt: skip
+    prepare_dataset(
+        [str(folder / "a.jsonl")],
+        clean,
+        tokenizer=tiny_tokenizer,
+        shard_tokens=3000,
+        val_fraction=0.05,
+        workers=1,
+        progress=False,
+    )
     return folder / "a.jsonl", folder_bytes(clean)
 
 
@@ -116,8 +134,18 @@ def corpus(tmp_path_factory, tiny_tokenizer) -> tuple[Path, dict[str, bytes]]:
 def test_prepare_signalled(name, corpus, tiny_tokenizer, tmp_path):
     source, clean = corpus
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "dlx", "prepare", str(source), "--out", str(out), "--tokenizer", str(tiny_tokenizer),
-           *PREPARE]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "dlx",
+        "prepare",
+        str(source),
+        "--out",
+        str(out),
+        "--tokenizer",
+        str(tiny_tokenizer),
+        *PREPARE,
+    ]
     shm_before = shm_entries()
     proc, tree = signal_after_progress(cmd, out, min_next_unit=4, name=name)
     assert proc is not None, "prepare finished before the signal: the corpus is too small"
@@ -129,6 +157,7 @@ def test_prepare_signalled(name, corpus, tiny_tokenizer, tmp_path):
     assert not left_running(tree), "processes of prepare outlived it"
     assert not leaked_shm(shm_before)
     assert "Traceback" not in err, err
-    prepare_dataset([str(source)], out, tokenizer=tiny_tokenizer, shard_tokens=3000, val_fraction=0.05, workers=2,
-                    progress=False)  # fmt: skip
+    prepare_dataset(
+        [str(source)], out, tokenizer=tiny_tokenizer, shard_tokens=3000, val_fraction=0.05, workers=2, progress=False
+    )
     assert folder_bytes(out) == clean

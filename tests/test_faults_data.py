@@ -47,8 +47,20 @@ def test_a_flipped_byte_is_named_by_data_verify_and_the_loader(tmp_path):
 def test_a_flipped_byte_past_the_vocabulary_is_named_by_the_run(tmp_path):
     folder = make_dataset(tmp_path / "data")
     flip(folder, 2 * TOKEN + 1, 0x80)  # the high byte: id + 32768, past the 300-token vocabulary
-    config = load_recipe(None, [*TINY, "--data.path", str(folder), "--data.shuffle", "false", "--data.num_workers",
-                                "0", "--train.max_steps", "2"])  # fmt: skip
+    config = load_recipe(
+        None,
+        [
+            *TINY,
+            "--data.path",
+            str(folder),
+            "--data.shuffle",
+            "false",
+            "--data.num_workers",
+            "0",
+            "--train.max_steps",
+            "2",
+        ],
+    )
     with pytest.raises(UserError, match=SHARD) as error:
         pretrain(config, "t", tmp_path / "run")
     assert "\n" not in str(error.value)

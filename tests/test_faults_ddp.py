@@ -42,8 +42,19 @@ from train_helpers import TINY, losses, make_dataset
 
 pytestmark = [pytest.mark.faults, pytest.mark.distributed, pytest.mark.usefixtures("in_process_training")]
 
-RUN = [*TINY, "--data.num_workers", "1", "--train.max_steps", "8", "--checkpoint.every", "3",
-       "--train.global_batch_size", "4", "--parallel.strategy", "ddp"]  # fmt: skip
+RUN = [
+    *TINY,
+    "--data.num_workers",
+    "1",
+    "--train.max_steps",
+    "8",
+    "--checkpoint.every",
+    "3",
+    "--train.global_batch_size",
+    "4",
+    "--parallel.strategy",
+    "ddp",
+]
 """Checkpoints at steps 3, 6, 8; one loader worker per rank; global batch 4 = 2 ranks × 2, or 1 process × 2 × 2."""
 POINT = "train_batch@5"
 ORDERLY_STEP, LAST_BEFORE_KILL = 5, 3
@@ -61,8 +72,9 @@ def dataset(tmp_path_factory) -> Path:
 def reference(dataset, tmp_path_factory) -> dict[int, float]:
     """Losses of an uninterrupted 2-rank run, step by step."""
     folder = tmp_path_factory.mktemp("ddp-reference")
-    proc = start_torchrun(["pretrain", *RUN, "--data.path", str(dataset), "--run-dir", str(folder / "run")], folder,
-                          cli_env())  # fmt: skip
+    proc = start_torchrun(
+        ["pretrain", *RUN, "--data.path", str(dataset), "--run-dir", str(folder / "run")], folder, cli_env()
+    )
     _, err = finish(proc)
     assert proc.returncode == 0, err[-4000:]
     return losses(folder / "run")

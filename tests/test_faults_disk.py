@@ -63,8 +63,13 @@ def test_a_full_filesystem_during_a_save(tmp_path):
         f"mount -t tmpfs -o size={used + (1 << 20)} tmpfs {mount} && cp -a {tmp_path / 'run'} {mount / 'run'} && "
         f"{{ {dlx}; rc=$?; cp -a {mount / 'run'} {back}; exit $rc; }}"
     )
-    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
-                            capture_output=True, text=True, env=cli_env(), timeout=120)  # fmt: skip
+    result = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=120,
+    )
     check_refused_save(result, back, "No space left on device")
 
 
@@ -79,7 +84,12 @@ def limit_file_size(limit: int):
 def test_a_file_size_limit_during_a_save(tmp_path):
     first_checkpoint(tmp_path / "run")
     weights = (list_checkpoints(tmp_path / "run")[0] / "model.safetensors").stat().st_size
-    result = subprocess.run([sys.executable, "-c", NO_PLOTS, *RESUME, "--run-dir", str(tmp_path / "run")],
-                            capture_output=True, text=True, env=cli_env(), timeout=120,
-                            preexec_fn=limit_file_size(weights // 2))  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", NO_PLOTS, *RESUME, "--run-dir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=120,
+        preexec_fn=limit_file_size(weights // 2),
+    )
     check_refused_save(result, tmp_path / "run", "File too large")

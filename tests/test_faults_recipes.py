@@ -37,9 +37,14 @@ NUMERIC = [
 """Every number in a recipe: each must be positive or zero."""
 
 ANY_VALUE = st.one_of(
-    st.none(), st.booleans(), st.integers(-(10**30), 10**30), st.floats(), st.text(max_size=12),
-    st.lists(st.integers(-5, 5), max_size=3), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
-)  # fmt: skip
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**30), 10**30),
+    st.floats(),
+    st.text(max_size=12),
+    st.lists(st.integers(-5, 5), max_size=3),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
 ABSURD = st.one_of(st.integers(max_value=-1), st.floats(max_value=-1e-300), st.sampled_from([math.nan, math.inf]))
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -23,9 +23,18 @@ from train_helpers import TINY
 pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("in_process_training")]
 
 SOURCE = Path(dlx.__file__).parent
-UNPICKLERS = {("pickle", "load"), ("pickle", "loads"), ("pickle", "Unpickler"), ("dill", "load"),
-              ("joblib", "load"), ("torch", "load"), ("yaml", "load"), ("yaml", "unsafe_load"), ("np", "load"),
-              ("numpy", "load")}  # fmt: skip
+UNPICKLERS = {
+    ("pickle", "load"),
+    ("pickle", "loads"),
+    ("pickle", "Unpickler"),
+    ("dill", "load"),
+    ("joblib", "load"),
+    ("torch", "load"),
+    ("yaml", "load"),
+    ("yaml", "unsafe_load"),
+    ("np", "load"),
+    ("numpy", "load"),
+}
 
 
 def _dotted(node: ast.AST) -> tuple[str, str] | None:

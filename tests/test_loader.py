@@ -34,9 +34,13 @@ def write_dataset(folder: Path, splits: dict[str, list[int]], vocab_size: int = 
             start += n
     (folder / "tokenizer.json").write_text("{}")
     manifest = Manifest(
-        dtype=str(dtype.name), vocab_size=vocab_size, eos_id=0, tokenizer_sha256=sha256_file(folder / "tokenizer.json"),
-        shards=shards, complete=True,
-    )  # fmt: skip
+        dtype=str(dtype.name),
+        vocab_size=vocab_size,
+        eos_id=0,
+        tokenizer_sha256=sha256_file(folder / "tokenizer.json"),
+        shards=shards,
+        complete=True,
+    )
     write_manifest(folder, manifest)
     return folder
 

@@ -143,8 +143,11 @@ def test_no_process_or_shared_memory_left_after_the_trainer_ends(dataset: Path, 
         workers = read_worker_pids(driver)
         if mode == "train":
             assert all(shm_mappings(pid) == [] for pid in workers)  # their shared memory has no name to leak
-            {"sigint": lambda: os.killpg(driver.pid, signal.SIGINT), "sigterm": lambda: driver.send_signal(
-                signal.SIGTERM), "sigkill": lambda: driver.kill()}[ending]()  # fmt: skip
+            {
+                "sigint": lambda: os.killpg(driver.pid, signal.SIGINT),
+                "sigterm": lambda: driver.send_signal(signal.SIGTERM),
+                "sigkill": lambda: driver.kill(),
+            }[ending]()
         code = driver.wait(timeout=30)
     finally:
         driver.kill()

@@ -46,19 +46,41 @@ def test_report_from_logged_run(tmp_path: Path) -> None:
     for name in ("loss.png", "throughput.png", "phases.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
     text = path.read_text()
-    for needle in ("6·N + 12·L·H·Q·T", "6·N", "Attention convention", "Dense convention", "fake peak",
-                   verdict.kind, verdict.suggestion, "Final eval loss", "perplexity", "MFU, dense convention",
-                   "![loss](loss.png)"):  # fmt: skip
+    for needle in (
+        "6·N + 12·L·H·Q·T",
+        "6·N",
+        "Attention convention",
+        "Dense convention",
+        "fake peak",
+        verdict.kind,
+        verdict.suggestion,
+        "Final eval loss",
+        "perplexity",
+        "MFU, dense convention",
+        "![loss](loss.png)",
+    ):
         assert needle in text, needle
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temporaries
 
 
 def test_report_without_peak_or_eval(tmp_path: Path) -> None:
     records = [
-        {"step": s, "loss": 3.0, "tokens_per_s": 100.0, "tflops": 0.1, "tflops_dense": 0.09, "mfu": None,
-         "mfu_dense": None, "forward_s": 0.5, "backward_s": 0.4, "other_s": 0.1, "step_s": 1.0, "peak_mem_gb": 0.5}
+        {
+            "step": s,
+            "loss": 3.0,
+            "tokens_per_s": 100.0,
+            "tflops": 0.1,
+            "tflops_dense": 0.09,
+            "mfu": None,
+            "mfu_dense": None,
+            "forward_s": 0.5,
+            "backward_s": 0.4,
+            "other_s": 0.1,
+            "step_s": 1.0,
+            "peak_mem_gb": 0.5,
+        }
         for s in range(1, 4)
-    ]  # fmt: skip
+    ]
     path = write_report(tmp_path, records, bottleneck_verdict(records), ["MFU omitted: unknown device"])
     text = path.read_text()
     assert "No evaluation was logged" in text and "| MFU, attention convention | n/a |" in text

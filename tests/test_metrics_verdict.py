@@ -12,8 +12,15 @@ from dlx.metrics.verdict import bottleneck_verdict
 def record(step: int = 1, data=0.0, fwd=0.3, bwd=0.6, opt=0.05, comm=0.0, step_s=1.0, mfu=0.45) -> dict[str, Any]:
     phases = {"data_wait_s": data, "forward_s": fwd, "backward_s": bwd, "optimizer_s": opt, "communication_s": comm}
     other = max(step_s - sum(phases.values()), 0.0)
-    return {"step": step, **phases, "other_s": other, "step_s": step_s, "tokens_per_s": 1000 / step_s,
-            "mfu": mfu, "mfu_dense": None if mfu is None else 0.9 * mfu}  # fmt: skip
+    return {
+        "step": step,
+        **phases,
+        "other_s": other,
+        "step_s": step_s,
+        "tokens_per_s": 1000 / step_s,
+        "mfu": mfu,
+        "mfu_dense": None if mfu is None else 0.9 * mfu,
+    }
 
 
 def run(**kw: Any) -> list[dict[str, Any]]:

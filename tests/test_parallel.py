@@ -32,11 +32,35 @@ pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("in_process_train
 
 TESTS = Path(__file__).parent
 RUN = [
-    "--model.preset", "debug", "--data.seq_len", "32", "--data.micro_batch_size", "2",
-    "--train.global_batch_size", "8", "--train.optimizer", "sgd", "--train.lr", "0.5", "--train.warmup_ratio", "0",
-    "--train.max_steps", "3", "--train.precision", "fp32", "--eval.every", "0", "--checkpoint.every", "2",
-    "--checkpoint.keep_last", "3", "--log.every", "1", "--log.progress", "false",
-]  # fmt: skip
+    "--model.preset",
+    "debug",
+    "--data.seq_len",
+    "32",
+    "--data.micro_batch_size",
+    "2",
+    "--train.global_batch_size",
+    "8",
+    "--train.optimizer",
+    "sgd",
+    "--train.lr",
+    "0.5",
+    "--train.warmup_ratio",
+    "0",
+    "--train.max_steps",
+    "3",
+    "--train.precision",
+    "fp32",
+    "--eval.every",
+    "0",
+    "--checkpoint.every",
+    "2",
+    "--checkpoint.keep_last",
+    "3",
+    "--log.every",
+    "1",
+    "--log.progress",
+    "false",
+]
 """Global batch 8: gradient accumulation 4 in one process, 2 on each of 2 ranks. Checkpoints at steps 2 and 3."""
 STRATEGIES = {
     "ddp": ["--parallel.strategy", "ddp"],
@@ -57,15 +81,23 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
     return max((a[name] - b[name]).abs().max().item() for name in a)
 
 
-def torchrun(args: list[str], cwd: Path, script: Path = TESTS / "parallel_entry.py", timeout: float = 300,
-             **env: str) -> tuple[subprocess.CompletedProcess, list[psutil.Process]]:  # fmt: skip
+def torchrun(
+    args: list[str], cwd: Path, script: Path = TESTS / "parallel_entry.py", timeout: float = 300, **env: str
+) -> tuple[subprocess.CompletedProcess, list[psutil.Process]]:
     """`torchrun --standalone --nproc_per_node 2 SCRIPT ARGS`; returns its result and every process seen in its tree
     while it ran (polled), so that a test can check that none outlived it."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     command = [*launcher, str(script), *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **env}
-    proc = subprocess.Popen(command, cwd=cwd, env=full_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=full_env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     seen: dict[int, psutil.Process] = {}
     deadline = time.monotonic() + timeout
     try:
@@ -174,9 +206,11 @@ def test_a_failing_rank_ends_the_whole_job(tmp_path):
     shm_before = shm_entries()
     started = time.monotonic()
     result, processes = torchrun(
-        ["pretrain", *RUN, *STRATEGIES["ddp"], "--run-dir", str(tmp_path / "run")], tmp_path,
-        DLX_TEST_FAIL_RANK="1", DLX_TEST_FAIL_STEP="2",
-    )  # fmt: skip
+        ["pretrain", *RUN, *STRATEGIES["ddp"], "--run-dir", str(tmp_path / "run")],
+        tmp_path,
+        DLX_TEST_FAIL_RANK="1",
+        DLX_TEST_FAIL_STEP="2",
+    )
     assert result.returncode != 0
     assert "injected failure on rank 1 in step 2" in result.stderr
     assert time.monotonic() - started < 90, "the surviving rank waited for its collective's timeout"
@@ -198,8 +232,19 @@ def test_a_world_size_that_does_not_divide_the_global_batch(tmp_path):
     assert (resolve_grad_accum(config, 2), resolve_grad_accum(config, 4)) == (2, 1)
     with pytest.raises(UserError, match=r"3 × 3 = 9"):
         resolve_grad_accum(config, 3)
-    result = run_cli(["pretrain", *RUN, "--train.global_batch_size", "6", "--data.micro_batch_size", "4",
-                      "--run-dir", str(tmp_path / "run")], tmp_path)  # fmt: skip
+    result = run_cli(
+        [
+            "pretrain",
+            *RUN,
+            "--train.global_batch_size",
+            "6",
+            "--data.micro_batch_size",
+            "4",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        tmp_path,
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().count("\n") == 0 and "global_batch_size 6" in result.stderr, result.stderr
     assert not (tmp_path / "run").exists()

@@ -18,8 +18,9 @@ def test_state_bytes_follow_the_documented_rule():
     assert plain.optimizer_gb == pytest.approx(158_016 * 8 / 1e9)
     assert plain.logits_gb == pytest.approx(2 * 32 * 512 * 12 / 1e9)
     for strategy, stage in (("fsdp", 2), ("deepspeed", 3)):
-        sharded = plan_memory(args, TrainingShape(32, 2, precision="fp32", strategy=strategy, zero_stage=stage,
-                                                  world_size=4))  # fmt: skip
+        sharded = plan_memory(
+            args, TrainingShape(32, 2, precision="fp32", strategy=strategy, zero_stage=stage, world_size=4)
+        )
         assert sharded.weights_gb * 4 == pytest.approx(plain.weights_gb)
         assert sharded.grads_gb * 4 == pytest.approx(plain.grads_gb)
         assert sharded.optimizer_gb * 4 == pytest.approx(plain.optimizer_gb)
@@ -78,8 +79,27 @@ def test_plan_cli_predicts_step_time_per_rank_under_sharding():
 
     if not app.registered_commands:  # another test may have registered them in this process
         _register_commands()
-    argv = ["plan", "llama3.2-1b", "--seq-len", "2048", "--micro-batch", "4", "--grad-accum", "2", "--gpu", "H100",
-            "--mfu", "0.5", "--strategy", "deepspeed", "--zero-stage", "3", "--world-size", "8", "--json"]  # fmt: skip
+    argv = [
+        "plan",
+        "llama3.2-1b",
+        "--seq-len",
+        "2048",
+        "--micro-batch",
+        "4",
+        "--grad-accum",
+        "2",
+        "--gpu",
+        "H100",
+        "--mfu",
+        "0.5",
+        "--strategy",
+        "deepspeed",
+        "--zero-stage",
+        "3",
+        "--world-size",
+        "8",
+        "--json",
+    ]
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)

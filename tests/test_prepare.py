@@ -31,8 +31,20 @@ def test_cli_prepare_info_and_verify_catches_one_flipped_byte(tmp_path, tiny_tok
     docs = make_documents(200, seed=10)
     write_jsonl(tmp_path / "a.jsonl", docs)
     out = tmp_path / "out"
-    result = dlx("prepare", str(tmp_path / "a.jsonl"), "--out", str(out), "--tokenizer", str(tiny_tokenizer),
-                 "--shard-tokens", "4000", "--val-documents", "3", "--workers", "2")  # fmt: skip
+    result = dlx(
+        "prepare",
+        str(tmp_path / "a.jsonl"),
+        "--out",
+        str(out),
+        "--tokenizer",
+        str(tiny_tokenizer),
+        "--shard-tokens",
+        "4000",
+        "--val-documents",
+        "3",
+        "--workers",
+        "2",
+    )
     assert result.returncode == 0, result.stderr
     info = json.loads(dlx("data", "info", str(out), "--json").stdout)
     assert {"tokens", "documents", "shards", "dtype", "tokenizer_sha256"} <= info.keys()
@@ -75,8 +87,20 @@ def _bad_cases(tmp_path, tiny_tokenizer):
     }
 
 
-@pytest.mark.parametrize("case", ["missing input", "strict", "missing tokenizer", "not a tokenizer", "no tokenizer",
-                                  "both val options", "bad fraction", "all val", "nothing to read"])  # fmt: skip
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing input",
+        "strict",
+        "missing tokenizer",
+        "not a tokenizer",
+        "no tokenizer",
+        "both val options",
+        "bad fraction",
+        "all val",
+        "nothing to read",
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, tiny_tokenizer, case):
     args, needle = _bad_cases(tmp_path, tiny_tokenizer)[case]
     out = tmp_path / "out"
@@ -84,8 +108,9 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, tiny_tokenize
     assert not out.exists()
 
 
-def test_out_folder_of_another_tokenizer_or_other_inputs_is_refused_untouched(tmp_path, tiny_tokenizer,
-                                                                              llama3_like_tokenizer):  # fmt: skip
+def test_out_folder_of_another_tokenizer_or_other_inputs_is_refused_untouched(
+    tmp_path, tiny_tokenizer, llama3_like_tokenizer
+):
     write_jsonl(tmp_path / "a.jsonl", make_documents(30, seed=11))
     write_jsonl(tmp_path / "b.jsonl", make_documents(30, seed=12))
     out = tmp_path / "out"
@@ -115,8 +140,15 @@ def test_llama3_sized_vocabulary_uses_uint32_and_bos(tmp_path, llama3_like_token
     docs = make_documents(40, seed=13)
     write_jsonl(tmp_path / "a.jsonl", docs)
     out = tmp_path / "out"
-    m = prepare_dataset([str(tmp_path / "a.jsonl")], out, tokenizer=llama3_like_tokenizer, add_bos=True,
-                        val_fraction=0.0, workers=1, progress=False)  # fmt: skip
+    m = prepare_dataset(
+        [str(tmp_path / "a.jsonl")],
+        out,
+        tokenizer=llama3_like_tokenizer,
+        add_bos=True,
+        val_fraction=0.0,
+        workers=1,
+        progress=False,
+    )
     assert (m.dtype, m.vocab_size, m.bos_id, m.eos_id) == ("uint32", 128256, 128000, 128001)
     assert (out / "train-00000.bin").stat().st_size == 4 * m.shards[0].tokens
     ids = read_documents(out)

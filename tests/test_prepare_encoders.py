@@ -32,8 +32,12 @@ def test_gpt2_style_byte_level_converts_too():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(make_documents(200, seed=21), trainer)
     texts = PROBES + make_documents(100, seed=22)
     assert TiktokenEncoder(tok.to_str()).encode(texts) == _hf_reference(tok.to_str(), texts)
@@ -48,8 +52,9 @@ def test_unconvertible_tokenizer_falls_back_and_still_round_trips(tmp_path, tiny
     assert name == "huggingface" and "non-special added tokens" in why
     docs = make_documents(40, seed=23)
     write_jsonl(tmp_path / "a.jsonl", docs)
-    prepare_dataset([str(tmp_path / "a.jsonl")], tmp_path / "out", tokenizer=path, val_fraction=0.0, workers=1,
-                    progress=False)  # fmt: skip
+    prepare_dataset(
+        [str(tmp_path / "a.jsonl")], tmp_path / "out", tokenizer=path, val_fraction=0.0, workers=1, progress=False
+    )
     assert decoded_documents(tmp_path / "out") == docs
 
 

@@ -98,8 +98,10 @@ def llama3_like_tokenizer(tmp_path_factory) -> Path:
 def read_documents(folder: Path, split: str = "train") -> list[list[int]]:
     """Token ids of every document of a split, read back from the shards through the manifest."""
     manifest = read_manifest(folder)
-    stream = np.concatenate([np.asarray(open_shard(folder, s, manifest.dtype)) for s in manifest.split_shards(split)]
-                            or [np.zeros(0, dtype=np.int64)])  # fmt: skip
+    stream = np.concatenate(
+        [np.asarray(open_shard(folder, s, manifest.dtype)) for s in manifest.split_shards(split)]
+        or [np.zeros(0, dtype=np.int64)]
+    )
     ends = np.flatnonzero(stream == manifest.eos_id)
     assert len(stream) == 0 or ends[-1] == len(stream) - 1, "every document ends with EOS, the last one too"
     docs, start = [], 0

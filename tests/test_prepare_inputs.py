@@ -55,19 +55,47 @@ def _make_every_format(root) -> tuple[list[str], list[str]]:
     (root / "glob").mkdir()
     for i, d in enumerate(chunks[9][:2]):
         write_jsonl(root / "glob" / f"part{i}.jsonl", [d])
-    inputs = [*(str(root / n) for n in ["a.txt", "b.jsonl", "c.json", "d.json", "e.jsonl.gz", "f.jsonl.zst", "g.txt.gz",
-                                       "h.txt.zst", "i.parquet", "tree"]), str(root / "glob" / "*.jsonl")]  # fmt: skip
+    inputs = [
+        *(
+            str(root / n)
+            for n in [
+                "a.txt",
+                "b.jsonl",
+                "c.json",
+                "d.json",
+                "e.jsonl.gz",
+                "f.jsonl.zst",
+                "g.txt.gz",
+                "h.txt.zst",
+                "i.parquet",
+                "tree",
+            ]
+        ),
+        str(root / "glob" / "*.jsonl"),
+    ]
     tree_docs = chunks[8][:3]  # a folder's files before its subfolders': x.py, y.c, sub/z.java
-    expected = [chunks[0][0], *chunks[1], *chunks[2], *chunks[3], *chunks[4], *chunks[5], chunks[6][0], chunks[6][1],
-                *chunks[7], *tree_docs, *chunks[9][:2]]  # fmt: skip
+    expected = [
+        chunks[0][0],
+        *chunks[1],
+        *chunks[2],
+        *chunks[3],
+        *chunks[4],
+        *chunks[5],
+        chunks[6][0],
+        chunks[6][1],
+        *chunks[7],
+        *tree_docs,
+        *chunks[9][:2],
+    ]
     return inputs, expected
 
 
 def test_every_format_round_trips_through_the_shards(tmp_path, tiny_tokenizer):
     inputs, expected = _make_every_format(tmp_path)
     out = tmp_path / "out"
-    manifest = prepare_dataset(inputs, out, tokenizer=tiny_tokenizer, shard_tokens=700, workers=1, progress=False,
-                               val_documents=5)  # fmt: skip
+    manifest = prepare_dataset(
+        inputs, out, tokenizer=tiny_tokenizer, shard_tokens=700, workers=1, progress=False, val_documents=5
+    )
     assert manifest.complete and len(manifest.shards) > 3
     val = decoded_documents(out, "val")
     assert len(val) == 5 and set(val) <= set(expected)
@@ -78,12 +106,21 @@ def test_every_format_round_trips_through_the_shards(tmp_path, tiny_tokenizer):
 
 def test_wudao_json_array_with_content_field(tmp_path, tiny_tokenizer):
     docs = make_documents(20, seed=2)
-    records = [{"id": i, "uniqueKey": f"k{i}", "titleUkey": "t", "dataType": "博客", "title": "标题", "content": d}
-               for i, d in enumerate(docs)]  # fmt: skip
+    records = [
+        {"id": i, "uniqueKey": f"k{i}", "titleUkey": "t", "dataType": "博客", "title": "标题", "content": d}
+        for i, d in enumerate(docs)
+    ]
     (tmp_path / "part-2021.json").write_text(json.dumps(records, ensure_ascii=False))
     out = tmp_path / "out"
-    prepare_dataset([str(tmp_path / "part-2021.json")], out, tokenizer=tiny_tokenizer, text_field="content",
-                    val_fraction=0.0, workers=1, progress=False)  # fmt: skip
+    prepare_dataset(
+        [str(tmp_path / "part-2021.json")],
+        out,
+        tokenizer=tiny_tokenizer,
+        text_field="content",
+        val_fraction=0.0,
+        workers=1,
+        progress=False,
+    )
     assert decoded_documents(out) == docs
 
 
@@ -132,9 +169,12 @@ def test_bad_records_are_reported_with_file_and_line(tmp_path):
     assert _texts(items) == ["ok", "ok2"]
     bad = [i for i in items if isinstance(i, BadRecord)]
     assert [(b.line, b.reason.split(":")[0].split(" (")[0]) for b in bad] == [
-        (2, "malformed JSON"), (3, "no 'text' field"), (4, "invalid UTF-8 at byte 0 of the line"),
-        (5, "not a JSON object"), (6, "'text' is not a string"),
-    ]  # fmt: skip
+        (2, "malformed JSON"),
+        (3, "no 'text' field"),
+        (4, "invalid UTF-8 at byte 0 of the line"),
+        (5, "not a JSON object"),
+        (6, "'text' is not a string"),
+    ]
     assert bad[0].where() == f"{path}:2"
     (tmp_path / "latin1.txt").write_bytes("line\ncafé".encode("latin-1"))
     [bad_txt] = read_file(_input(tmp_path / "latin1.txt"), "text")

@@ -29,8 +29,24 @@ def test_sigkill_then_rerun_gives_identical_bytes(tmp_path, tiny_tokenizer):
     write_jsonl(tmp_path / "b.jsonl", make_documents(500, seed=6))
     inputs = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "dlx", "prepare", *inputs, "--out", str(out), "--tokenizer", str(tiny_tokenizer),
-           "--shard-tokens", "3000", "--val-fraction", "0.05", "--workers", "2", "--no-progress"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "dlx",
+        "prepare",
+        *inputs,
+        "--out",
+        str(out),
+        "--tokenizer",
+        str(tiny_tokenizer),
+        "--shard-tokens",
+        "3000",
+        "--val-fraction",
+        "0.05",
+        "--workers",
+        "2",
+        "--no-progress",
+    ]
     kills = 0
     for min_next_unit in (0, 5, 12, 25):
         killed, workers = _kill_after_progress(cmd, out, min_next_unit)
@@ -45,8 +61,9 @@ def test_sigkill_then_rerun_gives_identical_bytes(tmp_path, tiny_tokenizer):
         finish = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert finish.returncode == 0, finish.stderr
     clean = tmp_path / "clean"
-    prepare_dataset(inputs, clean, tokenizer=tiny_tokenizer, shard_tokens=3000, val_fraction=0.05, workers=1,
-                    progress=False)  # fmt: skip
+    prepare_dataset(
+        inputs, clean, tokenizer=tiny_tokenizer, shard_tokens=3000, val_fraction=0.05, workers=1, progress=False
+    )
     assert folder_bytes(out) == folder_bytes(clean)
     assert len(folder_bytes(clean)) > 10
 
@@ -65,8 +82,22 @@ def test_rerun_over_finished_output_does_no_work(tmp_path, tiny_tokenizer):
 def test_sigterm_stops_workers_and_the_run_resumes(tmp_path, tiny_tokenizer):
     write_jsonl(tmp_path / "a.jsonl", make_documents(1500, seed=8))
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "dlx", "prepare", str(tmp_path / "a.jsonl"), "--out", str(out), "--tokenizer",
-           str(tiny_tokenizer), "--shard-tokens", "2000", "--workers", "2", "--no-progress"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "dlx",
+        "prepare",
+        str(tmp_path / "a.jsonl"),
+        "--out",
+        str(out),
+        "--tokenizer",
+        str(tiny_tokenizer),
+        "--shard-tokens",
+        "2000",
+        "--workers",
+        "2",
+        "--no-progress",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while (state := _committed(out)) is None or (not state[0] and state[1] < 2):
@@ -83,13 +114,28 @@ def test_sigterm_stops_workers_and_the_run_resumes(tmp_path, tiny_tokenizer):
 def test_concurrent_runs_on_one_folder_queue_and_agree(tmp_path, tiny_tokenizer):
     write_jsonl(tmp_path / "a.jsonl", make_documents(600, seed=9))
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "dlx", "prepare", str(tmp_path / "a.jsonl"), "--out", str(out), "--tokenizer",
-           str(tiny_tokenizer), "--shard-tokens", "2000", "--workers", "1", "--no-progress"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "dlx",
+        "prepare",
+        str(tmp_path / "a.jsonl"),
+        "--out",
+        str(out),
+        "--tokenizer",
+        str(tiny_tokenizer),
+        "--shard-tokens",
+        "2000",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     runs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     errors = [run.communicate(timeout=120)[1] for run in runs]
     assert [run.returncode for run in runs] == [0, 0], errors
     assert sum("nothing to do" in e for e in errors) == 1
     clean = tmp_path / "clean"
-    prepare_dataset([str(tmp_path / "a.jsonl")], clean, tokenizer=tiny_tokenizer, shard_tokens=2000, workers=1,
-                    progress=False)  # fmt: skip
+    prepare_dataset(
+        [str(tmp_path / "a.jsonl")], clean, tokenizer=tiny_tokenizer, shard_tokens=2000, workers=1, progress=False
+    )
     assert folder_bytes(out) == folder_bytes(clean)

@@ -40,8 +40,20 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message
 def test_train_resume_with_the_run_folder_alone_then_generate(tmp_path):
     data = make_dataset(tmp_path / "data")
     run = tmp_path / "run"
-    first = run_cli(["pretrain", str(RECIPES / "debug.yaml"), "--data.path", str(data), *SMALL,
-                     "--train.max_steps", "4", "--run-dir", str(run)], cwd=tmp_path)  # fmt: skip
+    first = run_cli(
+        [
+            "pretrain",
+            str(RECIPES / "debug.yaml"),
+            "--data.path",
+            str(data),
+            *SMALL,
+            "--train.max_steps",
+            "4",
+            "--run-dir",
+            str(run),
+        ],
+        cwd=tmp_path,
+    )
     assert first.returncode == 0, first.stderr
     assert "Total optimization steps = 4" in first.stdout
     again = run_cli(["pretrain", "--run-dir", str(run), "--resume", "--train.max_steps", "6"], cwd=tmp_path)
@@ -58,11 +70,30 @@ def test_train_resume_with_the_run_folder_alone_then_generate(tmp_path):
 def test_sigterm_saves_a_checkpoint_and_leaves_no_process(tmp_path):
     data = make_dataset(tmp_path / "data")
     run = tmp_path / "run"
-    args = ["pretrain", str(RECIPES / "debug.yaml"), "--data.path", str(data), *SMALL, "--data.num_workers", "1",
-            "--train.max_steps", "100000", "--checkpoint.every", "0", "--run-dir", str(run)]  # fmt: skip
+    args = [
+        "pretrain",
+        str(RECIPES / "debug.yaml"),
+        "--data.path",
+        str(data),
+        *SMALL,
+        "--data.num_workers",
+        "1",
+        "--train.max_steps",
+        "100000",
+        "--checkpoint.every",
+        "0",
+        "--run-dir",
+        str(run),
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "dlx", *args], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlx", *args],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

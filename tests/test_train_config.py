@@ -27,10 +27,26 @@ def test_every_field_has_a_one_line_docstring():
 
 
 def test_overrides_are_typed_like_yaml():
-    config = load_recipe(None, [
-        "--train.max_steps=7", "--train.betas", "[0.8, 0.99]", "--log.tensorboard", "false", "--data.path", "synthetic",
-        "--model.preset", "debug", "--model.n_layers", "3", "--train.lr", "1e-3", "--data.seq_len", "32",
-    ])  # fmt: skip
+    config = load_recipe(
+        None,
+        [
+            "--train.max_steps=7",
+            "--train.betas",
+            "[0.8, 0.99]",
+            "--log.tensorboard",
+            "false",
+            "--data.path",
+            "synthetic",
+            "--model.preset",
+            "debug",
+            "--model.n_layers",
+            "3",
+            "--train.lr",
+            "1e-3",
+            "--data.seq_len",
+            "32",
+        ],
+    )
     assert config.train.max_steps == 7 and config.train.betas == (0.8, 0.99) and config.train.lr == 1e-3
     assert config.model.args.n_layers == 3 and config.model.args.dim == 64
 
@@ -47,8 +63,9 @@ def test_recipe_then_overrides(tmp_path):
     recipe.write_text("model: {preset: debug}\ndata: {seq_len: 32}\ntrain: {max_steps: 3, lr: 0.01}\n")
     assert load_recipe(recipe, ["--train.lr", "0.02"]).train.lr == 0.02
     assert split_command_line(["--train.lr", "1", "r.yaml", "--log.every=2"]) == (
-        "r.yaml", ["--train.lr", "1", "--log.every=2"]
-    )  # fmt: skip
+        "r.yaml",
+        ["--train.lr", "1", "--log.every=2"],
+    )
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,21 @@ from dlx.train.recipe import load_recipe
 from dlx.train.trainer import pretrain
 from train_helpers import TINY, make_dataset
 
-REQUIRED = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "data_wait_s", "forward_s", "backward_s", "optimizer_s",
-            "step_s", "tflops", "mfu", "peak_mem_gb"}  # fmt: skip
+REQUIRED = {
+    "step",
+    "loss",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "data_wait_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "step_s",
+    "tflops",
+    "mfu",
+    "peak_mem_gb",
+}
 
 pytestmark = pytest.mark.usefixtures("in_process_training")
 
@@ -24,13 +37,35 @@ pytestmark = pytest.mark.usefixtures("in_process_training")
 @pytest.mark.report
 def test_a_run_logs_every_phase_and_writes_its_folder(tmp_path, capsys):
     data = make_dataset(tmp_path / "data")
-    config = load_recipe(None, [*TINY, "--data.path", str(data), "--data.num_workers", "0", "--train.grad_accum", "2",
-                                "--train.epochs", "0.5", "--eval.every", "3", "--eval.batches", "2"])  # fmt: skip
+    config = load_recipe(
+        None,
+        [
+            *TINY,
+            "--data.path",
+            str(data),
+            "--data.num_workers",
+            "0",
+            "--train.grad_accum",
+            "2",
+            "--train.epochs",
+            "0.5",
+            "--eval.every",
+            "3",
+            "--eval.batches",
+            "2",
+        ],
+    )
     result = pretrain(config, "t", tmp_path / "run")
     out = capsys.readouterr().out
-    header = ["***** Running training *****", "Num examples = ", "Total optimization steps = ",
-              "Total train batch size (w. parallel, distributed & accumulation) = 4", "Gradient Accumulation steps = 2",
-              "Number of trainable parameters = 158,016", "MFU = TFLOPS ÷ peak"]  # fmt: skip
+    header = [
+        "***** Running training *****",
+        "Num examples = ",
+        "Total optimization steps = ",
+        "Total train batch size (w. parallel, distributed & accumulation) = 4",
+        "Gradient Accumulation steps = 2",
+        "Number of trainable parameters = 158,016",
+        "MFU = TFLOPS ÷ peak",
+    ]
     for line in header:
         assert line in out
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

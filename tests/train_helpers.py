@@ -14,9 +14,21 @@ import numpy as np
 from dlx.data.shards import Manifest, ShardInfo, sha256_file, write_manifest
 
 TINY = [
-    "--model.preset", "debug", "--data.seq_len", "16", "--data.micro_batch_size", "2",
-    "--train.precision", "fp32", "--train.lr", "3e-3", "--log.every", "1", "--log.progress", "false",
-]  # fmt: skip
+    "--model.preset",
+    "debug",
+    "--data.seq_len",
+    "16",
+    "--data.micro_batch_size",
+    "2",
+    "--train.precision",
+    "fp32",
+    "--train.lr",
+    "3e-3",
+    "--log.every",
+    "1",
+    "--log.progress",
+    "false",
+]
 """Overrides that make any run take milliseconds per step."""
 
 
@@ -50,11 +62,20 @@ def make_dataset(folder: Path, vocab_size: int = 300, val: bool = True) -> Path:
         tokens = np.concatenate([np.asarray(d, dtype="<u2") for d in split_docs])
         name = f"{split}-00000.bin"
         tokens.tofile(folder / name)
-        shards.append(ShardInfo(name=name, split=split, tokens=len(tokens), documents=len(split_docs),
-                                sha256=sha256_file(folder / name)))  # fmt: skip
+        shards.append(
+            ShardInfo(
+                name=name, split=split, tokens=len(tokens), documents=len(split_docs), sha256=sha256_file(folder / name)
+            )
+        )
     tokenizer_sha = sha256_file(folder / "tokenizer.json")
-    manifest = Manifest(dtype="uint16", vocab_size=tokenizer.get_vocab_size(), eos_id=eos,
-                        tokenizer_sha256=tokenizer_sha, shards=shards, complete=True)  # fmt: skip
+    manifest = Manifest(
+        dtype="uint16",
+        vocab_size=tokenizer.get_vocab_size(),
+        eos_id=eos,
+        tokenizer_sha256=tokenizer_sha,
+        shards=shards,
+        complete=True,
+    )
     write_manifest(folder, manifest)
     return folder
 
@@ -67,8 +88,14 @@ def losses(run_dir: Path) -> dict[int, float]:
 def run_cli(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """`dlx ARGS` in a child process that is always waited for, and killed if it overruns."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", "OMP_NUM_THREADS": "1"}  # see single_torch_thread
-    proc = subprocess.Popen([sys.executable, "-m", "dlx", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlx", *args],
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -37,9 +37,25 @@ def bench_commands(args: argparse.Namespace) -> list[tuple[Path, list[str]]]:
     for model in args.models.split(","):
         for compiled in (False, True):
             out = args.out / f"{model}{'-compile' if compiled else ''}"
-            argv = [dlx, "bench", "--model", model, "--seq-len", args.seq_len, "--micro-batch", args.micro_batch,
-                    "--precision", "bf16", "--steps", str(args.steps), "--warmup", str(args.warmup), "--out", str(out),
-                    *(["--compile"] if compiled else [])]  # fmt: skip
+            argv = [
+                dlx,
+                "bench",
+                "--model",
+                model,
+                "--seq-len",
+                args.seq_len,
+                "--micro-batch",
+                args.micro_batch,
+                "--precision",
+                "bf16",
+                "--steps",
+                str(args.steps),
+                "--warmup",
+                str(args.warmup),
+                "--out",
+                str(out),
+                *(["--compile"] if compiled else []),
+            ]
             commands.append((out, argv))
     return commands
 
@@ -56,8 +72,10 @@ def summary(rows: list[dict]) -> list[str]:
             target = MFU_TARGET.get(model)
             met = target is not None and best["mfu"] >= target
             verdict = "" if target is None else f" (target ≥ {target:.0%}: {'met' if met else 'not met'})"
-            lines.append(f"- {model}, compile {compiled}: best MFU {best['mfu']:.1%} (dense {best['mfu_dense']:.1%})"
-                         f" at seq {best['seq_len']}, micro-batch {best['micro_batch']}{verdict}")  # fmt: skip
+            lines.append(
+                f"- {model}, compile {compiled}: best MFU {best['mfu']:.1%} (dense {best['mfu_dense']:.1%})"
+                f" at seq {best['seq_len']}, micro-batch {best['micro_batch']}{verdict}"
+            )
     return lines
 
 

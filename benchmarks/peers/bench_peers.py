@@ -36,8 +36,10 @@ def speed_table(results: dict[str, list[float]]) -> list[str]:
     rows = ["| loop | tokens/s, median (min, max) | ms / step (median) |", "|---|---|---|"]
     for name, values in results.items():
         median = statistics.median(values)
-        rows.append(f"| {name} | {median:,.0f} ({min(values):,.0f}, {max(values):,.0f}) "
-                    f"| {1e3 * TOKENS_PER_STEP / median:.0f} |")  # fmt: skip
+        rows.append(
+            f"| {name} | {median:,.0f} ({min(values):,.0f}, {max(values):,.0f}) "
+            f"| {1e3 * TOKENS_PER_STEP / median:.0f} |"
+        )
     return rows
 
 
@@ -85,11 +87,19 @@ def main() -> None:
         finally:
             for contender in contenders:
                 contender.close()
-    lines = [f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}", "", *header, "",
-             f"demo model (dim 256, 4 layers, vocab 8192), seq {SEQ}, micro-batch {BATCH}, fused AdamW, synthetic "
-             f"tokens; {args.rounds} interleaved rounds of {args.steps} steps after {args.warmup} warm-up steps each; "
-             f"{precision_note(auto)}:", "", *speed_table(results), "",
-             *ratio_table(results, precisions, auto)]  # fmt: skip
+    lines = [
+        f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
+        "",
+        *header,
+        "",
+        f"demo model (dim 256, 4 layers, vocab 8192), seq {SEQ}, micro-batch {BATCH}, fused AdamW, synthetic "
+        f"tokens; {args.rounds} interleaved rounds of {args.steps} steps after {args.warmup} warm-up steps each; "
+        f"{precision_note(auto)}:",
+        "",
+        *speed_table(results),
+        "",
+        *ratio_table(results, precisions, auto),
+    ]
     print("\n".join(lines))
     if not args.no_record:
         record_section("Peers", "Measured by `benchmarks/peers/bench_peers.py`; see its docstring.", lines)

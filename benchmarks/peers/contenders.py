@@ -46,10 +46,27 @@ BARE, DLX, HF = "bare PyTorch loop", "dlx pretrain", "HF Trainer"
 def recipe(precision: str) -> list[str]:
     """The `dlx pretrain` command-line overrides that all three contenders follow."""
     return [
-        "--model.preset", "demo", "--model.vocab_size", str(VOCAB), "--data.path", "synthetic",
-        "--data.seq_len", str(SEQ), "--data.micro_batch_size", str(BATCH), "--train.precision", precision,
-        "--train.lr", str(LR), "--train.max_steps", "1000000", "--log.every", "10", "--log.progress", "false",
-    ]  # fmt: skip
+        "--model.preset",
+        "demo",
+        "--model.vocab_size",
+        str(VOCAB),
+        "--data.path",
+        "synthetic",
+        "--data.seq_len",
+        str(SEQ),
+        "--data.micro_batch_size",
+        str(BATCH),
+        "--train.precision",
+        precision,
+        "--train.lr",
+        str(LR),
+        "--train.max_steps",
+        "1000000",
+        "--log.every",
+        "10",
+        "--log.progress",
+        "false",
+    ]
 
 
 class Bare:
@@ -124,13 +141,26 @@ class HFTrainer:
                 stamps.append(time.perf_counter())
 
         self.make_trainer = lambda steps: Trainer(
-            model=model, train_dataset=dataset, callbacks=[Stamp()], args=TrainingArguments(
-                output_dir=str(out_dir), per_device_train_batch_size=BATCH, max_steps=steps, learning_rate=LR,
-                lr_scheduler_type="cosine", optim="adamw_torch_fused", logging_strategy="no", save_strategy="no",
-                report_to=[], disable_tqdm=True, use_cpu=True, dataloader_num_workers=0, seed=0,
+            model=model,
+            train_dataset=dataset,
+            callbacks=[Stamp()],
+            args=TrainingArguments(
+                output_dir=str(out_dir),
+                per_device_train_batch_size=BATCH,
+                max_steps=steps,
+                learning_rate=LR,
+                lr_scheduler_type="cosine",
+                optim="adamw_torch_fused",
+                logging_strategy="no",
+                save_strategy="no",
+                report_to=[],
+                disable_tqdm=True,
+                use_cpu=True,
+                dataloader_num_workers=0,
+                seed=0,
                 bf16=precision == "bf16",
             ),
-        )  # fmt: skip
+        )
 
     def run(self, steps: int) -> float:
         """A fresh Trainer per round (the model carries on): a Trainer is not meant to be re-targeted."""
@@ -162,8 +192,10 @@ def rounds(contenders: list, n_rounds: int, steps: int, warmup: int) -> dict[str
         for contender in order:
             seconds = contender.run(steps)
             results[contender.name].append(steps * TOKENS_PER_STEP / seconds)
-        print(f"round {index + 1}/{n_rounds}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in results.items()),
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"round {index + 1}/{n_rounds}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in results.items()),
+            file=sys.stderr,
+        )
     return results
 
 

@@ -76,9 +76,11 @@ def main() -> None:
 
     totals, ops = interleaved({"dlx": step_dlx, "HF": step_hf}, args.rounds, args.steps)
     ratios = [d / h for d, h in zip(totals["dlx"], totals["HF"], strict=True)]
-    print(f"demo model, seq {SEQ}, micro-batch {BATCH}, fp32, {args.rounds} rounds of {args.steps} passes, torch "
-          f"threads {torch.get_num_threads()}: dlx ÷ HF per round {', '.join(f'{r:.3f}' for r in ratios)}; median "
-          f"{statistics.median(ratios):.3f}")  # fmt: skip
+    print(
+        f"demo model, seq {SEQ}, micro-batch {BATCH}, fp32, {args.rounds} rounds of {args.steps} passes, torch "
+        f"threads {torch.get_num_threads()}: dlx ÷ HF per round {', '.join(f'{r:.3f}' for r in ratios)}; median "
+        f"{statistics.median(ratios):.3f}"
+    )
     print("| operator | dlx s | HF s |\n|---|---|---|")
     for name in sorted(ops["dlx"], key=ops["dlx"].get, reverse=True)[: args.top]:
         print(f"| {name} | {ops['dlx'][name]:.3f} | {ops['HF'].get(name, 0.0):.3f} |")

@@ -50,13 +50,20 @@ def point_config(setup: BenchSetup, point: BenchPoint) -> RunConfig:
     model: dict[str, Any] = {"preset": setup.model}
     if point.seq_len > resolve_model_args(setup.model).max_seq_len:
         model["max_seq_len"] = point.seq_len
-    return build_config({
-        "model": model,
-        "data": {"path": setup.data, "seq_len": point.seq_len, "micro_batch_size": point.micro_batch},
-        "train": {"max_steps": setup.warmup + setup.steps, "grad_accum": point.grad_accum,
-                  "precision": point.precision, "device": str(setup.device), "compile": setup.compile},
-        "log": {"progress": False},
-    })  # fmt: skip
+    return build_config(
+        {
+            "model": model,
+            "data": {"path": setup.data, "seq_len": point.seq_len, "micro_batch_size": point.micro_batch},
+            "train": {
+                "max_steps": setup.warmup + setup.steps,
+                "grad_accum": point.grad_accum,
+                "precision": point.precision,
+                "device": str(setup.device),
+                "compile": setup.compile,
+            },
+            "log": {"progress": False},
+        }
+    )
 
 
 def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
@@ -82,12 +89,19 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
     finally:
         loader.close()
     meter = ThroughputMeter(config.model.args, point.seq_len, device, precision.name)
-    return meter.record(step=setup.steps, loss=loss, lr=None, grad_norm=None, tokens=point.tokens_per_step,
-                        timings=window.mean())  # fmt: skip
+    return meter.record(
+        step=setup.steps, loss=loss, lr=None, grad_norm=None, tokens=point.tokens_per_step, timings=window.mean()
+    )
 
 
-def _step_runner(model: torch.nn.Module, loader: Any, optimizer: torch.optim.Optimizer, precision: Precision,
-                 grad_accum: int, grad_clip: float):  # fmt: skip
+def _step_runner(
+    model: torch.nn.Module,
+    loader: Any,
+    optimizer: torch.optim.Optimizer,
+    precision: Precision,
+    grad_accum: int,
+    grad_clip: float,
+):
     """One optimizer step as the trainer takes it: accumulate, then (in the optimizer phase) wait for the loss, unscale,
     clip, update and clear the gradients. Returns the step's loss."""
     params = [p for group in optimizer.param_groups for p in group["params"]]

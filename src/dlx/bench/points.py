@@ -49,8 +49,9 @@ def parse_precisions(text: str, auto_means: str) -> list[str]:
     for item in text.split(","):
         name = auto_means if item.strip() == "auto" else item.strip()
         if name not in BENCH_PRECISIONS:
-            raise UserError(f"--precision: unknown precision '{item.strip()}'; choose from auto, "
-                            f"{', '.join(BENCH_PRECISIONS)}")  # fmt: skip
+            raise UserError(
+                f"--precision: unknown precision '{item.strip()}'; choose from auto, {', '.join(BENCH_PRECISIONS)}"
+            )
         if name not in names:
             names.append(name)
     return names

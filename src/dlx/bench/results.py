@@ -21,10 +21,26 @@ from dlx.metrics.flops import CONVENTIONS
 KEY_COLUMNS = ("model", "device", "data", "compile", "precision", "seq_len", "micro_batch", "grad_accum")
 """What identifies a point: a re-run skips rows whose key is already in the CSV (unless marked `oom_estimate`)."""
 COLUMNS = (
-    *KEY_COLUMNS, "status", "it_per_s", "tokens_per_s", "step_s", "data_wait_s", "forward_s", "backward_s",
-    "optimizer_s", "peak_mem_gb", "est_mem_gb", "tflops", "tflops_dense", "mfu", "mfu_dense", "peak_tflops",
-    "peak_source", "steps", "note",
-)  # fmt: skip
+    *KEY_COLUMNS,
+    "status",
+    "it_per_s",
+    "tokens_per_s",
+    "step_s",
+    "data_wait_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "peak_mem_gb",
+    "est_mem_gb",
+    "tflops",
+    "tflops_dense",
+    "mfu",
+    "mfu_dense",
+    "peak_tflops",
+    "peak_source",
+    "steps",
+    "note",
+)
 STATUSES = {
     "ok": "measured",
     "oom": "out of memory on the device (caught, memory released, sweep continued)",
@@ -43,19 +59,39 @@ def point_row(fixed: dict[str, Any], point: BenchPoint, status: str, **values: A
     measured (missing columns stay empty)."""
     assert status in STATUSES, status
     row = dict.fromkeys(COLUMNS, "")
-    row.update(fixed, seq_len=point.seq_len, micro_batch=point.micro_batch, grad_accum=point.grad_accum,
-               precision=point.precision, status=status)  # fmt: skip
+    row.update(
+        fixed,
+        seq_len=point.seq_len,
+        micro_batch=point.micro_batch,
+        grad_accum=point.grad_accum,
+        precision=point.precision,
+        status=status,
+    )
     row.update({k: v for k, v in values.items() if k in row and v is not None})
     return row
 
 
-def measured_row(fixed: dict[str, Any], point: BenchPoint, record: dict[str, Any], est_mem_gb: float,
-                 peak_tflops: float | None, peak_source: str, steps: int) -> dict[str, Any]:  # fmt: skip
+def measured_row(
+    fixed: dict[str, Any],
+    point: BenchPoint,
+    record: dict[str, Any],
+    est_mem_gb: float,
+    peak_tflops: float | None,
+    peak_source: str,
+    steps: int,
+) -> dict[str, Any]:
     """A row from a ThroughputMeter record; it/s is optimizer steps per second, as HF Trainer (and the seed) report."""
     return point_row(
-        fixed, point, "ok", it_per_s=1.0 / record["step_s"], est_mem_gb=est_mem_gb, peak_tflops=peak_tflops,
-        peak_source=peak_source, steps=steps, **{k: record[k] for k in COLUMNS if k in record},
-    )  # fmt: skip
+        fixed,
+        point,
+        "ok",
+        it_per_s=1.0 / record["step_s"],
+        est_mem_gb=est_mem_gb,
+        peak_tflops=peak_tflops,
+        peak_source=peak_source,
+        steps=steps,
+        **{k: record[k] for k in COLUMNS if k in record},
+    )
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

@@ -37,17 +37,20 @@ class MemoryBudget:
 
 def estimate_gb(args: ModelArgs, point: BenchPoint, setup: BenchSetup) -> float:
     """`dlx plan`'s total for the point; on a CPU PyTorch's math attention stores the T×T scores."""
-    shape = TrainingShape(seq_len=point.seq_len, micro_batch=point.micro_batch, grad_accum=point.grad_accum,
-                          precision=point.precision, attention_matrix=setup.device.type == "cpu")  # fmt: skip
+    shape = TrainingShape(
+        seq_len=point.seq_len,
+        micro_batch=point.micro_batch,
+        grad_accum=point.grad_accum,
+        precision=point.precision,
+        attention_matrix=setup.device.type == "cpu",
+    )
     return plan_memory(args, shape).total_gb
 
 
 def check_micro_batch_one_fits(args: ModelArgs, setup: BenchSetup, points: list[BenchPoint], budget_gb: float) -> None:
     """One line instead of a sweep of OOM rows when even micro-batch 1 at the shortest seq len cannot fit."""
     seq_len = min(p.seq_len for p in points)
-    smallest = min(
-        (estimate_gb(args, BenchPoint(seq_len, 1, 1, p.precision), setup), p.precision) for p in points
-    )  # fmt: skip
+    smallest = min((estimate_gb(args, BenchPoint(seq_len, 1, 1, p.precision), setup), p.precision) for p in points)
     if smallest[0] > budget_gb:
         raise UserError(
             f"{setup.model} cannot fit even micro-batch 1 at seq len {seq_len} ({smallest[1]}): the estimate is "
@@ -62,8 +65,12 @@ def run_sweep(
     """Measure the points not already in out_dir/bench.csv; returns every row of the CSV."""
     args = resolve_model_args(setup.model)
     check_micro_batch_one_fits(args, setup, points, budget.gb)
-    fixed = {"model": setup.model, "device": dev.device_name(setup.device), "data": setup.data,
-             "compile": "on" if setup.compile else "off"}  # fmt: skip
+    fixed = {
+        "model": setup.model,
+        "device": dev.device_name(setup.device),
+        "data": setup.data,
+        "compile": "on" if setup.compile else "off",
+    }
     csv_path = out_dir / CSV_NAME
     rows = {row_key(row): row for row in read_rows(csv_path)}
     oom_from: dict[tuple[str, int], int] = {}
@@ -78,8 +85,14 @@ def run_sweep(
     return list(rows.values())
 
 
-def bench_point(setup: BenchSetup, args: ModelArgs, fixed: dict[str, Any], point: BenchPoint, budget: MemoryBudget,
-                oom_from: dict[tuple[str, int], int]) -> dict[str, Any]:  # fmt: skip
+def bench_point(
+    setup: BenchSetup,
+    args: ModelArgs,
+    fixed: dict[str, Any],
+    point: BenchPoint,
+    budget: MemoryBudget,
+    oom_from: dict[tuple[str, int], int],
+) -> dict[str, Any]:
     """Measure one point, or mark it OOM; `oom_from` remembers the smallest micro-batch that ran out per seq len."""
     estimate = estimate_gb(args, point, setup)
     if budget.skip_by_estimate and estimate > budget.gb:
@@ -126,18 +139,23 @@ def describe_row(point: BenchPoint, row: dict[str, Any]) -> str:
     )
 
 
-def find_max_batch(setup: BenchSetup, seq_lens: list[int], precisions: list[str], budget: MemoryBudget,
-                   limit: int = 4096) -> list[dict[str, Any]]:  # fmt: skip
+def find_max_batch(
+    setup: BenchSetup, seq_lens: list[int], precisions: list[str], budget: MemoryBudget, limit: int = 4096
+) -> list[dict[str, Any]]:
     """The largest micro-batch per precision and seq len: searched with OOM recovery on CUDA (one step per try), and
     from the estimate everywhere (the `estimated` column)."""
     args = resolve_model_args(setup.model)
     check_micro_batch_one_fits(args, setup, [BenchPoint(s, 1, 1, p) for p in precisions for s in seq_lens], budget.gb)
-    return [max_batch_row(setup, args, seq_len, precision, budget, limit)
-            for precision in precisions for seq_len in seq_lens]  # fmt: skip
+    return [
+        max_batch_row(setup, args, seq_len, precision, budget, limit)
+        for precision in precisions
+        for seq_len in seq_lens
+    ]
 
 
-def max_batch_row(setup: BenchSetup, args: ModelArgs, seq_len: int, precision: str, budget: MemoryBudget,
-                  limit: int) -> dict[str, Any]:  # fmt: skip
+def max_batch_row(
+    setup: BenchSetup, args: ModelArgs, seq_len: int, precision: str, budget: MemoryBudget, limit: int
+) -> dict[str, Any]:
     def point(batch: int) -> BenchPoint:
         return BenchPoint(seq_len, batch, 1, precision)
 

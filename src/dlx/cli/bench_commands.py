@@ -51,8 +51,12 @@ def bench(
     seq_lens = parse_positive_ints("--seq-len", seq_len)
     precisions = parse_precisions(precision, resolve_precision("auto", torch_device))
     setup = BenchSetup(model, torch_device, data, compile_blocks, steps, warmup)
-    points = expand_points(seq_lens, parse_positive_ints("--micro-batch", micro_batch),
-                           parse_positive_ints("--grad-accum", grad_accum), precisions)  # fmt: skip
+    points = expand_points(
+        seq_lens,
+        parse_positive_ints("--micro-batch", micro_batch),
+        parse_positive_ints("--grad-accum", grad_accum),
+        precisions,
+    )
     check_inputs(setup, points)
     out_dir = out or Path("runs") / "bench" / Path(model).stem
     budget = memory_budget(torch_device, memory_limit_gb)

@@ -40,10 +40,20 @@ def prepare(
     if val_fraction is not None and val_documents is not None:
         raise UserError("give --val-fraction or --val-documents, not both")
     prepare_dataset(
-        inputs or None, out, corpus=corpus, tokenizer=tokenizer, train_tokenizer=train_tokenizer,
-        text_field=text_field, val_fraction=val_fraction, val_documents=val_documents, shard_tokens=shard_tokens,
-        workers=workers, strict=strict, add_bos=bos, progress=not no_progress,
-    )  # fmt: skip
+        inputs or None,
+        out,
+        corpus=corpus,
+        tokenizer=tokenizer,
+        train_tokenizer=train_tokenizer,
+        text_field=text_field,
+        val_fraction=val_fraction,
+        val_documents=val_documents,
+        shard_tokens=shard_tokens,
+        workers=workers,
+        strict=strict,
+        add_bos=bos,
+        progress=not no_progress,
+    )
 
 
 @data_app.command("info")

@@ -30,9 +30,14 @@ def params(
             args = resolve_model_args(name)
             stats = model_stats(args)
             table.add_row(
-                name, f"{stats.total:,}", f"{stats.non_embedding:,}", *map(str, (args.dim, args.n_layers)),
-                str(args.n_heads), str(args.kv_heads), str(args.vocab_size),
-            )  # fmt: skip
+                name,
+                f"{stats.total:,}",
+                f"{stats.non_embedding:,}",
+                *map(str, (args.dim, args.n_layers)),
+                str(args.n_heads),
+                str(args.kv_heads),
+                str(args.vocab_size),
+            )
         console.print(table)
         return
     args = resolve_model_args(model)

@@ -32,9 +32,15 @@ def plan(
     if not 0 < mfu <= 1:
         raise UserError(f"--mfu must be in (0, 1], got {mfu}")
     shape = TrainingShape(
-        seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, precision=precision, strategy=strategy,
-        world_size=world_size, zero_stage=zero_stage, activation_checkpointing=activation_checkpointing,
-    )  # fmt: skip
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        precision=precision,
+        strategy=strategy,
+        world_size=world_size,
+        zero_stage=zero_stage,
+        activation_checkpointing=activation_checkpointing,
+    )
     summary = plan_summary(model, shape, gpu, mfu, memory_gb)
     if as_json:
         print(json.dumps(summary, indent=2))

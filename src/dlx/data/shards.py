@@ -92,10 +92,13 @@ class Manifest(BaseModel):
     def summary(self) -> dict:
         """What `dlx data info --json` prints: totals, dtype, tokenizer hash, and per-split figures."""
         splits = {
-            split: {"tokens": self.split_tokens(split), "documents": self.split_documents(split),
-                    "shards": len(self.split_shards(split))}
+            split: {
+                "tokens": self.split_tokens(split),
+                "documents": self.split_documents(split),
+                "shards": len(self.split_shards(split)),
+            }
             for split in SPLITS
-        }  # fmt: skip
+        }
         return {
             "tokens": sum(s.tokens for s in self.shards),
             "documents": sum(s.documents for s in self.shards),

@@ -43,8 +43,9 @@ def build_strategy(
     scheduler = build_scheduler(optimizer, config.train, plan.total_steps)  # stepped by the loop, for every strategy
     if parallel.strategy == "deepspeed":
         engine = deepspeed_engine(model, optimizer, config, plan, precision)
-        strategy: Strategy = DeepSpeedStrategy(model, engine, optimizer, precision, config.train.grad_clip, env,
-                                               zero_stage=parallel.zero_stage)  # fmt: skip
+        strategy: Strategy = DeepSpeedStrategy(
+            model, engine, optimizer, precision, config.train.grad_clip, env, zero_stage=parallel.zero_stage
+        )
     else:
         strategy = STRATEGIES[parallel.strategy](model, train_model, optimizer, precision, config.train.grad_clip, env)
     return strategy, scheduler
@@ -73,7 +74,9 @@ def deepspeed_engine(
 
     deepspeed.utils.logger.setLevel(logging.WARNING)
     engine, *_ = deepspeed.initialize(
-        model=model, optimizer=optimizer, config=deepspeed_config(config, plan, precision.name),
+        model=model,
+        optimizer=optimizer,
+        config=deepspeed_config(config, plan, precision.name),
         dist_init_required=False,
-    )  # fmt: skip
+    )
     return engine

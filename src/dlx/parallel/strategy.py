@@ -36,8 +36,15 @@ class Strategy:
     name = "none"
     checkpoint_format = "full"
 
-    def __init__(self, model: nn.Module, train_model: nn.Module, optimizer: torch.optim.Optimizer,
-                 precision: Precision, grad_clip: float, env: DistEnv) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        train_model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        precision: Precision,
+        grad_clip: float,
+        env: DistEnv,
+    ) -> None:
         self.model, self.train_model, self.optimizer = model, train_model, optimizer
         self.precision, self.grad_clip, self.env = precision, grad_clip, env
 
@@ -170,9 +177,12 @@ class DeepSpeedStrategy(Strategy):
 
     def load(self, path: Path, weights: dict[str, torch.Tensor], train_state: dict[str, Any]) -> None:
         loaded, _ = self.engine.load_checkpoint(
-            str(path / DEEPSPEED_FOLDER), tag=DEEPSPEED_TAG, load_optimizer_states=True,
-            load_lr_scheduler_states=False, load_module_strict=True,
-        )  # fmt: skip
+            str(path / DEEPSPEED_FOLDER),
+            tag=DEEPSPEED_TAG,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=False,
+            load_module_strict=True,
+        )
         if loaded is None:
             raise UserError(f"DeepSpeed could not load {path / DEEPSPEED_FOLDER}; the checkpoint is incomplete")
 

@@ -105,8 +105,13 @@ def rng_state() -> dict[str, Any]:
 def _numpy_rng_state() -> dict[str, Any]:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     # As a tensor and plain numbers: weights_only loading refuses numpy arrays.
-    return {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-            "has_gauss": int(has_gauss), "cached": float(cached)}  # fmt: skip
+    return {
+        "kind": kind,
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached": float(cached),
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:

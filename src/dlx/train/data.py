@@ -143,10 +143,19 @@ def build_train_loader(config: RunConfig, device: torch.device, rank: int = 0, w
     from dlx.data.loader import TokenLoader
 
     return TokenLoader(
-        data.path, split="train", seq_len=data.seq_len, micro_batch_size=data.micro_batch_size, seed=seed,
-        rank=rank, world_size=world_size, num_workers=data.num_workers, prefetch=data.prefetch,
-        shuffle=data.shuffle, loop=True, device=device,
-    )  # fmt: skip
+        data.path,
+        split="train",
+        seq_len=data.seq_len,
+        micro_batch_size=data.micro_batch_size,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        num_workers=data.num_workers,
+        prefetch=data.prefetch,
+        shuffle=data.shuffle,
+        loop=True,
+        device=device,
+    )
 
 
 def build_eval_loader(config: RunConfig, device: torch.device, rank: int = 0, world_size: int = 1):
@@ -161,6 +170,15 @@ def build_eval_loader(config: RunConfig, device: torch.device, rank: int = 0, wo
     from dlx.data.loader import TokenLoader
 
     return TokenLoader(
-        data.path, split="val", seq_len=data.seq_len, micro_batch_size=data.micro_batch_size, seed=0, rank=rank,
-        world_size=world_size, num_workers=0, shuffle=False, loop=False, device=device,
-    )  # fmt: skip
+        data.path,
+        split="val",
+        seq_len=data.seq_len,
+        micro_batch_size=data.micro_batch_size,
+        seed=0,
+        rank=rank,
+        world_size=world_size,
+        num_workers=0,
+        shuffle=False,
+        loop=False,
+        device=device,
+    )

@@ -38,8 +38,10 @@ def prepare_demo_data(folder: Path = DEMO_DATA):
     print(f"dlx demo: dataset {folder} (the Python standard library, {DEMO_VOCAB:,}-token BPE tokenizer)")
     start = time.perf_counter()
     manifest = prepare_dataset(None, folder, corpus="stdlib", train_tokenizer=DEMO_VOCAB)
-    print(f"dlx demo: dataset ready in {time.perf_counter() - start:.1f} s "
-          f"({manifest.split_tokens('train'):,} train / {manifest.split_tokens('val'):,} val tokens)")  # fmt: skip
+    print(
+        f"dlx demo: dataset ready in {time.perf_counter() - start:.1f} s "
+        f"({manifest.split_tokens('train'):,} train / {manifest.split_tokens('val'):,} val tokens)"
+    )
     return manifest
 
 

@@ -24,13 +24,28 @@ RUNS_ROOT = Path("runs")
 EVENTS_FILE = "events.jsonl"
 
 RESUMABLE_CHANGES = {
-    ("train", "max_steps"), ("train", "epochs"), ("train", "nan_policy"), ("train", "compile"), ("train", "device"),
-    ("data", "num_workers"), ("data", "prefetch"), ("eval", "every"), ("eval", "batches"),
-    ("checkpoint", "every"), ("checkpoint", "keep_last"), ("log", "every"), ("log", "tensorboard"),
-    ("log", "progress"), ("parallel", "strategy"), ("parallel", "activation_checkpointing"),
-    ("parallel", "reshard_after_forward"), ("parallel", "timeout_s"), ("data", "micro_batch_size"),
-    ("train", "grad_accum"), ("train", "global_batch_size"),
-}  # fmt: skip
+    ("train", "max_steps"),
+    ("train", "epochs"),
+    ("train", "nan_policy"),
+    ("train", "compile"),
+    ("train", "device"),
+    ("data", "num_workers"),
+    ("data", "prefetch"),
+    ("eval", "every"),
+    ("eval", "batches"),
+    ("checkpoint", "every"),
+    ("checkpoint", "keep_last"),
+    ("log", "every"),
+    ("log", "tensorboard"),
+    ("log", "progress"),
+    ("parallel", "strategy"),
+    ("parallel", "activation_checkpointing"),
+    ("parallel", "reshard_after_forward"),
+    ("parallel", "timeout_s"),
+    ("data", "micro_batch_size"),
+    ("train", "grad_accum"),
+    ("train", "global_batch_size"),
+}
 """Keys a resumed run may change: how long it runs, what it records, and how ranks share it (a run may resume on
 another number of ranks with the batch split differently; the checkpoint says which strategies can read it)."""
 

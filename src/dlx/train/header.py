@@ -58,8 +58,7 @@ def plan_steps(
                 "more data"
             )
         total = max(1, math.ceil(train.epochs * steps_per_epoch))
-    return StepPlan(windows_per_epoch, config.data.micro_batch_size, grad_accum, world_size,
-                    config.data.seq_len, total)  # fmt: skip
+    return StepPlan(windows_per_epoch, config.data.micro_batch_size, grad_accum, world_size, config.data.seq_len, total)
 
 
 def resolve_grad_accum(config: RunConfig, world_size: int) -> int:

@@ -137,17 +137,34 @@ def build_run(
         loader.close()
         raise
     console.progress.update(console.task, completed=state.step)
-    logger = MetricsLogger(run_dir, config.log.tensorboard, is_main=env.is_main,
-                           resume_step=state.step if resume else None)  # fmt: skip
+    logger = MetricsLogger(
+        run_dir, config.log.tensorboard, is_main=env.is_main, resume_step=state.step if resume else None
+    )
     return Run(
-        config=config, run_dir=run_dir, device=device, precision=precision, model=model,
-        train_model=strategy.train_model, strategy=strategy, optimizer=strategy.optimizer, scheduler=scheduler,
-        loader=loader, plan=plan, state=state, timer=PhaseTimer(device),
+        config=config,
+        run_dir=run_dir,
+        device=device,
+        precision=precision,
+        model=model,
+        train_model=strategy.train_model,
+        strategy=strategy,
+        optimizer=strategy.optimizer,
+        scheduler=scheduler,
+        loader=loader,
+        plan=plan,
+        state=state,
+        timer=PhaseTimer(device),
         meter=ThroughputMeter(config.model.args, config.data.seq_len, device, precision.name, env.world_size),
-        logger=logger, console=console, stop=stop, data_info=data_info, env=env, last_checkpoint=last,
+        logger=logger,
+        console=console,
+        stop=stop,
+        data_info=data_info,
+        env=env,
+        last_checkpoint=last,
         # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
-        records=read_jsonl(run_dir / METRICS_FILE), eval_records=read_jsonl(run_dir / EVAL_FILE),
-    )  # fmt: skip
+        records=read_jsonl(run_dir / METRICS_FILE),
+        eval_records=read_jsonl(run_dir / EVAL_FILE),
+    )
 
 
 def restore(
@@ -168,8 +185,10 @@ def restore(
     state = ckpt.apply_checkpoint(loaded, strategy, scheduler, strategy.precision.scaler)
     if state.loader is not None:
         loader.load_state_dict(state.loader)
-    console.print(f"resuming from {loaded.path} (step {state.step:,}, {state.tokens_seen:,} tokens seen, "
-                  f"written by {state.world_size} rank(s), {state.format} format)")  # fmt: skip
+    console.print(
+        f"resuming from {loaded.path} (step {state.step:,}, {state.tokens_seen:,} tokens seen, "
+        f"written by {state.world_size} rank(s), {state.format} format)"
+    )
     return state, loaded.path
 
 

@@ -55,8 +55,16 @@ def sample_text(
     return continue_text(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed)
 
 
-def continue_text(model, tokenizer, prompt: str, max_new_tokens: int, temperature: float = 0.8,
-                  top_k: int | None = 50, top_p: float | None = None, seed: int = 0) -> str:  # fmt: skip
+def continue_text(
+    model,
+    tokenizer,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float = 0.8,
+    top_k: int | None = 50,
+    top_p: float | None = None,
+    seed: int = 0,
+) -> str:
     """The prompt and its sampled continuation, decoded; stops early at the end-of-document token."""
     ids = tokenizer.encode(prompt).ids
     if not ids:
@@ -67,8 +75,15 @@ def continue_text(model, tokenizer, prompt: str, max_new_tokens: int, temperatur
     generator = torch.Generator(device=device).manual_seed(seed)
     eos_id = _eos_id(tokenizer)
     model.eval()
-    out = model.generate(prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                         eos_id=eos_id, generator=generator)  # fmt: skip
+    out = model.generate(
+        prompt_ids,
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_id=eos_id,
+        generator=generator,
+    )
     return tokenizer.decode(out[0].tolist(), skip_special_tokens=True)
 
 

@@ -86,8 +86,16 @@ def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, 
         raise
     finally:
         distributed.teardown(meet=every_rank_ends)
-    return RunResult(run.run_dir, run.state.step, run.records, run.eval_records, run.verdict, run.last_checkpoint,
-                     stop.signal_name, run.model)  # fmt: skip
+    return RunResult(
+        run.run_dir,
+        run.state.step,
+        run.records,
+        run.eval_records,
+        run.verdict,
+        run.last_checkpoint,
+        stop.signal_name,
+        run.model,
+    )
 
 
 def train(run: Run, resume: bool) -> None:
@@ -104,8 +112,9 @@ def train_loop(run: Run) -> None:
     """Optimizer steps from where the run stands to the plan's last step; stops early on a signal (to any rank)."""
     window = TimingWindow()
     for step in range(run.state.step + 1, run.plan.total_steps + 1):
-        loss = accumulate_gradients(run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer,
-                                    run.strategy)  # fmt: skip
+        loss = accumulate_gradients(
+            run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer, run.strategy
+        )
         lr = run.scheduler.get_last_lr()[0]
         loss_value, stop_requested = agree_on_step(run, loss)  # NaN policy and stop: the same on every rank
         with run.timer.phase("optimizer"):
@@ -230,8 +239,9 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
     """Under torchrun the record holds every rank's mean phase times and the largest peak memory of any rank."""
     names = sorted(timings)
     timings = dict(zip(names, distributed.all_reduce([timings[n] for n in names], "mean", run.device), strict=True))
-    record = run.meter.record(step=step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=run.plan.tokens_per_step,
-                              timings=timings)  # fmt: skip
+    record = run.meter.record(
+        step=step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=run.plan.tokens_per_step, timings=timings
+    )
     if run.env.is_distributed and record.get("peak_mem_gb") is not None:
         record["peak_mem_gb"] = distributed.all_reduce([record["peak_mem_gb"]], "max", run.device)[0]
     record["epoch"] = run.loader.epoch
@@ -254,8 +264,10 @@ def run_eval(run: Run, step: int) -> None:
     record = {"step": step, **result}
     run.logger.log_eval(record)
     run.eval_records.append(record)
-    run.console.print(f"eval step {step} | loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} "
-                      f"| {result['batches']} batches in {result['eval_s']:.1f} s")  # fmt: skip
+    run.console.print(
+        f"eval step {step} | loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} "
+        f"| {result['batches']} batches in {result['eval_s']:.1f} s"
+    )
 
 
 def save(run: Run) -> None:
@@ -275,8 +287,10 @@ def finish(run: Run) -> None:
     if run.stopped_early:
         if run.env.is_main:
             folder.append_event(run.run_dir, event="stopped", step=step, signal=run.stop.signal_name)
-        run.console.warn(f"stopped by {run.stop.signal_name} after step {step}; checkpoint {run.last_checkpoint}; "
-                         f"continue with --resume --run-dir {run.run_dir}")  # fmt: skip
+        run.console.warn(
+            f"stopped by {run.stop.signal_name} after step {step}; checkpoint {run.last_checkpoint}; "
+            f"continue with --resume --run-dir {run.run_dir}"
+        )
     elif run.config.eval.every and not (run.eval_records and run.eval_records[-1]["step"] == step):
         run_eval(run, step)
     if run.records and run.env.is_main:

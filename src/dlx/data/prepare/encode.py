@@ -32,9 +32,14 @@ def initial_resume_state(unit_bytes: int) -> dict:
 
 
 def encode_corpus(
-    pool: InlinePool | WorkerPool, out: Path, files: list[InputFile], manifest: Manifest, setup: EncodeSetup,
-    shard_tokens: int, ui: PrepareProgress,
-) -> Manifest:  # fmt: skip
+    pool: InlinePool | WorkerPool,
+    out: Path,
+    files: list[InputFile],
+    manifest: Manifest,
+    setup: EncodeSetup,
+    shard_tokens: int,
+    ui: PrepareProgress,
+) -> Manifest:
     """Tokenize every unit not yet committed into `out`; return the completed manifest."""
     resume = manifest.source["resume"]
     writers = _restore_writers(out, manifest, setup, shard_tokens)
@@ -93,17 +98,24 @@ def _append_spools(res: UnitTokens, writers: dict[str, ShardWriter], setup: Enco
 
 
 def _commit(
-    out: Path, manifest: Manifest, writers: dict[str, ShardWriter], finished: list[ShardInfo], next_unit: int,
+    out: Path,
+    manifest: Manifest,
+    writers: dict[str, ShardWriter],
+    finished: list[ShardInfo],
+    next_unit: int,
     complete: bool = False,
-) -> Manifest:  # fmt: skip
+) -> Manifest:
     """Make everything up to `next_unit` durable: partials fsynced, then the manifest that counts them."""
     for w in writers.values():
         w.sync()
     shards = sorted([*manifest.shards, *finished], key=lambda s: (SPLITS.index(s.split), s.name))
     source = {k: v for k, v in manifest.source.items() if k != "resume"}
     if not complete:
-        source["resume"] = {**manifest.source["resume"], "next_unit": next_unit,
-                            **{s: w.state() for s, w in writers.items()}}  # fmt: skip
+        source["resume"] = {
+            **manifest.source["resume"],
+            "next_unit": next_unit,
+            **{s: w.state() for s, w in writers.items()},
+        }
     manifest = manifest.model_copy(update={"shards": shards, "source": source, "complete": complete})
     write_manifest(out, manifest)
     return manifest

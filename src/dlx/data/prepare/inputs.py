@@ -119,8 +119,10 @@ def resolve_inputs(specs: list[str] | tuple[str, ...]) -> tuple[list[InputFile],
             else:
                 files.append(info)
     if not files:
-        raise UserError(f"no input files found in {', '.join(specs)} (known formats: .txt .jsonl .json .parquet, "
-                        ".gz/.zst of them, and source files)")  # fmt: skip
+        raise UserError(
+            f"no input files found in {', '.join(specs)} (known formats: .txt .jsonl .json .parquet, "
+            ".gz/.zst of them, and source files)"
+        )
     return files, ignored
 
 

@@ -30,23 +30,31 @@ def existing_dataset(out: Path, request: dict, tokenizer_sha256: str | None) -> 
     if not (out / MANIFEST_FILE).exists():
         foreign = sorted(p.name for p in out.iterdir() if not _OURS.match(p.name))
         if foreign:
-            raise UserError(f"--out {out} is not empty and not a dlx dataset (it holds {', '.join(foreign[:3])}); "
-                            "choose a new folder")  # fmt: skip
+            raise UserError(
+                f"--out {out} is not empty and not a dlx dataset (it holds {', '.join(foreign[:3])}); "
+                "choose a new folder"
+            )
         return None
     manifest = read_manifest(out)
     recorded = manifest.source.get("request", {})
     if tokenizer_sha256 is not None and manifest.tokenizer_sha256 != tokenizer_sha256:
-        raise UserError(f"--out {out} holds shards made with another tokenizer (sha256 "
-                        f"{manifest.tokenizer_sha256[:12]}, yours {tokenizer_sha256[:12]}); choose a new --out or "
-                        f"delete {out}")  # fmt: skip
+        raise UserError(
+            f"--out {out} holds shards made with another tokenizer (sha256 "
+            f"{manifest.tokenizer_sha256[:12]}, yours {tokenizer_sha256[:12]}); choose a new --out or "
+            f"delete {out}"
+        )
     if recorded.get("tokenizer") != request["tokenizer"]:
-        raise UserError(f"--out {out} holds shards made with another tokenizer ({_describe(recorded.get('tokenizer'))}"
-                        f", not {_describe(request['tokenizer'])}); choose a new --out or delete {out}")  # fmt: skip
+        raise UserError(
+            f"--out {out} holds shards made with another tokenizer ({_describe(recorded.get('tokenizer'))}"
+            f", not {_describe(request['tokenizer'])}); choose a new --out or delete {out}"
+        )
     labels = {"fingerprint": "inputs", "files": "inputs", "bytes": "inputs"}
     differ = sorted({labels.get(k, k) for k in request.keys() | recorded.keys() if request.get(k) != recorded.get(k)})
     if differ:
-        raise UserError(f"--out {out} holds a dataset prepared from other inputs or options (differs in: "
-                        f"{', '.join(differ)}); choose a new --out or delete {out}")  # fmt: skip
+        raise UserError(
+            f"--out {out} holds a dataset prepared from other inputs or options (differs in: "
+            f"{', '.join(differ)}); choose a new --out or delete {out}"
+        )
     return manifest
 
 

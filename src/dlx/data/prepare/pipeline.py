@@ -56,18 +56,31 @@ def prepare_dataset(
     `if __name__ == "__main__":` guard.
     """
     opts = build_options(
-        inputs, corpus=corpus, tokenizer=tokenizer, train_tokenizer=train_tokenizer, text_field=text_field,
-        val_fraction=val_fraction, val_documents=val_documents, shard_tokens=shard_tokens, workers=workers,
-        strict=strict, add_bos=add_bos, progress=progress,
-    )  # fmt: skip
+        inputs,
+        corpus=corpus,
+        tokenizer=tokenizer,
+        train_tokenizer=train_tokenizer,
+        text_field=text_field,
+        val_fraction=val_fraction,
+        val_documents=val_documents,
+        shard_tokens=shard_tokens,
+        workers=workers,
+        strict=strict,
+        add_bos=add_bos,
+        progress=progress,
+    )
     out = Path(out)
     ui = PrepareProgress(opts.progress)
     started = time.monotonic()
     files, ignored = (stdlib_inputs(), 0) if opts.corpus else resolve_inputs(opts.inputs)
     if ignored:
         ui.note(f"note: ignored {ignored} file(s) in input folders with suffixes prepare does not read")
-    request = {**opts.output_request(), "files": len(files), "bytes": sum(f.size for f in files),
-               "fingerprint": fingerprint(files)}  # fmt: skip
+    request = {
+        **opts.output_request(),
+        "files": len(files),
+        "bytes": sum(f.size for f in files),
+        "fingerprint": fingerprint(files),
+    }
     given = read_tokenizer(opts.tokenizer, opts.add_bos) if opts.tokenizer else None
     sha = given.sha256 if given else None
     manifest = existing_dataset(out, request, sha)  # read-only: refuse someone else's folder before creating anything
@@ -90,9 +103,14 @@ def prepare_dataset(
 
 
 def _run(
-    out: Path, files: list[InputFile], opts: PrepareOptions, request: dict, given: TokenizerInfo | None,
-    manifest: Manifest | None, ui: PrepareProgress,
-) -> Manifest:  # fmt: skip
+    out: Path,
+    files: list[InputFile],
+    opts: PrepareOptions,
+    request: dict,
+    given: TokenizerInfo | None,
+    manifest: Manifest | None,
+    ui: PrepareProgress,
+) -> Manifest:
     """Under the lock: a fresh start (scan, tokenizer, first writes) unless resuming, then the encode pass."""
     n_units = sum(1 for _ in plan_units(files, choose_unit_bytes(request["bytes"])))
     with make_pool(min(opts.workers, n_units)) as pool:
@@ -104,9 +122,12 @@ def _run(
 
 
 def _scan_and_tokenize(
-    pool: InlinePool | WorkerPool, files: list[InputFile], opts: PrepareOptions, given: TokenizerInfo | None,
+    pool: InlinePool | WorkerPool,
+    files: list[InputFile],
+    opts: PrepareOptions,
+    given: TokenizerInfo | None,
     ui: PrepareProgress,
-) -> tuple[ScanSummary, TokenizerInfo]:  # fmt: skip
+) -> tuple[ScanSummary, TokenizerInfo]:
     """The read-only first half of a fresh run: scan, report bad input, load or train the tokenizer."""
     unit_bytes = choose_unit_bytes(sum(f.size for f in files))
     scan = scan_corpus(pool, files, unit_bytes, opts, ui)
@@ -116,8 +137,10 @@ def _scan_and_tokenize(
             ui.note(f"  {example}")
     if given is not None:
         return scan, given
-    ui.note(f"training a {opts.train_vocab_size}-token byte-level BPE on {sum(map(len, scan.sample)) / 1e6:.1f}M "
-            "characters of the corpus")  # fmt: skip
+    ui.note(
+        f"training a {opts.train_vocab_size}-token byte-level BPE on {sum(map(len, scan.sample)) / 1e6:.1f}M "
+        "characters of the corpus"
+    )
     tok = train_bpe(scan.sample, opts.train_vocab_size)
     info = describe(tok, tok.to_str(pretty=True), opts.add_bos, None, "(trained)")
     if info.vocab_size < opts.train_vocab_size:
@@ -136,17 +159,26 @@ def _write_start(out: Path, opts: PrepareOptions, request: dict, scan: ScanSumma
         "resume": initial_resume_state(choose_unit_bytes(request["bytes"])),
     }
     manifest = Manifest(
-        dtype=token_dtype(tok.vocab_size), vocab_size=tok.vocab_size, eos_id=tok.eos_id, bos_id=tok.bos_id,
-        tokenizer_sha256=tok.sha256, source=source,
-    )  # fmt: skip
+        dtype=token_dtype(tok.vocab_size),
+        vocab_size=tok.vocab_size,
+        eos_id=tok.eos_id,
+        bos_id=tok.bos_id,
+        tokenizer_sha256=tok.sha256,
+        source=source,
+    )
     write_manifest(out, manifest)
     return manifest
 
 
 def _encode(
-    pool: InlinePool | WorkerPool, out: Path, files: list[InputFile], manifest: Manifest, opts: PrepareOptions,
-    ui: PrepareProgress, fresh: tuple[ScanSummary, TokenizerInfo] | None,
-) -> Manifest:  # fmt: skip
+    pool: InlinePool | WorkerPool,
+    out: Path,
+    files: list[InputFile],
+    manifest: Manifest,
+    opts: PrepareOptions,
+    ui: PrepareProgress,
+    fresh: tuple[ScanSummary, TokenizerInfo] | None,
+) -> Manifest:
     json_text = tokenizer_text(out)
     if hashlib.sha256(json_text.encode("utf-8")).hexdigest() != manifest.tokenizer_sha256:
         raise UserError(f"{out}/{TOKENIZER_FILE} was replaced after prepare started; delete {out} and run again")
@@ -155,10 +187,15 @@ def _encode(
     encoder, why = choose_encoder(json_text, _spread(sample, CHECK_SAMPLE_CHARS))
     ui.note(why)
     setup = EncodeSetup(
-        tokenizer_json=json_text, encoder=encoder, text_field=opts.text_field,
-        val_threshold=manifest.source["scan"]["val_threshold"], eos_id=manifest.eos_id, bos_id=manifest.bos_id,
-        dtype=manifest.dtype, spool_dir=spool_dir(out),
-    )  # fmt: skip
+        tokenizer_json=json_text,
+        encoder=encoder,
+        text_field=opts.text_field,
+        val_threshold=manifest.source["scan"]["val_threshold"],
+        eos_id=manifest.eos_id,
+        bos_id=manifest.bos_id,
+        dtype=manifest.dtype,
+        spool_dir=spool_dir(out),
+    )
     return encode_corpus(pool, out, files, manifest, setup, opts.shard_tokens, ui)
 
 
@@ -190,5 +227,7 @@ def _spread(sample: list[str], max_chars: int) -> list[str]:
 
 def _totals(m: Manifest) -> str:
     s, val = m.summary(), m.summary()["splits"]["val"]
-    return (f"{s['tokens']:,} tokens in {s['shards']} {m.dtype} shards, {s['documents']:,} documents "
-            f"(val: {val['documents']:,} documents, {val['tokens']:,} tokens)")  # fmt: skip
+    return (
+        f"{s['tokens']:,} tokens in {s['shards']} {m.dtype} shards, {s['documents']:,} documents "
+        f"(val: {val['documents']:,} documents, {val['tokens']:,} tokens)"
+    )

@@ -44,11 +44,17 @@ class PrepareProgress:
         if not self.enabled:
             return
         self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(bar_width=20), TaskProgressColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=20),
+            TaskProgressColumn(),
             TextColumn("{task.fields[files]:,}/{task.fields[total_files]:,} files"),
-            _Rate("mb"), _Rate("tokens"), TextColumn("ETA"), TimeRemainingColumn(),
-            console=self.console, transient=True,  # the summary line stays; an error stays one line
-        )  # fmt: skip
+            _Rate("mb"),
+            _Rate("tokens"),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=True,  # the summary line stays; an error stays one line
+        )
         self._progress.start()
         self._task = self._progress.add_task(
             label, total=max(total_bytes, 1), files=0, total_files=total_files, tokens=0, show_tokens=show_tokens

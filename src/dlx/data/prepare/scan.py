@@ -91,8 +91,10 @@ def scan_corpus(
     finally:
         ui.stop()
     if summary.documents == 0:
-        raise UserError(f"no documents found in {len(files)} input file(s) ({summary.bad} bad records, "
-                        f"{summary.empty} empty documents)")  # fmt: skip
+        raise UserError(
+            f"no documents found in {len(files)} input file(s) ({summary.bad} bad records, "
+            f"{summary.empty} empty documents)"
+        )
     summary.val_threshold = val_threshold(summary, opts)
     return summary
 
@@ -117,6 +119,7 @@ def val_threshold(summary: ScanSummary, opts: PrepareOptions) -> int:
         assert summary.min_hash is not None
         return summary.min_hash + 1
     if summary.below_fraction == summary.documents:
-        raise UserError(f"--val-fraction {opts.val_fraction} puts all {summary.documents} documents in val; use a "
-                        "smaller fraction")  # fmt: skip
+        raise UserError(
+            f"--val-fraction {opts.val_fraction} puts all {summary.documents} documents in val; use a smaller fraction"
+        )
     return int(opts.val_fraction * HASH_SPACE)

@@ -19,9 +19,16 @@ from dlx.errors import UserError
 
 class ShardWriter:
     def __init__(
-        self, folder: Path, split: Split, dtype: str, shard_tokens: int, eos_id: int,
-        index: int = 0, tokens: int = 0, documents: int = 0,
-    ) -> None:  # fmt: skip
+        self,
+        folder: Path,
+        split: Split,
+        dtype: str,
+        shard_tokens: int,
+        eos_id: int,
+        index: int = 0,
+        tokens: int = 0,
+        documents: int = 0,
+    ) -> None:
         self.folder, self.split, self.shard_tokens, self.eos_id = folder, split, shard_tokens, eos_id
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.index, self.tokens, self.documents = index, tokens, documents
@@ -67,8 +74,9 @@ class ShardWriter:
         self._file.close()
         self._file = None
         name = shard_name(self.split, self.index)
-        info = ShardInfo(name=name, split=self.split, tokens=self.tokens, documents=self.documents,
-                         sha256=sha256_file(self._partial))  # fmt: skip
+        info = ShardInfo(
+            name=name, split=self.split, tokens=self.tokens, documents=self.documents, sha256=sha256_file(self._partial)
+        )
         os.replace(self._partial, self.folder / name)
         fsync_dir(self.folder)
         self.index, self.tokens, self.documents = self.index + 1, 0, 0
@@ -90,8 +98,10 @@ def restore_partial(folder: Path, split: Split, state: dict, itemsize: int) -> N
         partial.unlink(missing_ok=True)
         return
     if not partial.is_file() or partial.stat().st_size < size:
-        raise UserError(f"{folder}: {partial.name} is missing or shorter than the manifest says; the folder was "
-                        f"changed by hand, delete it and run `dlx prepare` again")  # fmt: skip
+        raise UserError(
+            f"{folder}: {partial.name} is missing or shorter than the manifest says; the folder was "
+            f"changed by hand, delete it and run `dlx prepare` again"
+        )
     with open(partial, "r+b") as f:
         f.truncate(size)
         f.flush()
