@@ -17,9 +17,9 @@ from dlx.model.llama import Transformer
 from dlx.model.presets import resolve_model_args
 from dlx.parallel import distributed
 from dlx.parallel.config import ParallelConfig
-from dlx.parallel.strategy import DDPStrategy, FSDPStrategy
+from dlx.parallel.strategy import DDPStrategy, FSDPStrategy, Strategy
 from dlx.parallel.wrap import parallelize
-from dlx.train.precision import build_precision
+from dlx.precision import build_precision
 from dlx.train.trainer import accumulate_gradients
 
 ACCUM, MICRO, SEQ = 2, 2, 16
@@ -81,7 +81,12 @@ def main(out_path: str) -> None:
         reference = copy.deepcopy(base)  # one process, all ranks' micro-batches, the same mean loss
         every = [b for rank in range(env.world_size) for b in batches_of(rank, env.world_size, base.args.vocab_size)]
         precision = build_precision("fp32", torch.device("cpu"))
-        accumulate_gradients(reference, iter(every), len(every), precision, PhaseTimer(torch.device("cpu")))
+        one_process = Strategy(
+            reference, reference, torch.optim.SGD(reference.parameters(), lr=0.0), precision, 0.0, distributed.DistEnv()
+        )
+        accumulate_gradients(
+            reference, iter(every), len(every), precision, PhaseTimer(torch.device("cpu")), one_process
+        )
         expected = full_gradients(reference)
         result = {}
         for kind in ("ddp", "fsdp"):

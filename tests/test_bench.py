@@ -11,11 +11,11 @@ import torch
 
 from dlx.bench import sweep
 from dlx.bench.estimate import TrainingShape, max_micro_batch
-from dlx.bench.measure import BenchSetup
-from dlx.bench.points import BenchPoint, expand_points, parse_positive_ints
+from dlx.bench.points import BenchPoint, BenchSetup, expand_points, parse_positive_ints
 from dlx.bench.sweep import MemoryBudget, largest_fitting, run_sweep
 from dlx.errors import UserError
 from dlx.model import resolve_model_args
+from dlx.train.measure import measure_point
 from train_helpers import single_torch_thread
 
 ISSUE_COLUMNS = [
@@ -108,19 +108,18 @@ def test_sweep_writes_csv_table_plot_marks_oom_and_rerun_skips(tmp_path):
 def test_cuda_out_of_memory_is_caught_and_larger_batches_are_not_tried(tmp_path, monkeypatch):
     """The CUDA path on a CPU: measure_point raises torch.OutOfMemoryError for micro-batch 2 at seq 16."""
     tried, released = [], []
-    real_measure = sweep.measure_point
 
     def measure(setup: BenchSetup, point: BenchPoint):
         tried.append((point.seq_len, point.micro_batch))
         if point.seq_len == 16 and point.micro_batch == 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real_measure(setup, point)
+        return measure_point(setup, point)
 
-    monkeypatch.setattr(sweep, "measure_point", measure)
     monkeypatch.setattr(sweep.dev, "release_memory", lambda device: released.append(device))
     setup = BenchSetup("debug", torch.device("cpu"), steps=1, warmup=0)
     points = expand_points([16, 32], [1, 2, 4], [1], ["fp32"])
-    rows = run_sweep(setup, points, tmp_path, MemoryBudget(100.0, skip_by_estimate=False), say=lambda line: None)
+    budget = MemoryBudget(100.0, skip_by_estimate=False)
+    rows = run_sweep(setup, points, tmp_path, budget, say=lambda line: None, measure=measure)
     by_point = {(r["seq_len"], r["micro_batch"]): r for r in rows}
     assert tried == [(16, 1), (16, 2), (32, 1), (32, 2), (32, 4)]  # (16, 4) never tried
     assert [by_point[16, b]["status"] for b in (1, 2, 4)] == ["ok", "oom", "oom"]
@@ -134,10 +133,9 @@ def test_other_errors_are_not_taken_for_out_of_memory(tmp_path, monkeypatch):
     def measure(setup, point):
         raise RuntimeError("shape mismatch")
 
-    monkeypatch.setattr(sweep, "measure_point", measure)
     setup = BenchSetup("debug", torch.device("cpu"), steps=1, warmup=0)
     with pytest.raises(RuntimeError, match="shape mismatch"):
-        run_sweep(setup, expand_points([16], [1], [1], ["fp32"]), tmp_path, MemoryBudget(100.0, False), print)
+        run_sweep(setup, expand_points([16], [1], [1], ["fp32"]), tmp_path, MemoryBudget(100.0, False), print, measure)
 
 
 def test_find_max_batch_on_cpu_comes_from_the_estimator(tmp_path):

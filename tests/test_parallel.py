@@ -223,7 +223,7 @@ def test_a_missing_engine_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # import deepspeed now raises ImportError
     config = load_recipe(None, [*RUN, *STRATEGIES["zero2"]])
     with pytest.raises(UserError, match=r"pip install 'dlx\[deepspeed\]'") as error:
-        check_strategy_installed(config)
+        check_strategy_installed(config.parallel)
     assert "\n" not in str(error.value)
 
 

@@ -8,13 +8,15 @@ import math
 import pytest
 import torch
 
+from dlx import precision as precision_mod
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.llama import Transformer
 from dlx.model.presets import resolve_model_args
-from dlx.train import precision as precision_mod
+from dlx.parallel.distributed import DistEnv
+from dlx.parallel.strategy import Strategy
+from dlx.precision import build_precision
 from dlx.train.config import TrainSection
 from dlx.train.optim import LRSchedule, build_optimizer, param_groups
-from dlx.train.precision import build_precision
 from dlx.train.trainer import accumulate_gradients
 from train_helpers import single_torch_thread
 
@@ -79,7 +81,8 @@ def test_accumulating_4_micro_batches_of_2_gives_the_gradients_of_one_batch_of_8
     def grads(micro: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         model = debug_model()
         batches = iter([(inputs[i : i + micro], targets[i : i + micro]) for i in range(0, 8, micro)])
-        loss = accumulate_gradients(model, batches, 8 // micro, precision, PhaseTimer(torch.device("cpu")))
+        strategy = Strategy(model, model, torch.optim.SGD(model.parameters(), lr=0.0), precision, 0.0, DistEnv())
+        loss = accumulate_gradients(model, batches, 8 // micro, precision, PhaseTimer(torch.device("cpu")), strategy)
         return loss, {n: p.grad.clone() for n, p in model.named_parameters()}
 
     loss_8, grads_8 = grads(8)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, so that `peers` imports as a package
-from dlx.train.precision import resolve_precision
+from dlx.precision import resolve_precision
 from peers.contenders import BARE, BATCH, DLX, HF, SEQ, TOKENS_PER_STEP, build, round_parser, rounds, spread
 from peers.record import environment, record_section
 

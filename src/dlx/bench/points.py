@@ -5,6 +5,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import torch
+
+from dlx.data import SYNTHETIC
 from dlx.errors import UserError
 
 BENCH_PRECISIONS = ("bf16", "fp16", "fp32")
@@ -29,6 +32,23 @@ class BenchPoint:
 
     def label(self) -> str:
         return f"seq {self.seq_len}, micro-batch {self.micro_batch}, accum {self.grad_accum}, {self.precision}"
+
+
+@dataclass(frozen=True)
+class BenchSetup:
+    """What stays fixed across a sweep."""
+
+    model: str
+    """A preset name or a YAML/JSON file of ModelArgs."""
+    device: torch.device
+    data: str = SYNTHETIC
+    """`synthetic`, or a dataset folder written by `dlx prepare`."""
+    compile: bool = False
+    """torch.compile each block, as `train.compile` does."""
+    steps: int = 5
+    """Timed optimizer steps per point."""
+    warmup: int = 2
+    """Untimed optimizer steps before them."""
 
 
 def parse_positive_ints(option: str, text: str) -> list[int]:

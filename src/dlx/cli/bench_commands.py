@@ -39,11 +39,10 @@ def bench(
         bool, typer.Option("--find-max-batch", help="Only find the largest micro-batch per seq len and precision.")
     ] = False,
 ) -> None:
-    from dlx.bench.measure import BenchSetup
-    from dlx.bench.points import expand_points, parse_positive_ints, parse_precisions
+    from dlx.bench.points import BenchSetup, expand_points, parse_positive_ints, parse_precisions
     from dlx.device import resolve_device
     from dlx.errors import UserError
-    from dlx.train.precision import resolve_precision
+    from dlx.precision import resolve_precision
 
     if steps < 1 or warmup < 0:
         raise UserError(f"--steps must be at least 1 and --warmup at least 0, got {steps} and {warmup}")
@@ -68,8 +67,8 @@ def bench(
 
 def check_inputs(setup: Any, points: list) -> None:
     """The model and the dataset, checked before anything runs (a UserError names what is wrong)."""
-    from dlx.bench.measure import point_config
     from dlx.train.data import inspect_dataset
+    from dlx.train.measure import point_config
 
     inspect_dataset(point_config(setup, max(points, key=lambda p: p.seq_len)))
 
@@ -91,8 +90,9 @@ def sweep(setup: Any, points: list, budget: Any, out_dir: Path) -> None:
     from dlx.bench.plot import plot_sweep
     from dlx.bench.results import markdown_table
     from dlx.bench.sweep import CSV_NAME, PLOT_NAME, TABLE_NAME, run_sweep
+    from dlx.train.measure import measure_point
 
-    rows = run_sweep(setup, points, out_dir, budget, say=print)
+    rows = run_sweep(setup, points, out_dir, budget, say=print, measure=measure_point)
     atomic_write_text(out_dir / TABLE_NAME, markdown_table(rows, environment_lines(setup.device)) + "\n")
     plot = plot_sweep(out_dir / PLOT_NAME, rows)
     written = [out_dir / CSV_NAME, out_dir / TABLE_NAME, *([plot] if plot else [])]
@@ -102,8 +102,9 @@ def sweep(setup: Any, points: list, budget: Any, out_dir: Path) -> None:
 def report_max_batch(setup: Any, seq_lens: list[int], precisions: list[str], budget: Any, out_dir: Path) -> None:
     from dlx.atomic import atomic_write_text
     from dlx.bench.sweep import find_max_batch
+    from dlx.train.measure import measure_point
 
-    rows = find_max_batch(setup, seq_lens, precisions, budget)
+    rows = find_max_batch(setup, seq_lens, precisions, budget, measure_point)
     method = "searched with OOM recovery, one step per try" if setup.device.type == "cuda" else "not measured (CPU)"
     lines = [
         *environment_lines(setup.device),

@@ -1,28 +1,39 @@
-"""`build_strategy`: wrap the model (see `wrap`), build its optimizer and schedule, and for DeepSpeed its engine."""
+"""`build_strategy`: wrap the model (see `wrap`), build its optimizer on the wrapped parameters, and for DeepSpeed its
+engine. Takes plain values, not the recipe: the training package assembles the run and calls this."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from dlx.errors import UserError
 from dlx.model.llama import Transformer
+from dlx.parallel.config import ParallelConfig
 from dlx.parallel.distributed import DistEnv
 from dlx.parallel.strategy import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
 from dlx.parallel.wrap import parallelize
-from dlx.train.config import RunConfig
-from dlx.train.header import StepPlan
-from dlx.train.optim import build_optimizer, build_scheduler
-from dlx.train.precision import Precision
+from dlx.precision import Precision
 
 STRATEGIES = {"none": Strategy, "ddp": DDPStrategy, "fsdp": FSDPStrategy}
 
 
-def check_strategy_installed(config: RunConfig) -> None:
+@dataclass(frozen=True)
+class StepShape:
+    """What DeepSpeed's engine needs to know of one optimizer step."""
+
+    micro_batch_size: int
+    grad_accum: int
+    grad_clip: float
+
+
+def check_strategy_installed(parallel: ParallelConfig) -> None:
     """Before anything is written: a strategy whose engine is not installed is one line, not a traceback later."""
-    if config.parallel.strategy != "deepspeed":
+    if parallel.strategy != "deepspeed":
         return
     try:
         import deepspeed  # noqa: F401
@@ -34,31 +45,34 @@ def check_strategy_installed(config: RunConfig) -> None:
 
 
 def build_strategy(
-    model: Transformer, config: RunConfig, device: torch.device, env: DistEnv, precision: Precision, plan: StepPlan
-) -> tuple[Strategy, torch.optim.lr_scheduler.LRScheduler]:
+    model: Transformer,
+    parallel: ParallelConfig,
+    compile: bool,
+    device: torch.device,
+    env: DistEnv,
+    precision: Precision,
+    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+    shape: StepShape,
+) -> Strategy:
     """The optimizer is built after wrapping, so that under FSDP it holds the sharded parameters."""
-    parallel = config.parallel
-    train_model = parallelize(model, parallel, config.train.compile, device, env, precision.name)
-    optimizer = build_optimizer(model, config.train, device)
-    scheduler = build_scheduler(optimizer, config.train, plan.total_steps)  # stepped by the loop, for every strategy
+    train_model = parallelize(model, parallel, compile, device, env, precision.name)
+    optimizer = make_optimizer(model)
     if parallel.strategy == "deepspeed":
-        engine = deepspeed_engine(model, optimizer, config, plan, precision)
-        strategy: Strategy = DeepSpeedStrategy(
-            model, engine, optimizer, precision, config.train.grad_clip, env, zero_stage=parallel.zero_stage
+        engine = deepspeed_engine(model, optimizer, deepspeed_config(parallel, shape, precision.name))
+        return DeepSpeedStrategy(
+            model, engine, optimizer, precision, shape.grad_clip, env, zero_stage=parallel.zero_stage
         )
-    else:
-        strategy = STRATEGIES[parallel.strategy](model, train_model, optimizer, precision, config.train.grad_clip, env)
-    return strategy, scheduler
+    return STRATEGIES[parallel.strategy](model, train_model, optimizer, precision, shape.grad_clip, env)
 
 
-def deepspeed_config(config: RunConfig, plan: StepPlan, precision: str) -> dict[str, Any]:
+def deepspeed_config(parallel: ParallelConfig, shape: StepShape, precision: str) -> dict[str, Any]:
     """DeepSpeed's JSON config from the recipe. dlx's own AdamW (or SGD) is the client optimizer, hence
     `zero_allow_untested_optimizer`; mixed precision is DeepSpeed's (bf16/fp16 weights, fp32 master copy)."""
     return {
-        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
-        "gradient_accumulation_steps": plan.grad_accum,
-        "gradient_clipping": config.train.grad_clip,
-        "zero_optimization": {"stage": config.parallel.zero_stage},
+        "train_micro_batch_size_per_gpu": shape.micro_batch_size,
+        "gradient_accumulation_steps": shape.grad_accum,
+        "gradient_clipping": shape.grad_clip,
+        "zero_optimization": {"stage": parallel.zero_stage},
         "zero_allow_untested_optimizer": True,
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": precision == "fp16"},
@@ -67,16 +81,9 @@ def deepspeed_config(config: RunConfig, plan: StepPlan, precision: str) -> dict[
     }
 
 
-def deepspeed_engine(
-    model: Transformer, optimizer: torch.optim.Optimizer, config: RunConfig, plan: StepPlan, precision: Precision
-) -> Any:
+def deepspeed_engine(model: Transformer, optimizer: torch.optim.Optimizer, config: dict[str, Any]) -> Any:
     import deepspeed
 
     deepspeed.utils.logger.setLevel(logging.WARNING)
-    engine, *_ = deepspeed.initialize(
-        model=model,
-        optimizer=optimizer,
-        config=deepspeed_config(config, plan, precision.name),
-        dist_init_required=False,
-    )
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
     return engine

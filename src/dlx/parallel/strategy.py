@@ -24,7 +24,7 @@ from torch import nn
 
 from dlx.errors import UserError
 from dlx.parallel.distributed import DistEnv
-from dlx.train.precision import Precision
+from dlx.precision import Precision
 
 FORMAT_STRATEGIES = {"full": ("none", "ddp"), "dcp": ("fsdp",), "deepspeed": ("deepspeed",)}
 DEEPSPEED_FOLDER, DEEPSPEED_TAG, DCP_FOLDER = "deepspeed", "state", "dcp"

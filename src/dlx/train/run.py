@@ -19,16 +19,17 @@ from dlx.metrics.logger import EVAL_FILE, METRICS_FILE, MetricsLogger, read_json
 from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.llama import Transformer
-from dlx.parallel.build import build_strategy, check_strategy_installed
+from dlx.parallel.build import StepShape, build_strategy, check_strategy_installed
 from dlx.parallel.distributed import DistEnv, main_decides
 from dlx.parallel.strategy import Strategy
+from dlx.precision import Precision, build_precision
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
 from dlx.train.config import RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
 from dlx.train.header import StepPlan, plan_steps
-from dlx.train.precision import Precision, build_precision
+from dlx.train.optim import build_optimizer, build_scheduler
 from dlx.train.recipe import write_resolved
 from dlx.train.signals import GracefulStop
 
@@ -92,6 +93,18 @@ def build_model(config: RunConfig, device: torch.device) -> Transformer:
     return model
 
 
+def build_run_strategy(
+    model: Transformer, config: RunConfig, device: torch.device, env: DistEnv, precision: Precision, plan: StepPlan
+) -> Strategy:
+    """The recipe's strategy around the model, with the recipe's optimizer on the wrapped parameters."""
+    shape = StepShape(plan.micro_batch_size, plan.grad_accum, config.train.grad_clip)
+
+    def make_optimizer(wrapped: nn.Module) -> torch.optim.Optimizer:
+        return build_optimizer(wrapped, config.train, device)
+
+    return build_strategy(model, config.parallel, config.train.compile, device, env, precision, make_optimizer, shape)
+
+
 def resolve_run_dir(config: RunConfig, name: str, run_dir: Path | None, resume: bool) -> Path:
     if not resume:
         return folder.new_run_dir(name, run_dir)
@@ -101,7 +114,7 @@ def resolve_run_dir(config: RunConfig, name: str, run_dir: Path | None, resume: 
 
 
 def check_optional_features(config: RunConfig) -> None:
-    check_strategy_installed(config)
+    check_strategy_installed(config.parallel)
     if config.log.tensorboard:
         try:
             import torch.utils.tensorboard  # noqa: F401
@@ -129,7 +142,8 @@ def build_run(
     try:
         plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.world_size)
         model = build_model(config, device)
-        strategy, scheduler = build_strategy(model, config, device, env, precision, plan)
+        strategy = build_run_strategy(model, config, device, env, precision, plan)
+        scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
         console = RunConsole(plan.total_steps, 0, config.log.progress, is_main=env.is_main)
         state, last = restore(run_dir, resume, strategy, scheduler, loader, console)
         main_decides(lambda: create_run_dir(config, run_dir, data_info))

@@ -11,7 +11,6 @@ What differs between one process, DDP, FSDP and DeepSpeed (gradient sync, the up
 
 from __future__ import annotations
 
-import contextlib
 import math
 import signal
 from collections.abc import Iterator
@@ -28,13 +27,13 @@ from dlx.metrics.timing import PhaseTimer
 from dlx.metrics.verdict import bottleneck_verdict
 from dlx.parallel import distributed
 from dlx.parallel.strategy import Strategy
+from dlx.precision import Precision
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
 from dlx.train.config import RunConfig
 from dlx.train.data import build_eval_loader
 from dlx.train.eval import evaluate, next_token_loss, perplexity
 from dlx.train.header import header_lines
-from dlx.train.precision import Precision
 from dlx.train.run import Run, build_run
 from dlx.train.signals import GracefulStop
 
@@ -178,7 +177,7 @@ def accumulate_gradients(
     accum: int,
     precision: Precision,
     timer: PhaseTimer,
-    strategy: Strategy | None = None,
+    strategy: Strategy,
 ) -> torch.Tensor:
     """`accum` micro-steps; returns the step's mean loss (detached). Each micro-loss is divided by `accum`, so the
     summed gradients equal those of one batch `accum` times larger (the micro-batches have equal sizes). Under DDP
@@ -188,16 +187,13 @@ def accumulate_gradients(
         last = index == accum - 1
         with timer.phase("data_wait"):
             inputs, targets = next(batches)
-        with strategy.gradient_sync(last) if strategy else contextlib.nullcontext():
+        with strategy.gradient_sync(last):
             with timer.phase("forward"):
                 with precision.autocast():
                     logits = model(inputs)  # (B, T, vocab)
                 loss = next_token_loss(logits, targets) / accum
             with timer.phase("backward"):
-                if strategy:
-                    strategy.backward(loss, last)
-                else:
-                    precision.scale(loss).backward()
+                strategy.backward(loss, last)
         total = loss.detach() if total is None else total + loss.detach()
     return total
 
