@@ -68,16 +68,16 @@ def params(
 
 def export_hf(
     checkpoint: Annotated[
-        Path, typer.Argument(help="A dlx model folder or checkpoint (model.safetensors + model_args.json).")
+        Path,
+        typer.Argument(help="A dlx model folder, checkpoint (model.safetensors or dcp/) or run folder (its newest)."),
     ],
     out_dir: Annotated[Path, typer.Argument(help="New folder for config.json + model.safetensors.")],
     overwrite: Annotated[bool, typer.Option(help="Replace OUT_DIR if it exists.")] = False,
 ) -> None:
     """Write a dlx checkpoint as a Hugging Face Llama folder (`LlamaForCausalLM.from_pretrained` loads it)."""
     from dlx.model.hf import save_hf
-    from dlx.model.io import load_model
 
-    save_hf(load_model(_model_folder(checkpoint)), out_dir, overwrite=overwrite)
+    save_hf(_load_for_export(_model_folder(checkpoint)), out_dir, overwrite=overwrite)
     print(f"wrote {out_dir}/config.json and {out_dir}/model.safetensors")
 
 
@@ -95,15 +95,36 @@ def import_hf(
 
 
 def _model_folder(path: Path) -> Path:
-    """A model folder itself, or the newest checkpoint of a run folder (`checkpoints/step-N/model`)."""
+    """A model folder or checkpoint itself, or the newest checkpoint of a run folder: the newest folder holding
+    model.safetensors or a DCP checkpoint (`dcp/.metadata`)."""
     from dlx.errors import UserError
     from dlx.model.io import WEIGHTS_FILE
 
-    if (path / WEIGHTS_FILE).is_file():
+    markers = (WEIGHTS_FILE, DCP_METADATA)
+    if any((path / marker).is_file() for marker in markers):
         return path
-    for candidate in sorted(path.glob("**/" + WEIGHTS_FILE), key=lambda p: p.stat().st_mtime, reverse=True):
-        return candidate.parent
-    raise UserError(f"{path} holds no {WEIGHTS_FILE}; give a dlx model folder, checkpoint or run folder")
+    found = [file for marker in markers for file in path.glob("**/" + marker)]
+    for candidate in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True):
+        return candidate.parent if candidate.name == WEIGHTS_FILE else candidate.parent.parent
+    raise UserError(f"{path} holds no {WEIGHTS_FILE} nor dcp/; give a dlx model folder, checkpoint or run folder")
+
+
+DCP_METADATA = "dcp/.metadata"
+
+
+def _load_for_export(folder: Path):
+    """The model of a folder: from model.safetensors, else the whole weights read from its DCP shards."""
+    from dlx.errors import UserError
+    from dlx.model.args import ModelArgs
+    from dlx.model.io import ARGS_FILE, WEIGHTS_FILE, load_model, model_from_state_dict
+    from dlx.parallel.dcp import read_full_weights
+
+    if (folder / WEIGHTS_FILE).is_file():
+        return load_model(folder)
+    if not (folder / ARGS_FILE).is_file():
+        raise UserError(f"{folder} is not a dlx checkpoint: {ARGS_FILE} is missing")
+    args = ModelArgs.model_validate_json((folder / ARGS_FILE).read_text())
+    return model_from_state_dict(args, read_full_weights(folder / "dcp", args), "cpu")
 
 
 def register(app: typer.Typer) -> None:

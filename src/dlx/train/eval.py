@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -19,8 +19,15 @@ def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Iterable, max_batches: int, precision: Precision) -> dict[str, float]:
-    """{"loss", "perplexity", "batches", "eval_s"}; the model is put back in training mode afterwards."""
+def evaluate(
+    model: nn.Module,
+    batches: Iterable,
+    max_batches: int,
+    precision: Precision,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = next_token_loss,
+) -> dict[str, float]:
+    """{"loss", "perplexity", "batches", "eval_s"}; the model is put back in training mode afterwards. `loss_fn`: the
+    training loss (vocab-parallel under tensor parallelism)."""
     start = time.perf_counter()
     model.eval()
     losses: list[torch.Tensor] = []
@@ -28,7 +35,7 @@ def evaluate(model: nn.Module, batches: Iterable, max_batches: int, precision: P
         for inputs, targets in batches:
             with precision.autocast():
                 logits = model(inputs)
-            losses.append(next_token_loss(logits, targets).detach())  # kept on the device: one sync at the end
+            losses.append(loss_fn(logits, targets).detach())  # kept on the device: one sync at the end
             if len(losses) >= max_batches:
                 break
     finally:

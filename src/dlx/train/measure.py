@@ -9,6 +9,7 @@ counter is reset and `steps` timed steps follow; phase times are averaged over t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from dlx import device as dev
@@ -16,7 +17,7 @@ from dlx.bench.points import BenchPoint, BenchSetup
 from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.presets import resolve_model_args
-from dlx.parallel.distributed import DistEnv
+from dlx.parallel.distributed import env_from_torchrun
 from dlx.precision import build_precision
 from dlx.train.config import RunConfig, build_config
 from dlx.train.data import build_train_loader
@@ -38,17 +39,19 @@ def point_config(setup: BenchSetup, point: BenchPoint) -> RunConfig:
         "compile": setup.compile,
     }
     data = {"path": setup.data, "seq_len": point.seq_len, "micro_batch_size": point.micro_batch}
-    return build_config({"model": model, "data": data, "train": train, "log": {"progress": False}})
+    parallel = {"strategy": setup.strategy, "tp": setup.tp}
+    log = {"progress": False}
+    return build_config({"model": model, "data": data, "train": train, "log": log, "parallel": parallel})
 
 
 def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
     """The ThroughputMeter record of the timed steps' mean (tokens/s, phase seconds, TFLOPS, MFU, peak memory)."""
     config = point_config(setup, point)
-    device, env = setup.device, DistEnv()
+    device, env = setup.device, replace(env_from_torchrun(), tp=setup.tp)  # the group: `dlx bench` set it up
     precision = build_precision(point.precision, device)
-    loader = build_train_loader(config, device)
+    loader = build_train_loader(config, device, env.dp_rank, env.dp_size)
     try:
-        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.world_size)
+        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
         strategy = build_run_strategy(build_model(config, device), config, device, env, precision, plan)
 
         def step(timer: PhaseTimer) -> float:
@@ -69,8 +72,13 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
             window.add(timer.end_step())
     finally:
         loader.close()
-    meter = ThroughputMeter(config.model.args, point.seq_len, device, precision.name)
+    meter = ThroughputMeter(config.model.args, point.seq_len, device, precision.name, env.world_size)
     timings = window.mean()
     return meter.record(
-        step=setup.steps, loss=loss, lr=None, grad_norm=None, tokens=point.tokens_per_step, timings=timings
+        step=setup.steps,
+        loss=loss,
+        lr=None,
+        grad_norm=None,
+        tokens=point.tokens_per_step * env.dp_size,  # every replica's: tokens/s counts all ranks, TFLOPS are per rank
+        timings=timings,
     )

@@ -22,6 +22,7 @@ from dlx.model.llama import Transformer
 from dlx.parallel.build import StepShape, build_strategy, check_strategy_installed
 from dlx.parallel.distributed import DistEnv, main_decides
 from dlx.parallel.strategy import Strategy
+from dlx.parallel.tensor import check_layout
 from dlx.precision import Precision, build_precision
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
@@ -61,6 +62,8 @@ class Run:
     env: DistEnv = field(default_factory=DistEnv)
     """This rank and the world size (rank 0 of 1 without torchrun)."""
     last_checkpoint: Path | None = None
+    last_save: ckpt.PendingSave | None = None
+    """The latest save this run started; with checkpoint.async it may still be writing."""
     header: list[str] = field(default_factory=list)
     """The start-up header, repeated in report.md."""
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -73,6 +76,8 @@ class Run:
     def close(self) -> None:
         """Stop the loader's workers and flush the logs; safe to call twice."""
         try:
+            if self.last_save is not None:
+                self.last_save.abandon()
             self.console.stop()
             self.loader.close()
         finally:
@@ -86,9 +91,10 @@ def seed_everything(seed: int) -> None:
 
 
 def build_model(config: RunConfig, device: torch.device) -> Transformer:
-    """Initialised on the device directly (an 8B model never exists on the host), from train.seed."""
+    """On the meta device: shapes only. `build_run_strategy` shards it, then gives each rank its own shards, drawn from
+    train.seed (see `dlx.parallel.materialize`): no rank ever holds the whole model unless it trains it whole."""
     seed_everything(config.train.seed)
-    with torch.device(device):
+    with torch.device("meta"):
         model = Transformer(config.model.args)
     return model
 
@@ -102,7 +108,9 @@ def build_run_strategy(
     def make_optimizer(wrapped: nn.Module) -> torch.optim.Optimizer:
         return build_optimizer(wrapped, config.train, device)
 
-    return build_strategy(model, config.parallel, config.train.compile, device, env, precision, make_optimizer, shape)
+    return build_strategy(
+        model, config.parallel, config.train.compile, device, env, precision, make_optimizer, shape, config.train.seed
+    )
 
 
 def resolve_run_dir(config: RunConfig, name: str, run_dir: Path | None, resume: bool) -> Path:
@@ -136,11 +144,12 @@ def build_run(
     """Validate, build, restore (on --resume), and only then create the run folder. Rank 0 takes the decisions that
     touch the file system (which folder, which checkpoint) and every rank gets them, or the same one-line error."""
     data_info = inspect_dataset(config)
+    check_layout(config.parallel, env.world_size)
     run_dir = main_decides(lambda: resolve_run_dir(config, name, run_dir, resume))
     precision = build_precision(config.train.precision, device, engine_managed=config.parallel.strategy == "deepspeed")
-    loader = build_train_loader(config, device, env.rank, env.world_size)
+    loader = build_train_loader(config, device, env.dp_rank, env.dp_size)  # the TP ranks of a replica: one batch
     try:
-        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.world_size)
+        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
         model = build_model(config, device)
         strategy = build_run_strategy(model, config, device, env, precision, plan)
         scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop

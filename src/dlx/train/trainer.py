@@ -11,6 +11,7 @@ What differs between one process, DDP, FSDP and DeepSpeed (gradient sync, the up
 
 from __future__ import annotations
 
+import functools
 import math
 import signal
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from dlx.metrics.timing import PhaseTimer
 from dlx.metrics.verdict import bottleneck_verdict
 from dlx.parallel import distributed
 from dlx.parallel.strategy import Strategy
+from dlx.parallel.tensor import vocab_parallel_loss
 from dlx.precision import Precision
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
@@ -70,7 +72,7 @@ def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, 
     check_optional_features(config)
     device = dev.resolve_device(config.train.device, distributed.env_from_torchrun().local_rank)
     needs_group = config.parallel.strategy in ("fsdp", "deepspeed")
-    env = distributed.init_distributed(device, needs_group, config.parallel.timeout_s)
+    env = distributed.init_distributed(device, needs_group, config.parallel.timeout_s, config.parallel.tp)
     every_rank_ends = False
     try:
         with GracefulStop() as stop:
@@ -161,13 +163,15 @@ def between_steps(run: Run, step: int) -> bool:
     cfg = run.config
     due_eval = cfg.eval.every and step % cfg.eval.every == 0
     due_save = cfg.checkpoint.every and step % cfg.checkpoint.every == 0
+    if run.last_save is not None and run.env.is_main:
+        run.last_save.poll()  # a background save becomes a checkpoint as soon as it is complete
     if not (due_eval or due_save):
         return False
     with run.timer.paused():
         if due_eval:
             run_eval(run, step)
         if due_save:
-            save(run)
+            save(run, final=step == run.plan.total_steps)
     return distributed.any_rank(run.stop.requested, run.device)
 
 
@@ -191,11 +195,19 @@ def accumulate_gradients(
             with timer.phase("forward"):
                 with precision.autocast():
                     logits = model(inputs)  # (B, T, vocab)
-                loss = next_token_loss(logits, targets) / accum
+                loss = training_loss(strategy, logits, targets) / accum
             with timer.phase("backward"):
                 strategy.backward(loss, last)
         total = loss.detach() if total is None else total + loss.detach()
     return total
+
+
+def training_loss(strategy: Strategy, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The one place the loss is chosen: under tensor parallelism the logits are vocabulary shards and the loss is
+    computed on them (`vocab_parallel_loss`, the full logits are never gathered); otherwise `next_token_loss`."""
+    if strategy.vocab_parallel:
+        return vocab_parallel_loss(logits, targets)
+    return next_token_loss(logits, targets)
 
 
 def handle_non_finite(run: Run, step: int, loss_value: float) -> None:
@@ -249,9 +261,10 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
 
 def run_eval(run: Run, step: int) -> None:
     """Each rank evaluates its share of the validation batches; the record holds the mean over ranks."""
-    loader = build_eval_loader(run.config, run.device, run.env.rank, run.env.world_size)
+    loader = build_eval_loader(run.config, run.device, run.env.dp_rank, run.env.dp_size)
     try:
-        result = evaluate(run.model, loader, run.config.eval.batches, run.precision)
+        loss_fn = functools.partial(training_loss, run.strategy)
+        result = evaluate(run.model, loader, run.config.eval.batches, run.precision, loss_fn)
     finally:
         loader.close()
     if run.env.is_distributed:
@@ -266,20 +279,42 @@ def run_eval(run: Run, step: int) -> None:
     )
 
 
-def save(run: Run) -> None:
-    state = run.state
-    state.loader = run.loader.state_dict()
-    run.last_checkpoint = ckpt.save_checkpoint(
-        run.run_dir, run.strategy, run.scheduler, run.precision.scaler, state, run.config.checkpoint.keep_last
+def save(run: Run, final: bool = False) -> None:
+    """Wait for the previous save, then start this one (`final`: the run's last, which gathers model.safetensors under
+    checkpoint.full_weights last); a background save is waited for by the next save or the end of the run."""
+    wait_for_save(run)
+    cfg = run.config.checkpoint
+    run.state.loader = run.loader.state_dict()
+    full_weights = cfg.full_weights == "every" or (cfg.full_weights == "last" and final)
+    run.last_save = ckpt.save_checkpoint(
+        run.run_dir,
+        run.strategy,
+        run.scheduler,
+        run.precision.scaler,
+        run.state,
+        cfg.keep_last,
+        full_weights,
+        background=cfg.async_save and not final,
     )
+    if run.last_save.future is None:
+        wait_for_save(run)
+
+
+def wait_for_save(run: Run) -> None:
+    if run.last_save is not None and not run.last_save.settled:
+        run.last_checkpoint = run.last_save.wait()
 
 
 def finish(run: Run) -> None:
     """Last evaluation and checkpoint (or the one an orderly stop needs), then the verdict and the report."""
     step = run.state.step
-    saved = run.last_checkpoint is not None and run.last_checkpoint.name == ckpt.checkpoint_dir(run.run_dir, step).name
-    if step > 0 and not saved:
-        save(run)
+    wait_for_save(run)
+    this_step = ckpt.checkpoint_dir(run.run_dir, step).name
+    at_step = run.last_checkpoint is not None and run.last_checkpoint.name == this_step
+    last = run.last_save
+    lacks_weights = last is not None and not last.state.full_weights and run.config.checkpoint.full_weights == "last"
+    if step > 0 and not (at_step and not lacks_weights):
+        save(run, final=True)
     if run.stopped_early:
         if run.env.is_main:
             folder.append_event(run.run_dir, event="stopped", step=step, signal=run.stop.signal_name)

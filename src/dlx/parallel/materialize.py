@@ -1,0 +1,70 @@
+"""From the meta device to real weights, one shard at a time: no rank ever holds the whole model.
+
+The model is built on the meta device (shapes only), tensor- and data-parallelised there, and only then given storage:
+each rank allocates its own shards (`to_empty`) and fills them, parameter by parameter, in the model's registration
+order. A parameter is filled from either
+
+- the model's own initialisation rule (`Transformer.init_parameter_`), drawn for the whole parameter from one
+  generator seeded with `train.seed`, of which the rank keeps its slice; or
+- a `WeightSource` (continued pretraining), which reads only the slice this rank holds.
+
+Reproducible means: for a fixed seed and device type, every layout (one process, any tp and dp, FSDP, DDP or none)
+starts from bitwise the same weights: those `Transformer.init_weights` draws for the whole model on that device from
+a generator seeded with the seed (CUDA and CPU generators differ: a GPU run starts elsewhere than a CPU run). The
+price is that each rank draws every parameter in full once, one parameter at a time, so the peak is the largest
+parameter (the embedding) on top of the rank's shards: time, not memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from dlx.model.llama import Transformer
+
+WeightSource = Callable[[str, tuple[slice, ...]], torch.Tensor]
+"""(parameter name, region of the full tensor) -> that region of the weights: a shard-wise reader for `init_from`."""
+
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
+"""What activation checkpointing and torch.compile insert into parameter names."""
+
+
+def on_meta(model: nn.Module) -> bool:
+    return any(p.is_meta for p in model.parameters())
+
+
+def canonical_name(name: str) -> str:
+    """The parameter's name in the bare model (and in checkpoints)."""
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def local_region(param: torch.Tensor) -> tuple[slice, ...]:
+    """Which part of the full parameter this rank holds: FSDP and TP shards are each one contiguous block."""
+    if not hasattr(param, "device_mesh"):
+        return tuple(slice(0, size) for size in param.shape)
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    return tuple(slice(start, start + size) for start, size in zip(offset, shape, strict=True))
+
+
+@torch.no_grad()
+def materialize(model: Transformer, device: torch.device, seed: int, weights: WeightSource | None = None) -> None:
+    """Give a meta-device model (wrapped or not) its storage on `device` and fill each rank's shards."""
+    model.to_empty(device=device)
+    model.init_rope(device)  # derived buffers, not parameters
+    generator = torch.Generator(device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        name = canonical_name(name)
+        local = param.to_local() if hasattr(param, "to_local") else param
+        region = local_region(param)
+        if weights is not None:
+            local.copy_(weights(name, region))
+            continue
+        full = torch.empty(param.shape, dtype=param.dtype, device=device)
+        model.init_parameter_(name, full, generator)
+        local.copy_(full[region])
