@@ -56,6 +56,8 @@ def local_region(param: torch.Tensor) -> tuple[slice, ...]:
 def materialize(model: Transformer, device: torch.device, seed: int, weights: WeightSource | None = None) -> None:
     """Give a meta-device model (wrapped or not) its storage on `device` and fill each rank's shards."""
     model.to_empty(device=device)
+    if model.args.tie_embeddings and model.output.weight is not model.tok_embeddings.weight:
+        model.output.weight = model.tok_embeddings.weight  # to_empty gives a plain module's tied weight two copies
     model.init_rope(device)  # derived buffers, not parameters
     generator = torch.Generator(device).manual_seed(seed)
     for name, param in model.named_parameters():
