@@ -4,7 +4,8 @@ model is built on the meta device and wrapped as `dlx pretrain` wraps it; the sc
 - whether every parameter starts bitwise equal to the one-process model (the same seed, materialised whole);
 - the largest difference between each rank's full gradients after one accumulated step through dlx's own
   `accumulate_gradients` and one process's on all replicas' micro-batches, and between the ranks;
-- how many parameter elements each rank holds (no rank may hold the whole model when it is sharded);
+- how many parameter elements each rank holds (no rank may hold the whole model when it is sharded), and whether its
+  gradients are as many (each gradient in its parameter's layout);
 - on the first layout: a background DCP save whose weights are changed the moment it returns reads back unchanged
   (DCP staged a copy).
 """
@@ -44,6 +45,10 @@ def batches_of(dp_rank: int, dp_size: int, vocab: int) -> list[tuple[torch.Tenso
     return [(mine[i : i + MICRO, :-1], mine[i : i + MICRO, 1:]) for i in range(0, len(mine), MICRO)]
 
 
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def full(tensor: torch.Tensor) -> torch.Tensor:
     return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().clone()
 
@@ -72,9 +77,10 @@ def check_layout(kind: str, tp: int, args, reference: tuple, env: distributed.Di
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     strategy = STRATEGIES[kind](model, train_model, optimizer, precision, 0.0, env)
     start = {name: full(p) for name, p in model.named_parameters()}
-    local_elements = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
+    local_elements = sum(local(p).numel() for p in model.parameters())
     batches = iter(batches_of(env.dp_rank, env.dp_size, args.vocab_size))
     accumulate_gradients(train_model, batches, ACCUM, precision, PhaseTimer(CPU), strategy)
+    grad_elements = sum(local(p.grad).numel() for p in model.parameters())
     grads = {name: full(p.grad) for name, p in model.named_parameters()}
     weights, expected = reference
     flat = torch.cat([grads[name].flatten() for name in sorted(grads)])
@@ -87,6 +93,7 @@ def check_layout(kind: str, tp: int, args, reference: tuple, env: distributed.Di
         "vs_one_process": max((grads[n] - expected[n]).abs().max().item() for n in expected),
         "between_ranks": max((g - gathered[0]).abs().max().item() for g in gathered),
         "local_elements": [int(e) for e in elements],
+        "grad_elements_equal": grad_elements == local_elements,
         "staged_copy": staged_copy_is_saved(model, optimizer, args, start, scratch / kind),
     }
 

@@ -98,6 +98,7 @@ def test_gradients_equal_one_process(nproc, tmp_path):
         assert result["between_ranks"] == 0.0, (layout, result)
         assert result["vs_one_process"] <= 1e-6, (layout, result)
         assert result["local_elements"] == [held[layout]] * nproc, (layout, result)
+        assert result["grad_elements_equal"], layout
         assert result["staged_copy"], layout
 
 

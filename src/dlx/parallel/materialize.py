@@ -35,6 +35,35 @@ def on_meta(model: nn.Module) -> bool:
     return any(p.is_meta for p in model.parameters())
 
 
+def allocate(model: nn.Module, device: torch.device) -> None:
+    """Uninitialised storage for each rank's shards. FSDP2 modules do it themselves (`to_empty`). Otherwise every meta
+    parameter is replaced by a new one of the same layout, shared ones (tied embeddings) once: `to_empty` would swap
+    a tensor-parallel DTensor's contents in place, after which its gradient no longer arrives in the parameter's
+    layout (the embedding's came back whole on every rank)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        model.to_empty(device=device)
+        return
+    made: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None or not param.is_meta:
+                continue
+            if id(param) not in made:
+                made[id(param)] = nn.Parameter(_empty_like(param, device), requires_grad=param.requires_grad)
+            module._parameters[name] = made[id(param)]
+
+
+def _empty_like(param: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if not hasattr(param, "device_mesh"):
+        return torch.empty_like(param, device=device)
+    from torch.distributed.tensor import DTensor
+
+    local = torch.empty(param.to_local().shape, dtype=param.dtype, device=device)
+    return DTensor.from_local(local, param.device_mesh, param.placements, shape=param.shape, stride=param.stride())
+
+
 def canonical_name(name: str) -> str:
     """The parameter's name in the bare model (and in checkpoints)."""
     for prefix in WRAPPER_PREFIXES:
@@ -55,9 +84,7 @@ def local_region(param: torch.Tensor) -> tuple[slice, ...]:
 @torch.no_grad()
 def materialize(model: Transformer, device: torch.device, seed: int, weights: WeightSource | None = None) -> None:
     """Give a meta-device model (wrapped or not) its storage on `device` and fill each rank's shards."""
-    model.to_empty(device=device)
-    if model.args.tie_embeddings and model.output.weight is not model.tok_embeddings.weight:
-        model.output.weight = model.tok_embeddings.weight  # to_empty gives a plain module's tied weight two copies
+    allocate(model, device)
     model.init_rope(device)  # derived buffers, not parameters
     generator = torch.Generator(device).manual_seed(seed)
     for name, param in model.named_parameters():
