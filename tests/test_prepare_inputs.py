@@ -11,7 +11,7 @@ import pytest
 import zstandard
 
 from dlx.data.prepare import prepare_dataset, readers
-from dlx.data.prepare.inputs import InputFile, file_kind, resolve_inputs
+from dlx.data.prepare.inputs import InputFile, InputList, file_kind
 from dlx.data.prepare.readers import BadRecord, read_file, read_unit
 from dlx.data.prepare.units import plan_units
 from test_prepare_helpers import all_documents, decoded_documents, make_documents, tiny_tokenizer, write_jsonl
@@ -207,9 +207,9 @@ def test_resolve_inputs_orders_dedupes_and_filters(tmp_path):
     (tmp_path / "b").mkdir()
     for name in ["b/2.jsonl", "b/1.py", "b/skip.bin", "a.txt"]:
         (tmp_path / name).write_text("x")
-    files, ignored = resolve_inputs([str(tmp_path / "b"), str(tmp_path / "a.txt"), str(tmp_path / "b" / "1.py")])
-    assert [f.path.removeprefix(str(tmp_path)) for f in files] == ["/b/1.py", "/b/2.jsonl", "/a.txt"]
-    assert ignored == 1
+    inputs = InputList((str(tmp_path / "b"), str(tmp_path / "a.txt"), str(tmp_path / "b" / "1.py"))).measure()
+    assert [f.path.removeprefix(str(tmp_path)) for f in inputs] == ["/b/1.py", "/b/2.jsonl", "/a.txt"]
+    assert (inputs.files, inputs.ignored) == (3, 1)
     assert file_kind("x.JSONL.ZST", False) == ("jsonl", "zst") and file_kind("x.unknown", False) is None
 
 
@@ -218,4 +218,4 @@ def test_missing_inputs_are_user_errors(tmp_path, spec):
     from dlx.errors import UserError
 
     with pytest.raises(UserError, match="input"):
-        resolve_inputs([str(tmp_path / spec)])
+        InputList((str(tmp_path / spec),)).measure()

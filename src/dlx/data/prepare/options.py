@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlx.data.prepare.inputs import InputList, stdlib_folder
 from dlx.errors import UserError
 
 DEFAULT_VAL_FRACTION = 0.005
@@ -42,6 +43,19 @@ class PrepareOptions:
     """Put the tokenizer's BOS before every document (EOS always follows every document)."""
     progress: bool
     """Show a progress bar on stderr."""
+
+    def inputs_record(self) -> list[str]:
+        """The inputs as given, for the manifest's `source.inputs`."""
+        return list(self.inputs) if self.inputs else [f"{self.corpus}:{stdlib_folder()}"]
+
+    def request(self, inputs: InputList) -> dict:
+        """What the output depends on (options and the measured inputs): a rerun must match it to resume or skip."""
+        return {
+            **self.output_request(),
+            "files": inputs.files,
+            "bytes": inputs.bytes,
+            "fingerprint": inputs.fingerprint,
+        }
 
     def output_request(self) -> dict:
         """The options that shape the output: a rerun must match them to resume or to skip the work."""
