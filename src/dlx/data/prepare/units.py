@@ -129,19 +129,18 @@ def task_of(first_byte: int, nbytes: int, total_bytes: int, n_tasks: int) -> int
     return min(n_tasks - 1, (first_byte + nbytes // 2) * n_tasks // max(total_bytes, 1))
 
 
-def task_ranges(units: Iterable[WorkUnit], total_bytes: int, n_tasks: int) -> tuple[list[tuple[int, int]], int]:
-    """[first, end) unit indexes of every task, and the number of units."""
-    ranges = [[0, 0] for _ in range(n_tasks)]
-    offset, n_units, seen = 0, 0, [False] * n_tasks
+def task_ranges(units: Iterable[WorkUnit], total_bytes: int, n_tasks: int) -> tuple[list[list[int]], int]:
+    """[first unit, end unit, bytes, files] of every task (consecutive units), and the number of units."""
+    ranges = [[-1, -1, 0, 0] for _ in range(n_tasks)]
+    offset, n_units = 0, 0
     for unit in units:
-        task = task_of(offset, unit.nbytes, total_bytes, n_tasks)
-        if not seen[task]:
-            ranges[task][0], seen[task] = unit.index, True
-        ranges[task][1] = unit.index + 1
+        task = ranges[task_of(offset, unit.nbytes, total_bytes, n_tasks)]
+        task[0] = unit.index if task[0] < 0 else task[0]
+        task[1], task[2], task[3] = unit.index + 1, task[2] + unit.nbytes, task[3] + unit.files_completed
         offset, n_units = offset + unit.nbytes, n_units + 1
-    position = 0
-    for r in ranges:  # a task without units gets the empty range where it would have been
-        if r[1] == 0:
-            r[0] = r[1] = position
-        position = r[1]
-    return [(a, b) for a, b in ranges], n_units
+    end = 0
+    for task in ranges:  # a task without units gets the empty range where its units would have been
+        if task[0] < 0:
+            task[0] = task[1] = end
+        end = task[1]
+    return ranges, n_units
