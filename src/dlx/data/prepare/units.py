@@ -1,6 +1,6 @@
 """Work units: the corpus cut into pieces of about `unit_bytes` that workers tokenize independently.
 
-A unit is a run of consecutive small files, or one piece of a large file: a byte range of an uncompressed .jsonl (the
+A unit is a run of consecutive small files (at most MAX_UNIT_FILES), or one piece of a large file: a byte range of an uncompressed .jsonl (the
 range owns the lines that start inside it), a run of whole frames of a .jsonl.zst of several frames (the same rule in
 decompressed bytes), or a run of row groups of a Parquet file. Other large files (gzip, a .zst of one frame, JSON
 arrays, one-document text) are one unit each, streamed by one worker. The plan depends only on the files and
@@ -19,6 +19,7 @@ from dlx.data.prepare.inputs import InputFile
 MIN_UNIT_BYTES = 64 << 10
 MAX_UNIT_BYTES = 16 << 20
 UNITS_PER_CORPUS = 64  # enough units to keep every worker busy and the progress bar moving on a small corpus
+MAX_UNIT_FILES = 1024  # files in one unit at most: bounds what a unit holds (and sends to a worker) for tiny files
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def plan_units(files: Iterable[InputFile], unit_bytes: int) -> Iterator[WorkUnit
     group: list[InputFile] = []
     group_bytes = 0
     for f in files:
-        if f.size < unit_bytes and group_bytes + f.size <= unit_bytes:
+        if f.size < unit_bytes and group_bytes + f.size <= unit_bytes and len(group) < MAX_UNIT_FILES:
             group.append(f)
             group_bytes += f.size
             continue
