@@ -1,11 +1,11 @@
 """Work units: the corpus cut into pieces of about `unit_bytes` that workers tokenize independently.
 
-A unit is a run of consecutive small files (at most MAX_UNIT_FILES), or one piece of a large file: a byte range of an uncompressed .jsonl (the
-range owns the lines that start inside it), a run of whole frames of a .jsonl.zst of several frames (the same rule in
-decompressed bytes), or a run of row groups of a Parquet file. Other large files (gzip, a .zst of one frame, JSON
-arrays, one-document text) are one unit each, streamed by one worker. The plan depends only on the files and
-`unit_bytes`, so a resumed run and every task of a split run rebuild exactly the same units; the documents, and so the
-shards, do not depend on the plan at all.
+A unit is a run of consecutive small files (at most MAX_UNIT_FILES), or one piece of a large file: a byte range of an
+uncompressed .jsonl (the range owns the lines that start inside it), a run of whole frames of a .jsonl.zst of several
+frames (the same rule in decompressed bytes), or a run of row groups of a Parquet file. Other large files (gzip, a .zst
+of one frame, JSON arrays, one-document text) are one unit each, streamed by one worker. The plan depends only on the
+files and `unit_bytes`, so a resumed run and every task of a split run rebuild exactly the same units; the documents,
+and so the shards, do not depend on the plan at all.
 """
 
 from __future__ import annotations
