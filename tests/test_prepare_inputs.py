@@ -7,6 +7,7 @@ import json
 import os
 import random
 import tracemalloc
+import zlib
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -232,34 +233,48 @@ def _skippable(magic: int, payload: bytes) -> bytes:
     return magic.to_bytes(4, "little") + len(payload).to_bytes(4, "little") + payload
 
 
-def _zst_layouts(data: bytes) -> dict[str, tuple[bytes, bool]]:
-    """The same data as .zst files of each layout; (bytes, whether it can be cut into frames)."""
+def _bgzf(data: bytes, member_bytes: int) -> bytes:
+    """BGZF as `bgzip` writes it: gzip members of at most member_bytes, each header holding the member's size, and
+    the empty end-of-file member."""
+    members = []
+    for chunk in [data[i : i + member_bytes] for i in range(0, len(data), member_bytes)] + [b""]:
+        deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+        body = deflate.compress(chunk) + deflate.flush()
+        size = (18 + len(body) + 8 - 1).to_bytes(2, "little")
+        header = b"\x1f\x8b\x08\x04\0\0\0\0\0\xff\x06\0BC\x02\0" + size
+        members.append(header + body + zlib.crc32(chunk).to_bytes(4, "little") + len(chunk).to_bytes(4, "little"))
+    return b"".join(members)
+
+
+def _compressed_layouts(data: bytes) -> dict[str, tuple[str, bytes, bool]]:
+    """The same data compressed in each layout: (suffix, bytes, whether it can be cut into pieces)."""
     plain = _frames(data, 700)
     unsized = _frames(data, 700, content_size=False)
     seek_table = b"".join(len(f).to_bytes(4, "little") + (0).to_bytes(4, "little") for f in unsized)
     footer = len(unsized).to_bytes(4, "little") + b"\0" + (0x8F92EAB1).to_bytes(4, "little")
+    pzstd = b"".join(_skippable(0x184D2A50, len(f).to_bytes(4, "little")) + f for f in plain)
     return {
-        "frames one after another": (b"".join(plain), True),
-        "pzstd (a skippable frame with each frame's size)": (
-            b"".join(_skippable(0x184D2A50, len(f).to_bytes(4, "little")) + f for f in plain),
-            True,
+        "zstd frames one after another": (".zst", b"".join(plain), True),
+        "pzstd (a skippable frame with each frame's size)": (".zst", pzstd, True),
+        "zstd seekable format": (".zst", b"".join(unsized) + _skippable(0x184D2A5E, seek_table + footer), True),
+        "an empty frame in the middle": (".zst", b"".join([*plain[:3], zstandard.compress(b""), *plain[3:]]), True),
+        "zstd frames without sizes or seek table": (".zst", b"".join(unsized), False),
+        "one zstd frame": (".zst", zstandard.compress(data), False),
+        "BGZF members": (".gz", _bgzf(data, 700), True),
+        "gzip members without sizes": (
+            ".gz",
+            b"".join(gzip.compress(data[i : i + 700]) for i in range(0, len(data), 700)),
+            False,
         ),
-        "seekable format (seek table at the end)": (
-            b"".join(unsized) + _skippable(0x184D2A5E, seek_table + footer),
-            True,
-        ),
-        "an empty frame in the middle": (b"".join([*plain[:3], zstandard.compress(b""), *plain[3:]]), True),
-        "frames without sizes or seek table": (b"".join(unsized), False),
-        "one frame": (zstandard.compress(data), False),
     }
 
 
-def test_multi_frame_zst_is_cut_into_units_and_each_line_read_once(tmp_path):
+def test_multi_frame_compressed_jsonl_is_cut_into_units_and_each_line_read_once(tmp_path):
     docs = [f"doc {i} " + random.Random(i).randbytes(i * 37 % 250).hex() for i in range(120)]
     docs[50] = "long " + random.Random(0).randbytes(1500).hex()  # a line longer than several frames
     data = "".join(json.dumps({"text": d}) + "\n" for d in docs).encode()
-    for name, (raw, cuttable) in _zst_layouts(data).items():
-        path = tmp_path / "big.jsonl.zst"
+    for name, (suffix, raw, cuttable) in _compressed_layouts(data).items():
+        path = tmp_path / f"big.jsonl{suffix}"
         path.write_bytes(raw)
         units = list(plan_units([_input(path)], 1000))
         assert (len(units) > 3) == cuttable, (name, len(units))

@@ -1,10 +1,15 @@
-"""Where a .zst file can be cut into pieces that decompress on their own: its frames, found from headers alone.
+"""Where a compressed file can be cut into pieces that decompress on their own, found from headers alone: the frames
+of a .zst, the members of a BGZF .gz.
 
 A file written by `zstd` is usually one frame and cannot be cut. Files of several frames can: `pzstd` (which puts a
 skippable frame holding the next frame's size before each frame), the seekable format (a seek table at the end of
 the file) and frames written one after another. Finding them reads a few bytes per frame with a seek table or pzstd's
 hints, and three bytes per block (128 KB of output) otherwise; a file is only walked block by block when its first
 frame's declared size proves that more frames follow.
+
+A gzip file's members can only be found by decompressing it, except in BGZF (`bgzip`, blocked gzip), where every
+member's header holds its size: those are cut at members, reading 18 bytes per member (64 KB of output); other gzip
+files are one piece.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ BLOCK_MAX = 128 << 10
 BLOCK_HEADER_BYTES = 3
 CHECKSUM_BYTES = 4
 FRAME_HEADER_MAX = 18  # magic number and the longest frame header
+BGZF_HEADER_BYTES = 18  # gzip header with the 6-byte BC extra field
 
 
 def zstd_frame_starts(path: str, size: int) -> Iterator[int]:
@@ -37,6 +43,27 @@ def zstd_frame_starts(path: str, size: int) -> Iterator[int]:
             yield from _walk_frames(fd, size)
         else:
             yield 0
+
+
+def bgzf_member_starts(path: str, size: int) -> Iterator[int]:
+    """The byte offsets of a BGZF file's members, in order (just 0 for any other gzip file)."""
+    with open(path, "rb") as f:
+        pos = 0
+        while pos < size:
+            member = _bgzf_size(os.pread(f.fileno(), BGZF_HEADER_BYTES, pos))
+            if member is None:
+                if pos == 0:
+                    yield 0
+                return  # not a BGZF member: the rest belongs to the last piece, whose reader reports any damage
+            yield pos
+            pos += member
+
+
+def _bgzf_size(header: bytes) -> int | None:
+    """The size of the BGZF member whose header this is, None if it is not one (gzip + the `BC` extra field)."""
+    if len(header) < BGZF_HEADER_BYTES or header[:4] != b"\x1f\x8b\x08\x04" or header[12:16] != b"BC\x02\x00":
+        return None
+    return int.from_bytes(header[16:18], "little") + 1
 
 
 def _u32(data: bytes, at: int = 0) -> int:

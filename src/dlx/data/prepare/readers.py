@@ -81,7 +81,7 @@ def read_unit(unit: WorkUnit, text_field: str) -> Iterator[Item]:
     f = unit.files[0]
     if f.kind == "parquet":
         yield from _parquet_rows(f.path, text_field, range(unit.start, unit.end))
-    elif f.compression == "zst":
+    elif f.compression is not None:
         yield from _guarded(f, _jsonl_frames(f, unit, text_field))
     else:
         yield from _guarded(f, _jsonl_range(f, unit.start, unit.end, text_field))
@@ -197,42 +197,44 @@ def _jsonl_range(f: InputFile, start: int, end: int, text_field: str) -> Iterato
 
 
 def _jsonl_frames(f: InputFile, unit: WorkUnit, text_field: str) -> Iterator[Item]:
-    """The lines that start in the decompressed bytes of the frames in [start, end), the last one read to its end.
+    """The lines that start in the decompressed bytes of the frames (zstd) or members (BGZF) in [start, end), the
+    last one read to its end.
 
     As for byte ranges, a line that straddles `start` belongs to the unit before; whether one does is told by the
     last decompressed byte of the frame before.
     """
-    assert unit.end is not None
-    where = f"zstd frames from byte {unit.start}, line"
+    assert unit.end is not None and f.compression is not None
+    where = f"{'zstd frames' if f.compression == 'zst' else 'gzip members'} from byte {unit.start}, line"
     with open(f.path, "rb") as raw:
         fd = raw.fileno()
-        owns_first = unit.start == 0 or _last_byte(fd, unit.before, unit.start) == b"\n"
+        owns_first = unit.start == 0 or _last_byte(f.compression, fd, unit.before, unit.start) == b"\n"
         rest = None
-        for line, data in enumerate(_zstd_window(fd, unit.start, unit.end), 1):
+        for line, data in enumerate(_window(f.compression, fd, unit.start, unit.end), 1):
             if line == 1 and not owns_first:
                 continue
             if not data.endswith(b"\n") and unit.end < f.size:
-                rest = rest or _zstd_window(fd, unit.end, f.size)
+                rest = rest or _window(f.compression, fd, unit.end, f.size)
                 data += rest.readline()
             item = _parse_line(f.path, data, text_field, line, None, where)
             if item is not None:
                 yield item
 
 
-def _zstd_window(fd: int, start: int, end: int) -> IO[bytes]:
-    """The decompressed bytes of the zstd frames stored in [start, end) of a file."""
-    return io.BufferedReader(
-        zstandard.ZstdDecompressor().stream_reader(_Window(fd, start, end), read_across_frames=True), READ_CHUNK
-    )
+def _window(compression: str, fd: int, start: int, end: int) -> IO[bytes]:
+    """The decompressed bytes of the zstd frames or gzip members stored in [start, end) of a file."""
+    window = _Window(fd, start, end)
+    if compression == "gz":
+        return io.BufferedReader(gzip.GzipFile(fileobj=window, mode="rb"), READ_CHUNK)  # type: ignore[arg-type]
+    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(window, read_across_frames=True), READ_CHUNK)
 
 
-def _last_byte(fd: int, start: int, end: int) -> bytes:
+def _last_byte(compression: str, fd: int, start: int, end: int) -> bytes:
     """The last decompressed byte of the frames in [start, end), looking further back past empty frames."""
-    last, stream = b"", _zstd_window(fd, start, end)
+    last, stream = b"", _window(compression, fd, start, end)
     while block := stream.read(READ_CHUNK):
         last = block[-1:]
     if not last and start > 0:
-        return _last_byte(fd, 0, start)
+        return _last_byte(compression, fd, 0, start)
     return last or b"\n"
 
 

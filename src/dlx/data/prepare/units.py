@@ -2,8 +2,9 @@
 
 A unit is a run of consecutive small files (at most MAX_UNIT_FILES), or one piece of a large file: a byte range of an
 uncompressed .jsonl (the range owns the lines that start inside it), a run of whole frames of a .jsonl.zst of several
-frames (the same rule in decompressed bytes), or a run of row groups of a Parquet file. Other large files (gzip, a .zst
-of one frame, JSON arrays, one-document text) are one unit each, streamed by one worker. The plan depends only on the
+frames or of members of a BGZF .jsonl.gz (the same rule in decompressed bytes), or a run of row groups of a Parquet
+file. Other large files (other gzip, a .zst of one frame, JSON arrays, one-document text) are one unit each, streamed
+by one worker. The plan depends only on the
 files and `unit_bytes`, so a resumed run and every task of a split run rebuild exactly the same units; the documents,
 and so the shards, do not depend on the plan at all.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from dlx.data.prepare.frames import zstd_frame_starts
+from dlx.data.prepare.frames import bgzf_member_starts, zstd_frame_starts
 from dlx.data.prepare.inputs import InputFile
 
 MIN_UNIT_BYTES = 64 << 10
@@ -33,11 +34,11 @@ class WorkUnit:
     files_completed: int
     """Files whose end this unit reads."""
     start: int = 0
-    """First byte (.jsonl, .jsonl.zst) or row group (Parquet) of a piece of one file."""
+    """First byte (.jsonl, .jsonl.zst, .jsonl.gz) or row group (Parquet) of a piece of one file."""
     end: int | None = None
     """One past the last byte or row group of the piece; None reads whole files."""
     before: int = 0
-    """.jsonl.zst pieces: where the frame before `start` begins (its last byte tells whether a line starts at start)."""
+    """Compressed pieces: where the frame before `start` begins (its last byte tells whether a line starts at start)."""
 
 
 def choose_unit_bytes(total_bytes: int) -> int:
@@ -78,7 +79,7 @@ def _pieces(f: InputFile, unit_bytes: int) -> Iterator[Piece]:
         for start in range(0, f.size, unit_bytes):
             end = min(start + unit_bytes, f.size)
             yield start, end, 0, end - start, end == f.size
-    elif f.kind == "jsonl" and f.compression == "zst":
+    elif f.kind == "jsonl" and f.compression in ("zst", "gz"):
         yield from _frame_pieces(f, unit_bytes)
     elif f.kind == "parquet":
         yield from _row_group_pieces(f, unit_bytes)
@@ -87,9 +88,10 @@ def _pieces(f: InputFile, unit_bytes: int) -> Iterator[Piece]:
 
 
 def _frame_pieces(f: InputFile, unit_bytes: int) -> Iterator[Piece]:
-    """Runs of whole zstd frames of about unit_bytes (compressed)."""
+    """Runs of whole zstd frames or BGZF members of about unit_bytes (compressed)."""
     start, before, previous = 0, 0, 0
-    for frame in zstd_frame_starts(f.path, f.size):
+    starts = zstd_frame_starts if f.compression == "zst" else bgzf_member_starts
+    for frame in starts(f.path, f.size):
         if frame - start >= unit_bytes:
             yield start, frame, before, frame - start, False
             start, before = frame, previous
