@@ -7,12 +7,14 @@ both split streams: shard k of a split is tokens [k·shard_tokens, (k+1)·shard_
 few parts it spans. Shards are independent jobs for the worker pool; each is written, fsynced, hashed and renamed into
 place by its worker, and the manifest lists it at the next commit (at most every COMMIT_SECONDS). A killed merge
 resumes with the shards its manifest does not list. A second merge of the same folder is refused while one runs; the
-task folders are deleted once the manifest is complete.
+task folders are deleted (by the workers, in parallel) once the manifest is complete.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -59,6 +61,8 @@ def merge_tasks(out: str | Path, *, workers: int | None = None, progress: bool =
             raise UserError(f"--out {out} holds a one-machine prepare that did not finish; it cannot be merged")
         with make_pool(min(workers or default_workers(), max(plan["units"], 1))) as pool:
             manifest = _write_shards(pool, out, plan, manifest, ui)
+            for _ in pool.imap(remove_files, _file_batches(tasks_dir(out)), 2 * pool.n_workers + 2):
+                pass  # the parts, deleted in parallel (on many filesystems one unlink costs milliseconds)
         shutil.rmtree(tasks_dir(out))
     ui.note(f"merged {plan['tasks']} tasks into {out}: {totals(manifest)} in {time.monotonic() - started:.1f}s")
     return manifest
@@ -184,6 +188,27 @@ def _write_shards(
     finally:
         ui.stop()
     return commit_shards(out, manifest, finished, None)
+
+
+def remove_files(paths: list[str]) -> None:
+    """Delete files (in a worker)."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):  # listed twice while the folder shrank
+            os.unlink(path)
+
+
+def _file_batches(folder: Path, size: int = 256) -> Iterator[list[str]]:
+    """The files in the subfolders of `folder`, a batch at a time."""
+    batch: list[str] = []
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+        for entry in os.scandir(sub):
+            if entry.is_file():
+                batch.append(entry.path)
+                if len(batch) == size:
+                    yield batch
+                    batch = []
+    if batch:
+        yield batch
 
 
 def _part_files(out: Path, plan: dict) -> list[tuple[str, str]]:
