@@ -74,12 +74,12 @@ def prepare_dataset(
     request = opts.request(inputs)
     given = read_tokenizer(opts.tokenizer, opts.add_bos) if opts.tokenizer else None
     sha = given.sha256 if given else None
-    if (out / TASKS_DIR).exists():
+    manifest = existing_dataset(out, request, sha)  # read-only: refuse someone else's folder before creating anything
+    if (manifest is None or not manifest.complete) and (out / TASKS_DIR).exists():
         raise UserError(
             f"--out {out} holds the parts of a prepare split into tasks; run its missing tasks and "
             f"`dlx prepare --merge --out {out}`, or choose a new --out"
         )
-    manifest = existing_dataset(out, request, sha)  # read-only: refuse someone else's folder before creating anything
     if manifest is None or not manifest.complete:
         created = not out.exists()
         out.mkdir(parents=True, exist_ok=True)

@@ -97,7 +97,7 @@ def prepare_task(
     tok = read_tokenizer(tokenizer, opts.add_bos)
     manifest = existing_dataset(out, request, tok.sha256)  # refuses a folder of other inputs before writing
     if manifest is not None and manifest.complete:
-        ui.note(f"{out} is already prepared (the tasks were merged); nothing to do")
+        ui.note(f"{out} is already prepared; nothing to do")
         return None
     if manifest is not None and not (out / TASKS_DIR).exists():
         raise UserError(
