@@ -184,7 +184,7 @@ def _root(spec: str) -> str:
         return os.path.abspath(spec)
     parts = spec.split(os.sep)
     plain = next(i for i, part in enumerate(parts) if glob.has_magic(part))
-    return os.path.abspath(os.sep.join(parts[:plain]) or ".")
+    return os.path.abspath(os.sep.join(parts[:plain]) or (os.sep if spec.startswith(os.sep) else "."))
 
 
 def _ancestors(path: str) -> Iterator[str]:

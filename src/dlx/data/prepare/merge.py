@@ -12,7 +12,9 @@ task folders are deleted (by the workers, in parallel) once the manifest is comp
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import math
 import os
 import shutil
@@ -26,14 +28,23 @@ import numpy as np
 from dlx.data.prepare.encode import COMMIT_SECONDS
 from dlx.data.prepare.options import default_workers
 from dlx.data.prepare.outdir import TASKS_DIR, commit_shards, locked, remove_strays, start_dataset
-from dlx.data.prepare.parts import copy_split, part_paths, split_tokens
+from dlx.data.prepare.parts import copy_split, part_names, split_tokens
 from dlx.data.prepare.pipeline import totals
 from dlx.data.prepare.pool import InlinePool, WorkerPool, make_pool
 from dlx.data.prepare.progress import PrepareProgress
 from dlx.data.prepare.scan import ScanCounts, finish_scan
 from dlx.data.prepare.taskdir import TaskState, read_plan, read_state, task_folder, tasks_dir
 from dlx.data.prepare.writer import ShardWriter
-from dlx.data.shards import MANIFEST_FILE, SPLITS, TOKENIZER_FILE, Manifest, ShardInfo, read_manifest, shard_name
+from dlx.data.shards import (
+    MANIFEST_FILE,
+    SPLITS,
+    TOKENIZER_FILE,
+    Manifest,
+    ShardInfo,
+    Split,
+    read_manifest,
+    shard_name,
+)
 from dlx.errors import UserError
 
 MERGE_RESUME = {"merge": True}
@@ -120,7 +131,7 @@ def _start(out: Path, plan: dict, states: list[TaskState], ui: PrepareProgress) 
 @dataclass(frozen=True)
 class ShardJob:
     folder: str
-    split: str
+    split: Split
     index: int
     dtype: str
     shard_tokens: int
@@ -133,21 +144,25 @@ class ShardJob:
 def count_part(job: tuple[str, str, int]) -> tuple[int, int]:
     """(train, val) tokens of one part (in a worker); UserError if the part is missing."""
     tok, doc, threshold = job
-    if not (Path(tok).is_file() and Path(doc).is_file()):
+    try:
+        tokens = split_tokens(doc, threshold)
+        os.stat(tok)
+    except FileNotFoundError as e:
         task = Path(tok).parent
-        raise UserError(f"{tok} is missing; delete {task} and run task {int(task.name.removeprefix('task-'))} again")
-    tokens = split_tokens(Path(doc), threshold)
+        raise UserError(
+            f"{e.filename} is missing; delete {task} and run task {int(task.name.removeprefix('task-'))} again"
+        ) from None
     return tokens["train"], tokens["val"]
 
 
 def write_shard(job: ShardJob) -> ShardInfo:
     """Write one shard from its pieces (in a worker): fsynced, hashed and renamed to its final name."""
-    writer = ShardWriter(Path(job.folder), job.split, job.dtype, job.shard_tokens, job.eos_id, index=job.index)  # type: ignore[arg-type]
+    writer = ShardWriter(Path(job.folder), job.split, job.dtype, job.shard_tokens, job.eos_id, index=job.index)
     dtype = np.dtype(job.dtype).newbyteorder("<")
     finished: list[ShardInfo] = []
     for tok, doc, skip, take in job.pieces:
         copied = copy_split(
-            (Path(tok), Path(doc)),
+            (tok, doc),
             job.threshold,
             job.split,
             dtype,
@@ -168,18 +183,21 @@ def _write_shards(
 ) -> Manifest:
     """Lay out both splits from the parts' document tables, then write the shards the manifest does not list yet."""
     threshold = manifest.source["scan"]["val_threshold"]
-    parts = _part_files(out, plan)
+    parts = _PartFiles(out, plan)
     window = 2 * pool.n_workers + 2
-    counts = np.array(list(pool.imap(count_part, ((t, d, threshold) for t, d in parts), window)), dtype=np.int64)
-    jobs = list(_shard_jobs(out, plan, manifest, parts, counts.reshape(-1, 2), threshold))
+    jobs = ((*parts(u), threshold) for u in range(plan["units"]))
+    counts = np.array(list(pool.imap(count_part, jobs, window)), dtype=np.int64).reshape(-1, 2)  # (units, splits)
     remove_strays(out, {s.name for s in manifest.shards})
     itemsize = np.dtype(manifest.dtype).itemsize
-    total = sum(take for job in jobs for *_, take in job.pieces)
-    ui.start("merge ", total * itemsize, len(jobs), show_tokens=True, count_label="shards")
+    shard_tokens = plan["request"]["shard_tokens"]
+    left = [(n, math.ceil(n / shard_tokens)) for n in counts.sum(axis=0).tolist()]  # (tokens, shards) per split
+    todo = sum(k for _, k in left) - len(manifest.shards)
+    left_bytes = (sum(n for n, _ in left) - sum(s.tokens for s in manifest.shards)) * itemsize
+    ui.start("merge ", left_bytes, todo, show_tokens=True, count_label="shards")
     finished: list[ShardInfo] = []
     last_commit = time.monotonic()
     try:
-        for info in pool.imap(write_shard, jobs, window):
+        for info in pool.imap(write_shard, _shard_jobs(out, plan, manifest, parts, counts, threshold), window):
             finished.append(info)
             if time.monotonic() - last_commit >= COMMIT_SECONDS:
                 manifest, finished = commit_shards(out, manifest, finished, MERGE_RESUME), []
@@ -188,6 +206,23 @@ def _write_shards(
     finally:
         ui.stop()
     return commit_shards(out, manifest, finished, None)
+
+
+class _PartFiles:
+    """(tokens, documents) files of a unit's part, in the folder of the task whose range holds the unit."""
+
+    def __init__(self, out: Path, plan: dict):
+        ranges = plan["ranges"]
+        contiguous = all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+        if not ranges or ranges[0][0] != 0 or ranges[-1][1] != plan["units"] or not contiguous:
+            raise UserError(f"{out}/{TASKS_DIR}/plan.json is damaged (its tasks do not cover its units); delete {out}")
+        self.firsts = [first for first, *_ in ranges]
+        self.folders = [str(task_folder(out, task)) for task in range(len(ranges))]
+
+    def __call__(self, unit: int) -> tuple[str, str]:
+        folder = self.folders[bisect.bisect_right(self.firsts, unit) - 1]  # tasks without units share the next first
+        tok, doc = part_names(unit)
+        return f"{folder}/{tok}", f"{folder}/{doc}"
 
 
 def remove_files(paths: list[str]) -> None:
@@ -211,19 +246,8 @@ def _file_batches(folder: Path, size: int = 256) -> Iterator[list[str]]:
         yield batch
 
 
-def _part_files(out: Path, plan: dict) -> list[tuple[str, str]]:
-    """(tokens, documents) files of every unit, in unit order, from the task that encoded it."""
-    files = []
-    for task, (first, end, *_) in enumerate(plan["ranges"]):
-        folder = task_folder(out, task)
-        files.extend(tuple(str(p) for p in part_paths(folder, unit)) for unit in range(first, end))
-    if len(files) != plan["units"]:
-        raise UserError(f"{out}/{TASKS_DIR}/plan.json is damaged (its tasks do not cover its units); delete {out}")
-    return files  # type: ignore[return-value]
-
-
 def _shard_jobs(
-    out: Path, plan: dict, manifest: Manifest, parts: list[tuple[str, str]], counts: np.ndarray, threshold: int
+    out: Path, plan: dict, manifest: Manifest, parts: _PartFiles, counts: np.ndarray, threshold: int
 ) -> Iterator[ShardJob]:
     """One job per shard the manifest does not list: the pieces of parts that make up its tokens."""
     shard_tokens, listed = plan["request"]["shard_tokens"], {s.name for s in manifest.shards}
@@ -238,7 +262,7 @@ def _shard_jobs(
             lo, hi = k * shard_tokens, min((k + 1) * shard_tokens, total)
             first, end = np.searchsorted(ends, lo, side="right"), np.searchsorted(starts, hi, side="left")
             pieces = [
-                (*parts[u], int(max(lo - starts[u], 0)), int(min(hi, ends[u]) - max(lo, starts[u])))
+                (*parts(u), int(max(lo - starts[u], 0)), int(min(hi, ends[u]) - max(lo, starts[u])))
                 for u in range(first, end)
                 if per_unit[u]
             ]

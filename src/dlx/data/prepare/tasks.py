@@ -150,16 +150,7 @@ def _encode_share(
     _remove_uncommitted(folder, state.next_unit)
     _, end, nbytes, nfiles = plan["ranges"][state.index]
     if state.next_unit < end:
-        share = itertools.islice(plan_units(inputs, plan["unit_bytes"]), state.next_unit, end)
-        sample = sample_documents(share, opts.text_field, CHECK_SAMPLE_CHARS)
-        encoder, why = choose_encoder(tok.json_text, spread(sample, CHECK_SAMPLE_CHARS))
-        ui.note(why)
-        spools = folder / WORK_DIR / str(os.getpid())
-        spools.mkdir(parents=True)
-        rule = ScanRule.of(opts)
-        setup = EncodeSetup(
-            tok.json_text, encoder, rule, tok.eos_id, tok.bos_id, token_dtype(tok.vocab_size), str(spools), True
-        )
+        setup = _setup(folder, inputs, opts, plan, range(state.next_unit, end), tok, ui)
         units = itertools.islice(plan_units(inputs, plan["unit_bytes"]), state.next_unit, end)
         with make_pool(min(opts.workers, end - state.next_unit)) as pool:
             pool.broadcast(setup_encoder, setup)
@@ -168,9 +159,9 @@ def _encode_share(
             last_commit = time.monotonic()
             try:
                 for res in pool.imap(encode_unit, units, window=2 * pool.n_workers + 2):
-                    for path in part_paths(spools, res.index):
+                    for path in part_paths(setup.spool_dir, res.index):
                         os.replace(path, folder / path.name)
-                    state.counts.add(res.counts, rule.keep_smallest)
+                    state.counts.add(res.counts, setup.rule.keep_smallest)
                     state.tokens, state.next_unit = state.tokens + res.tokens, res.index + 1
                     if time.monotonic() - last_commit >= COMMIT_SECONDS:
                         write_state(out, state)
@@ -181,6 +172,27 @@ def _encode_share(
                 clear_work(folder)
     state.done = True
     write_state(out, state)
+
+
+def _setup(
+    folder: Path,
+    inputs: InputList,
+    opts: PrepareOptions,
+    plan: dict,
+    share: range,
+    tok: TokenizerInfo,
+    ui: PrepareProgress,
+) -> EncodeSetup:
+    """What the workers encode with: the fast path when it matches HF on the share's first documents; durable parts
+    written into this run's own spool folder."""
+    units = itertools.islice(plan_units(inputs, plan["unit_bytes"]), share.start, share.stop)
+    sample = sample_documents(units, opts.text_field, CHECK_SAMPLE_CHARS)
+    encoder, why = choose_encoder(tok.json_text, spread(sample, CHECK_SAMPLE_CHARS))
+    ui.note(why)
+    spools = folder / WORK_DIR / str(os.getpid())
+    spools.mkdir(parents=True)
+    dtype = token_dtype(tok.vocab_size)
+    return EncodeSetup(tok.json_text, encoder, ScanRule.of(opts), tok.eos_id, tok.bos_id, dtype, str(spools), True)
 
 
 def _remove_uncommitted(folder: Path, next_unit: int) -> None:
