@@ -11,7 +11,8 @@ for 5 TB on 16 nodes × 64 cores.
    `merge_tasks(workers=1)` (no process start).
 2. Merge of 10,000 work units: a JSON lines file of 10,000 documents cut into ~10,000 units (the unit size lowered in
    this process), encoded by two tasks; then `dlx prepare --merge` with 1 and 2 workers: wall clock and peak resident
-   memory (the merging process, and its largest worker). The same corpus in 100 units separates the cost per unit.
+   memory (the merging process's VmHWM, also once dlx is imported; its workers polled). The same corpus in 100 units
+   separates the cost per unit.
 3. JSON array reading: `readers.read_file` on the corpus as one JSON array (ijson) and as JSON lines, MB/s.
 4. Projection for 5 TB on 16 nodes × 64 cores, from the per-core fast-path rate in BENCHMARKS.md's Tokenization
    section and the merge rates measured here; every assumption is printed with it.
@@ -38,6 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from bench_tokenize import build_corpus
 from dlx.data.prepare import merge_tasks, prepare_task, units
@@ -148,19 +150,34 @@ def copy_rate(folder: Path, scratch: Path, repeats: int = 5) -> tuple[float, flo
     return copied * dtype.itemsize / seconds / 1e6, copied * dtype.itemsize / cpu_seconds / 1e6
 
 
-def merge_memory(out: Path, workers: int) -> tuple[float, float, float]:
-    """(wall s, peak RSS MB of the merging process, peak RSS MB of its largest worker) of `dlx prepare --merge`."""
+def merge_memory(out: Path, workers: int) -> tuple[float, float, float, float]:
+    """(wall s, peak RSS MB of the merging process, its RSS MB once dlx is imported (before merging), largest RSS MB
+    seen of a worker) of `dlx prepare --merge`. The merging process reports its own VmHWM (exact); workers are polled
+    every 20 ms."""
     code = (
-        "import json, resource, sys; from dlx.cli.app import main; sys.argv = ['dlx', 'prepare', '--out', "
-        f"{str(out)!r}, '--merge', '--workers', '{workers}', '--no-progress']\n"
+        "import re, sys; from pathlib import Path; from dlx.cli.app import main\n"
+        "def hwm(): return int(re.search(r'VmHWM:\\s+(\\d+)', Path('/proc/self/status').read_text()).group(1))\n"
+        f"base = hwm(); sys.argv = ['dlx', 'prepare', '--out', {str(out)!r}, '--merge', '--workers', '{workers}', "
+        "'--no-progress']\n"
         "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-        "print(json.dumps([resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]))"
+        "print(hwm(), base)"
     )
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker_peak = 0
+    while proc.poll() is None:
+        try:
+            rss = [c.memory_info().rss for c in psutil.Process(proc.pid).children()]
+        except psutil.Error:
+            rss = []
+        worker_peak = max([worker_peak, *rss])
+        time.sleep(0.02)
+    out_text, err = proc.communicate()
     wall = time.perf_counter() - start
-    rss_self, rss_children = json.loads(done.stdout.strip().splitlines()[-1])
-    return wall, rss_self / 1024, rss_children / 1024
+    if proc.returncode:
+        raise RuntimeError(f"merge failed:\n{err}")
+    peak, base = map(int, out_text.split()[-2:])
+    return wall, peak / 1024, base / 1024, worker_peak / 2**20
 
 
 def many_units(tmp: Path, tok: Path, n_units: int) -> dict:
@@ -305,15 +322,15 @@ def report(part1: dict, part2: dict, arrays: dict, corpus_mb: float, rounds: int
         "",
         "Part 2: merge of many work units (synthetic: 1 KB documents, one per unit; 2 tasks):",
         "",
-        "| units | tokens | encode (2 tasks, in-process): s | merge, 1 worker: s, peak RSS MB | merge, 2 workers: s, "
-        "peak RSS MB (merging process / largest worker) |",
+        "| units | tokens | encode (2 tasks, in-process): s | merge, 1 worker: s, peak RSS MB (before merging) | "
+        "merge, 2 workers: s, peak RSS MB (merging process / largest worker) |",
         "|---|---|---|---|---|",
     ]
     for wanted in sorted(part2, reverse=True):
         p = part2[wanted]
         lines.append(
             f"| {p['units']:,} | {p['manifest'].summary()['tokens']:,} | {p['encode']:.1f} | {p['w1'][0]:.1f}, "
-            f"{p['w1'][1]:.0f} | {p['w2'][0]:.1f}, {p['w2'][1]:.0f} / {p['w2'][2]:.0f} |"
+            f"{p['w1'][1]:.0f} ({p['w1'][2]:.0f}) | {p['w2'][0]:.1f}, {p['w2'][1]:.0f} / {p['w2'][3]:.0f} |"
         )
     lines += [
         "",
