@@ -281,3 +281,14 @@ def test_task_numbers_come_from_options_then_the_launcher(tasks, index, environ,
 def test_bad_task_numbers_are_user_errors(tasks, index, environ, needle):
     with pytest.raises(UserError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         task_slot(tasks, index, environ)
+
+
+def test_merge_refuses_a_tokenizer_changed_after_the_tasks(tmp_path, tiny_tokenizer):
+    write_jsonl(tmp_path / "a.jsonl", make_documents(50, seed=35))
+    out = tmp_path / "out"
+    run_tasks([str(tmp_path / "a.jsonl")], out, 2, tokenizer=tiny_tokenizer)
+    (out / ".tasks" / "tokenizer.json").write_text(tiny_tokenizer.read_text().replace('"model"', '"model" ', 1))
+    before = tree_bytes(out)
+    with pytest.raises(UserError, match=r"tokenizer\.json was changed by hand"):
+        merge_tasks(out, workers=1, progress=False)
+    assert tree_bytes(out) == before

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import hashlib
 import itertools
 import math
 import os
@@ -124,6 +125,8 @@ def _start(out: Path, plan: dict, states: list[TaskState], ui: PrepareProgress) 
             ui.note(f"  {example}")
     tok = plan["tokenizer"]
     json_text = (tasks_dir(out) / TOKENIZER_FILE).read_bytes().decode("utf-8")
+    if hashlib.sha256(json_text.encode("utf-8")).hexdigest() != tok["sha256"]:
+        raise UserError(f"{tasks_dir(out) / TOKENIZER_FILE} was changed by hand; delete {out} and run the tasks again")
     source = {"inputs": plan["inputs"], "request": plan["request"], "scan": summary.record(), "resume": MERGE_RESUME}
     return start_dataset(out, source, json_text, tok["sha256"], tok["vocab_size"], tok["eos_id"], tok["bos_id"])
 
