@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +122,7 @@ class StepProfiler:
         self._profile.start()
 
     def _finish(self) -> None:
+        started = time.perf_counter()
         prof, self._profile = self._profile, None
         assert prof is not None
         prof.stop()
@@ -131,9 +133,11 @@ class StepProfiler:
         averages = prof.key_averages()
         summary = top_ops(averages, self.device, self.window.top_ops)
         summary.update(steps=list(self._steps), rank=self.rank, trace=trace.name, trace_bytes=trace.stat().st_size)
+        table = averages.table(sort_by=summary["sort_by"])
+        summary["finish_s"] = time.perf_counter() - started  # stop, export and tables: time outside any step
         prefix = self.folder / f"rank{self.rank}"
         atomic_write_text(f"{prefix}-top_ops.json", json.dumps(summary, indent=1) + "\n")
-        atomic_write_text(f"{prefix}-top_ops.txt", averages.table(sort_by=summary["sort_by"]) + "\n")
+        atomic_write_text(f"{prefix}-top_ops.txt", table + "\n")
         self.written = [trace, Path(f"{prefix}-top_ops.json"), Path(f"{prefix}-top_ops.txt")]
         if self.device.type == "cuda" and self.window.memory_snapshot:
             from dlx.metrics import cuda_memory  # CUDA only
@@ -141,7 +145,7 @@ class StepProfiler:
             self.written += cuda_memory.write_snapshot(self.folder, f"rank{self.rank}-memory")
         self._steps = []
         self.say("\n".join(top_ops_lines(summary)))
-        self.say(f"profile: {', '.join(str(p) for p in self.written)}")
+        self.say(f"profile: {', '.join(str(p) for p in self.written)} (in {time.perf_counter() - started:.1f} s)")
 
 
 def export_trace(prof: profile, path: Path) -> None:
