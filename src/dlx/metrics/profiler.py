@@ -68,6 +68,7 @@ class StepProfiler:
         device: torch.device,
         timer: PhaseTimer,
         say: Callable[[str], None],
+        meet: Callable[[], None] = lambda: None,
     ) -> None:
         self.window = window
         self.folder = Path(run_dir) / PROFILE_DIR
@@ -76,6 +77,9 @@ class StepProfiler:
         self.timer = timer
         self.say = say
         """Prints on rank 0 (the run's console)."""
+        self.meet = meet
+        """Waits for every rank (a barrier under torchrun): ranks start and write their profiles in different times,
+        and a rank's wait for another in the next step's collectives would become step time."""
         self._profile: profile | None = None
         self._steps: list[int] = []
         """Steps recorded by the running profile."""
@@ -92,6 +96,7 @@ class StepProfiler:
         if self._profile is None:
             with self.timer.paused():
                 self._start()
+                self.meet()
         with record_function(f"{STEP_LABEL}{step}"):
             yield
         self._steps.append(step)
@@ -99,6 +104,7 @@ class StepProfiler:
         if step == self.window.last:
             with self.timer.paused():
                 self._finish()
+                self.meet()
 
     def take_profiled_steps(self) -> list[int]:
         """The profiled steps since the last call: the metrics record being written covers them."""

@@ -60,7 +60,7 @@ def build_profiler(
 ) -> StepProfiler:
     p = config.profile
     window = ProfileWindow(p.start, p.steps, p.with_stack, p.top_ops, p.memory_snapshot)
-    return StepProfiler(window, run_dir, env.rank, device, timer, console.print)
+    return StepProfiler(window, run_dir, env.rank, device, timer, console.print, distributed.barrier)
 
 
 def observed_columns(run: Run) -> dict[str, Any]:
