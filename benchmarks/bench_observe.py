@@ -12,7 +12,9 @@ round by round, so that the load other processes put on the machine hits all ali
 
 A run's figures are the median and the minimum `step_s` of its records after `--warmup` steps (`step_s` includes the
 logging of the previous record: it is the wall time between two `end_step`s; the minimum is the step least disturbed
-by other processes); a round's ratio is setting ÷ files of that round. Also measured directly: the cost of one
+by other processes), and the median CPU time the training thread spent between two `end_step`s (the step and the
+logging after it; what other processes do on a shared machine moves it far less than wall time); a round's ratio is
+setting ÷ files of that round. Also measured directly: the cost of one
 `MetricsLogger.log` call with and without the W&B sink, the CPU time of W&B's service processes (wandb-core and its
 system monitor, which run beside training), and what the sampling thread and one counters window cost.
 
@@ -29,6 +31,7 @@ import argparse
 import contextlib
 import datetime
 import io
+import itertools
 import json
 import os
 import statistics
@@ -41,6 +44,7 @@ import psutil
 
 from dlx.metrics import gpu_monitor
 from dlx.metrics.logger import MetricsLogger
+from dlx.metrics.timing import PhaseTimer
 from dlx.train import run as run_module
 from dlx.train.config import build_config
 from dlx.train.demo import DEMO_DATA, demo_recipe, prepare_demo_data
@@ -129,21 +133,36 @@ def service_cpu_s() -> float:
 
 
 def one_run(setting: str, data: Path, steps: int, warmup: int, run_dir: Path) -> dict[str, float]:
-    """Median and minimum step_s of the records after `warmup`, the run's wall time and its children's CPU time."""
-    real_open = run_module.open_gpu_counters
+    """Median and minimum step_s of the records after `warmup`, the median CPU time of the training thread per step
+    (between two `end_step`s: the step and the logging after it), the run's wall time and its children's CPU time."""
+    real_open, real_end_step = run_module.open_gpu_counters, PhaseTimer.end_step
     if setting == "nvml":  # the CPU has no NVML: counters on the fake, as on a GPU they would be opened
         run_module.open_gpu_counters = lambda device, enabled=True: gpu_monitor.NvmlCounters(FakeNvml(), 0)
+    thread_cpu: list[float] = []
+
+    def end_step(timer: PhaseTimer) -> dict[str, float]:
+        thread_cpu.append(time.thread_time())
+        return real_end_step(timer)
+
+    PhaseTimer.end_step = end_step
     cpu_before, start = service_cpu_s(), time.perf_counter()
     try:
         log = {"wandb": setting == "wandb", "wandb_project": "dlx-bench"}
         records = train_quietly(recipe(data, steps, log=log), run_dir)
     finally:
-        run_module.open_gpu_counters = real_open
+        run_module.open_gpu_counters, PhaseTimer.end_step = real_open, real_end_step
     if setting == "nvml":
         assert records[-1]["gpu_util_pct"] == 97.0, "the counters did not reach the records"
     step_s = [r["step_s"] for r in records[warmup:]]
+    step_cpu = [b - a for a, b in itertools.pairwise(thread_cpu[warmup:])]
     wall_s, service_s = time.perf_counter() - start, service_cpu_s() - cpu_before
-    return {"median": statistics.median(step_s), "min": min(step_s), "wall": wall_s, "service_cpu": service_s}
+    return {
+        "median": statistics.median(step_s),
+        "min": min(step_s),
+        "cpu": statistics.median(step_cpu),
+        "wall": wall_s,
+        "service_cpu": service_s,
+    }
 
 
 def overhead_rounds(data: Path, rounds: int, steps: int, warmup: int, tmp: Path) -> dict[str, list[dict]]:
@@ -155,7 +174,7 @@ def overhead_rounds(data: Path, rounds: int, steps: int, warmup: int, tmp: Path)
             results[setting].append(run)
             print(
                 f"round {round_index + 1}/{rounds} {setting}: step median {1e3 * run['median']:.1f} ms, "
-                f"min {1e3 * run['min']:.1f} ms",
+                f"min {1e3 * run['min']:.1f} ms, training-thread CPU {1e3 * run['cpu']:.1f} ms",
                 flush=True,
             )
     return results
@@ -230,17 +249,14 @@ def report(
     results: dict[str, list[dict]], costs: dict[str, float], nvml: dict[str, float], profiles: list[dict]
 ) -> list[str]:
     lines = [
-        "| setting | step ms, median of runs (median / min step) | ÷ files per round, median step | ÷ files per "
-        "round, min step |",
-        "|---|---|---|---|",
+        "| setting | step ms, median of runs (median / min step; thread CPU) | ÷ files per round: median step "
+        "| min step | training-thread CPU per step |",
+        "|---|---|---|---|---|",
     ]
     for setting, runs in results.items():
-        median_ms = 1e3 * statistics.median(r["median"] for r in runs)
-        min_ms = 1e3 * statistics.median(r["min"] for r in runs)
-        lines.append(
-            f"| {setting} | {median_ms:.0f} / {min_ms:.0f} | {spread(ratios(results, setting, 'median'))} | "
-            f"{spread(ratios(results, setting, 'min'))} |"
-        )
+        median_ms, min_ms, cpu_ms = (1e3 * statistics.median(r[k] for r in runs) for k in ("median", "min", "cpu"))
+        per_round = " | ".join(spread(ratios(results, setting, figure)) for figure in ("median", "min", "cpu"))
+        lines.append(f"| {setting} | {median_ms:.0f} / {min_ms:.0f}; {cpu_ms:.0f} | {per_round} |")
     service = sum(r["service_cpu"] for r in results["wandb"]) / sum(r["wall"] for r in results["wandb"])
     step_ms = 1e3 * statistics.median(r["median"] for r in results["files"])
     extra_us = 1e6 * (costs["wandb"] - costs["files"])

@@ -166,3 +166,15 @@ def test_dlx_bench_measures_the_counters_over_the_timed_steps(monkeypatch):
 def test_format_columns_shows_only_what_the_record_has():
     assert gpu_monitor.format_columns({"step": 1}) == ""
     assert gpu_monitor.format_columns({"gpu_util_pct": 99.6, "mem_util_pct": None}) == "gpu 100% · mem n/a"
+
+
+def test_a_refused_read_leaves_the_window_null_and_the_run_going():
+    fake = FakeNvml([(50, 10)])
+    counters = NvmlCounters(fake, 0, interval_s=60)
+
+    def refuse(handle):
+        raise fake.NVMLError("GPU is lost")
+
+    fake.nvmlDeviceGetUtilizationRates = refuse
+    assert counters.window() == dict.fromkeys(gpu_monitor.RECORD_KEYS)
+    counters.close()

@@ -227,3 +227,35 @@ def test_two_fsdp_ranks_sample_and_profile_together(tmp_path, data):
     assert [s["step"] for s in samples] == [2, 4]
     traces = sorted(p.name for p in (tmp_path / "run" / "profile").glob("*.pt.trace.json"))
     assert traces == ["rank0-steps2-3.pt.trace.json", "rank1-steps2-3.pt.trace.json"]
+
+
+def test_wandb_failing_under_way_is_one_line_and_the_files_go_on(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    from dlx.metrics.logger import MetricsLogger
+    from dlx.metrics.wandb_sink import WandbSink
+
+    class BrokenRun:
+        def __init__(self):
+            self.calls = 0
+
+        def log(self, values, step):
+            self.calls += 1
+            raise ConnectionError("W&B service died")
+
+    broken = BrokenRun()
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: broken)
+    said = []
+    with MetricsLogger(tmp_path, wandb=WandbSink(tmp_path, "p", None, {}, said.append)) as logger:
+        for step in (1, 2, 3):
+            logger.log({"step": step, "loss": 1.0})
+    assert broken.calls == 1 and said == [
+        "W&B failed (ConnectionError: W&B service died); this run logs to its files only from here on"
+    ]
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+    def unreachable(**kwargs):
+        raise TimeoutError("no answer from the server in 90 s")
+
+    monkeypatch.setattr(wandb, "init", unreachable)
+    sink = WandbSink(tmp_path, "p", None, {}, said.append)
+    assert sink.run is None and said[-1].startswith("W&B: could not start a run (TimeoutError: no answer")

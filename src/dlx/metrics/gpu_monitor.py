@@ -85,16 +85,20 @@ class NvmlCounters:
         self._thread.start()
 
     def window(self) -> dict[str, float | None]:
-        """Mean utilisation since the previous call (one read now if the thread made none) and GPM activity."""
+        """Mean utilisation since the previous call (one read now if the thread made none) and GPM activity; null
+        where the driver refused a read (the run goes on)."""
         with self._lock:
             sums, reads = self._sums, self._reads
             self._sums, self._reads = [0.0, 0.0], 0
-        if reads == 0:
-            sums, reads = self._read(), 1
-        values: dict[str, float | None] = {
-            key: total / reads for key, total in zip(UTILIZATION_KEYS, sums, strict=True)
-        }
-        values.update(self.gpm.window() if self.gpm else dict.fromkeys(GPM_METRICS))
+        values: dict[str, float | None] = dict.fromkeys(RECORD_KEYS)
+        try:
+            if reads == 0:
+                sums, reads = self._read(), 1
+            values.update({key: total / reads for key, total in zip(UTILIZATION_KEYS, sums, strict=True)})
+            if self.gpm:
+                values.update(self.gpm.window())
+        except self.nvml.NVMLError:
+            pass
         return values
 
     def describe(self) -> str:

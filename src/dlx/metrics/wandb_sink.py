@@ -13,8 +13,9 @@ its server at start) is one line on stderr, and the run goes on with its files o
 
 from __future__ import annotations
 
+import contextlib
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,34 +78,47 @@ class WandbSink:
             for key, value in record.items()
             if key not in NOT_LOGGED and isinstance(value, (int, float)) and not isinstance(value, bool)
         }
-        self.run.log(values, step=int(record["step"]))
+        with self._guard():
+            self.run.log(values, step=int(record["step"]))
 
     def log_sample(self, record: dict[str, Any]) -> None:
         """All samples so far as one table (W&B shows the latest), at the sample's step."""
         if self.run is None:
             return
         self.samples.append([record["step"], record["prompt"], record["text"]])
-        table = self.wandb.Table(columns=["step", "prompt", "text"], data=list(self.samples))
-        self.run.log({"samples": table}, step=int(record["step"]))
+        with self._guard():
+            table = self.wandb.Table(columns=["step", "prompt", "text"], data=list(self.samples))
+            self.run.log({"samples": table}, step=int(record["step"]))
 
     def finish_run(self, step: int, verdict: Any, files: Sequence[Path]) -> None:
         """The verdict into the summary, the plots as images at the last step, report.md as a run file."""
         if self.run is None:
             return
-        if verdict is not None:
-            self.run.summary.update({"verdict/kind": verdict.kind, "verdict/reason": verdict.reason})
-            self.run.summary["verdict/suggestion"] = verdict.suggestion
-        images = {f"plots/{p.stem}": self.wandb.Image(str(p)) for p in files if p.suffix == ".png" and p.is_file()}
-        if images:
-            self.run.log(images, step=step)
-        for path in files:
-            if path.suffix == ".md" and path.is_file():
-                self.run.save(str(path), base_path=str(self.run_dir), policy="now")
+        with self._guard():
+            if verdict is not None:
+                self.run.summary.update({"verdict/kind": verdict.kind, "verdict/reason": verdict.reason})
+                self.run.summary["verdict/suggestion"] = verdict.suggestion
+            pngs = [p for p in files if p.suffix == ".png" and p.is_file()]
+            if pngs:
+                self.run.log({f"plots/{p.stem}": self.wandb.Image(str(p)) for p in pngs}, step=step)
+            for path in files:
+                if path.suffix == ".md" and path.is_file():
+                    self.run.save(str(path), base_path=str(self.run_dir), policy="now")
 
     def close(self) -> None:
         if self.run is not None:
-            self.run.finish()
+            with self._guard():
+                self.run.finish()
+        self.run = None
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """The first error W&B raises is one line, and W&B is left alone from then on (every method checks run)."""
+        try:
+            yield
+        except Exception as error:  # whatever W&B raises, training goes on with its files (decided above)
             self.run = None
+            self.warn(f"W&B failed ({type(error).__name__}: {error}); this run logs to its files only from here on")
 
 
 def _run_id(run_dir: Path) -> str:
