@@ -208,7 +208,7 @@ def test_corrupt_and_unreadable_files_are_one_bad_record(tmp_path):
     assert "no 'text' column" in bad.reason
 
 
-def test_resolve_inputs_orders_dedupes_and_filters(tmp_path):
+def test_input_list_orders_dedupes_and_filters(tmp_path):
     (tmp_path / "b").mkdir()
     for name in ["b/2.jsonl", "b/1.py", "b/skip.bin", "a.txt"]:
         (tmp_path / name).write_text("x")
