@@ -13,16 +13,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dlx.cli.model_commands import _load_for_export, _model_folder
+from dlx.cli.model_commands import _model_folder
 from dlx.errors import UserError
 from dlx.model.hf import dlx_to_hf_name
 from dlx.model.llama import Transformer
 from dlx.model.presets import resolve_model_args
 from dlx.parallel.config import ParallelConfig
 from dlx.parallel.distributed import DistEnv
-from dlx.parallel.materialize import materialize
+from dlx.parallel.materialize import canonical_name, local_region, materialize
 from dlx.parallel.strategy import Strategy, check_format
 from dlx.parallel.tensor import check_layout
+from dlx.train.checkpoint import load_checkpoint_model
 from dlx.train.config import build_config
 from dlx.train.launch import launch
 from test_parallel import LOSS_TOLERANCE, PARAM_TOLERANCE, RUN, TESTS, final_weights, max_difference, torchrun
@@ -140,7 +141,7 @@ def test_export_hf_reads_a_dcp_checkpoint(tp2_run, tmp_path):
     assert all(torch.equal(exported[dlx_to_hf_name(name)], tensor) for name, tensor in saved.items())
     run_dir = resumable_copy(tp2_run[0], tmp_path)  # its newest checkpoint is step 2: DCP shards only
     assert _model_folder(run_dir) == run_dir / "checkpoints" / step2.name
-    earlier = _load_for_export(_model_folder(run_dir)).state_dict()
+    earlier = load_checkpoint_model(_model_folder(run_dir)).state_dict()
     assert not torch.equal(earlier["output.weight"], saved["output.weight"])
 
 
@@ -179,3 +180,19 @@ def test_bad_layouts_are_one_line(tmp_path):
     result = run_cli(["pretrain", *RUN, *TP2, "--run-dir", str(tmp_path / "run")], tmp_path)  # no torchrun
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
     assert "torchrun --nproc_per_node 2" in result.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_shard_filler_replaces_the_random_init():
+    """`materialize(fill=...)`: the hook `model.init_from` loads through; each parameter's local region is filled from
+    stored weights and nothing is drawn."""
+    args = resolve_model_args("debug")
+    stored = Transformer(args).state_dict()
+
+    def fill(model: Transformer) -> None:
+        for name, param in model.named_parameters():
+            param.copy_(stored[canonical_name(name)][local_region(param)])
+
+    with torch.device("meta"):
+        model = Transformer(args)
+    materialize(model, torch.device("cpu"), seed=5, fill=fill)
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in stored.items())

@@ -76,8 +76,9 @@ def export_hf(
 ) -> None:
     """Write a dlx checkpoint as a Hugging Face Llama folder (`LlamaForCausalLM.from_pretrained` loads it)."""
     from dlx.model.hf import save_hf
+    from dlx.train.checkpoint import load_checkpoint_model
 
-    save_hf(_load_for_export(_model_folder(checkpoint)), out_dir, overwrite=overwrite)
+    save_hf(load_checkpoint_model(_model_folder(checkpoint)), out_dir, overwrite=overwrite)
     print(f"wrote {out_dir}/config.json and {out_dir}/model.safetensors")
 
 
@@ -99,6 +100,7 @@ def _model_folder(path: Path) -> Path:
     model.safetensors or a DCP checkpoint (`dcp/.metadata`)."""
     from dlx.errors import UserError
     from dlx.model.io import WEIGHTS_FILE
+    from dlx.train.checkpoint import DCP_METADATA
 
     markers = (WEIGHTS_FILE, DCP_METADATA)
     if any((path / marker).is_file() for marker in markers):
@@ -107,24 +109,6 @@ def _model_folder(path: Path) -> Path:
     for candidate in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True):
         return candidate.parent if candidate.name == WEIGHTS_FILE else candidate.parent.parent
     raise UserError(f"{path} holds no {WEIGHTS_FILE} nor dcp/; give a dlx model folder, checkpoint or run folder")
-
-
-DCP_METADATA = "dcp/.metadata"
-
-
-def _load_for_export(folder: Path):
-    """The model of a folder: from model.safetensors, else the whole weights read from its DCP shards."""
-    from dlx.errors import UserError
-    from dlx.model.args import ModelArgs
-    from dlx.model.io import ARGS_FILE, WEIGHTS_FILE, load_model, model_from_state_dict
-    from dlx.parallel.dcp import read_full_weights
-
-    if (folder / WEIGHTS_FILE).is_file():
-        return load_model(folder)
-    if not (folder / ARGS_FILE).is_file():
-        raise UserError(f"{folder} is not a dlx checkpoint: {ARGS_FILE} is missing")
-    args = ModelArgs.model_validate_json((folder / ARGS_FILE).read_text())
-    return model_from_state_dict(args, read_full_weights(folder / "dcp", args), "cpu")
 
 
 def register(app: typer.Typer) -> None:

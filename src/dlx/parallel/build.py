@@ -15,7 +15,7 @@ from dlx.errors import UserError
 from dlx.model.llama import Transformer
 from dlx.parallel.config import ParallelConfig
 from dlx.parallel.distributed import DistEnv
-from dlx.parallel.materialize import WeightSource
+from dlx.parallel.materialize import ShardFiller
 from dlx.parallel.strategy import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
 from dlx.parallel.tensor import build_mesh
 from dlx.parallel.wrap import parallelize
@@ -56,12 +56,12 @@ def build_strategy(
     make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
     shape: StepShape,
     seed: int = 0,
-    weights: WeightSource | None = None,
+    fill: ShardFiller | None = None,
 ) -> Strategy:
     """The optimizer is built after wrapping, so that under FSDP and TP it holds the sharded parameters. A model on
-    the meta device gets its weights during wrapping, each rank only its shards (from `weights`, else from `seed`)."""
+    the meta device gets its weights during wrapping, each rank only its shards (filled by `fill`, else from `seed`)."""
     mesh = build_mesh(env, parallel.strategy, device)
-    train_model = parallelize(model, parallel, compile, device, env, precision.name, mesh, seed, weights)
+    train_model = parallelize(model, parallel, compile, device, env, precision.name, mesh, seed, fill)
     optimizer = make_optimizer(model)
     if parallel.strategy == "deepspeed":
         engine = deepspeed_engine(model, optimizer, deepspeed_config(parallel, shape, precision.name))

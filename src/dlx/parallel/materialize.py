@@ -6,7 +6,8 @@ order. A parameter is filled from either
 
 - the model's own initialisation rule (`Transformer.init_parameter_`), drawn for the whole parameter from one
   generator seeded with `train.seed`, of which the rank keeps its slice; or
-- a `WeightSource` (continued pretraining), which reads only the slice this rank holds.
+- a `ShardFiller` (continued pretraining, `model.init_from`), which fills every parameter's local shard from stored
+  weights, reading only the rows this rank holds (`local_region` says which).
 
 Reproducible means: for a fixed seed and device type, every layout (one process, any tp and dp, FSDP, DDP or none)
 starts from bitwise the same weights: those `Transformer.init_weights` draws for the whole model on that device from
@@ -24,8 +25,8 @@ from torch import nn
 
 from dlx.model.llama import Transformer
 
-WeightSource = Callable[[str, tuple[slice, ...]], torch.Tensor]
-"""(parameter name, region of the full tensor) -> that region of the weights: a shard-wise reader for `init_from`."""
+ShardFiller = Callable[[Transformer], None]
+"""Fills the local shard of every parameter of a materialised (sharded or whole) model from stored weights."""
 
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
 """What activation checkpointing and torch.compile insert into parameter names."""
@@ -82,18 +83,17 @@ def local_region(param: torch.Tensor) -> tuple[slice, ...]:
 
 
 @torch.no_grad()
-def materialize(model: Transformer, device: torch.device, seed: int, weights: WeightSource | None = None) -> None:
-    """Give a meta-device model (wrapped or not) its storage on `device` and fill each rank's shards."""
+def materialize(model: Transformer, device: torch.device, seed: int, fill: ShardFiller | None = None) -> None:
+    """Give a meta-device model (wrapped or not) its storage on `device` and fill each rank's shards: from `fill`,
+    else by the model's initialisation rule from `seed`."""
     allocate(model, device)
     model.init_rope(device)  # derived buffers, not parameters
+    if fill is not None:
+        fill(model)
+        return
     generator = torch.Generator(device).manual_seed(seed)
     for name, param in model.named_parameters():
-        name = canonical_name(name)
         local = param.to_local() if hasattr(param, "to_local") else param
-        region = local_region(param)
-        if weights is not None:
-            local.copy_(weights(name, region))
-            continue
         full = torch.empty(param.shape, dtype=param.dtype, device=device)
-        model.init_parameter_(name, full, generator)
-        local.copy_(full[region])
+        model.init_parameter_(canonical_name(name), full, generator)
+        local.copy_(full[local_region(param)])

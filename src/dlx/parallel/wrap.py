@@ -23,7 +23,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from dlx.device import PRECISION_DTYPES
 from dlx.parallel.config import ParallelConfig
 from dlx.parallel.distributed import DistEnv
-from dlx.parallel.materialize import WeightSource, materialize, on_meta
+from dlx.parallel.materialize import ShardFiller, materialize, on_meta
 from dlx.parallel.tensor import apply_tp, data_parallel_mesh
 
 
@@ -70,11 +70,11 @@ def parallelize(
     precision: str,
     mesh: Any = None,
     seed: int = 0,
-    weights: WeightSource | None = None,
+    fill: ShardFiller | None = None,
 ) -> nn.Module:
     """Returns the module to train: the model itself (TP, FSDP2 and none wrap in place) or its DDP wrapper.
     `mesh`: the (dp, tp) device mesh when parallel.tp > 1. A model on the meta device is materialised after sharding
-    (weights from `weights`, else drawn from `seed`: see `dlx.parallel.materialize`)."""
+    (its shards filled by `fill`, else drawn from `seed`: see `dlx.parallel.materialize`)."""
     if mesh is not None:
         apply_tp(model, mesh)
     apply_activation_checkpointing(model, config.activation_checkpointing)
@@ -85,7 +85,7 @@ def parallelize(
         reshard = config.reshard_after_forward and config.strategy == "fsdp"
         apply_fsdp(model, precision, reshard, mesh)
     if on_meta(model):
-        materialize(model, device, seed, weights)
+        materialize(model, device, seed, fill)
     if config.strategy == "ddp" and mesh is None and env.is_distributed:
         return apply_ddp(model, device)
     return model

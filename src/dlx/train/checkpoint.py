@@ -40,13 +40,17 @@ from dlx.atomic import make_temp_dir, publish_dir
 from dlx.errors import UserError
 from dlx.faults import pause_point
 from dlx.model.args import ModelArgs
-from dlx.model.io import ARGS_FILE, WEIGHTS_FILE, write_weight_dict
+from dlx.model.io import ARGS_FILE, WEIGHTS_FILE, load_model, model_from_state_dict, write_weight_dict
+from dlx.model.llama import Transformer
+from dlx.parallel import dcp
 from dlx.parallel.distributed import any_rank, main_decides
-from dlx.parallel.strategy import Strategy, check_format
+from dlx.parallel.strategy import DCP_FOLDER, Strategy, check_format
 
 CHECKPOINTS_DIR = "checkpoints"
 TRAIN_STATE_FILE = "train_state.pt"
 STATE_FILE = "trainer_state.json"
+DCP_METADATA = f"{DCP_FOLDER}/.metadata"
+"""Marks a checkpoint whose weights are in DCP shards (written by DCP last, once every rank's shards are)."""
 _NAME = re.compile(r"^step-(\d{8,})$")
 
 
@@ -395,3 +399,14 @@ def apply_checkpoint(
         scaler.load_state_dict(loaded.train_state["scaler"])
     set_rng_state(loaded.train_state["rng"])
     return loaded.state
+
+
+def load_checkpoint_model(folder: Path, device: str | torch.device = "cpu") -> Transformer:
+    """A checkpoint's (or dlx model folder's) whole model in one process: from model.safetensors where the folder has
+    one, else read from its DCP shards (any layout wrote them). For `dlx export-hf` and `dlx generate`."""
+    if (folder / WEIGHTS_FILE).is_file() or not (folder / DCP_METADATA).is_file():
+        return load_model(folder, device)  # names what is missing when neither is there
+    if not (folder / ARGS_FILE).is_file():
+        raise UserError(f"{folder} is not a dlx checkpoint: {ARGS_FILE} is missing")
+    args = ModelArgs.model_validate_json((folder / ARGS_FILE).read_text())
+    return model_from_state_dict(args, dcp.read_full_weights(folder / DCP_FOLDER, args), device)
