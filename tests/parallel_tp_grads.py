@@ -114,7 +114,8 @@ def staged_copy_is_saved(model, optimizer, args, before: dict[str, torch.Tensor]
 def main(out_path: str) -> None:
     env = distributed.init_distributed(CPU, needs_group=True, timeout_s=120)
     try:
-        args = resolve_model_args("debug").model_copy(update={"tie_embeddings": True})  # tied: re-tied after TP
+        # 4 ranks: tied embeddings (one parameter through TP and FSDP); 2 ranks: untied (the embedding's own gradient)
+        args = resolve_model_args("debug").model_copy(update={"tie_embeddings": env.world_size == 4})
         tp = LAYOUTS[env.world_size][0][1]
         reference = one_process(args, env.world_size // tp)
         scratch = Path(out_path).parent

@@ -38,9 +38,8 @@ def on_meta(model: nn.Module) -> bool:
 
 def allocate(model: nn.Module, device: torch.device) -> None:
     """Uninitialised storage for each rank's shards. FSDP2 modules do it themselves (`to_empty`). Otherwise every meta
-    parameter is replaced by a new one of the same layout, shared ones (tied embeddings) once: `to_empty` would swap
-    a tensor-parallel DTensor's contents in place, after which its gradient no longer arrives in the parameter's
-    layout (the embedding's came back whole on every rank)."""
+    parameter is replaced by a new one of the same layout, shared ones (tied embeddings) once: `to_empty` swaps a
+    tensor-parallel DTensor's contents in place, after which gradient hooks registered on it no longer fire."""
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(model, FSDPModule):

@@ -124,6 +124,20 @@ def apply_tp(model: nn.Module, mesh: Any) -> None:
         model.output.weight = model.tok_embeddings.weight
 
 
+def keep_embedding_gradient_sharded(model: nn.Module) -> None:
+    """DTensor computes the row-parallel embedding's gradient whole (replicated) on every TP rank: it has no
+    vocabulary-sharded embedding backward. Without FSDP (which reduce-scatters gradients itself) keep only this rank's
+    rows of it as soon as it is accumulated (a local slice, no communication), so that what waits for the optimizer
+    is vocab/tp rows; the whole gradient remains a transient of vocab × dim values during backward. Registered on the
+    materialised parameter (`to_empty` and re-allocation drop hooks)."""
+    model.tok_embeddings.weight.register_post_accumulate_grad_hook(_reshard_gradient)
+
+
+def _reshard_gradient(param: Any) -> None:
+    if param.grad is not None and param.grad.placements != param.placements:
+        param.grad = param.grad.redistribute(param.device_mesh, param.placements)
+
+
 def vocab_parallel_loss(logits: Any, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy of logits sharded over the vocabulary (a DTensor (B, T, vocab), Shard(-1) on the
     TP mesh) against targets (B, T), in fp32. Each rank reduces its vocabulary slice to a max and a sum of exponentials

@@ -24,7 +24,7 @@ from dlx.device import PRECISION_DTYPES
 from dlx.parallel.config import ParallelConfig
 from dlx.parallel.distributed import DistEnv
 from dlx.parallel.materialize import ShardFiller, materialize, on_meta
-from dlx.parallel.tensor import apply_tp, data_parallel_mesh
+from dlx.parallel.tensor import apply_tp, data_parallel_mesh, keep_embedding_gradient_sharded
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
@@ -86,6 +86,8 @@ def parallelize(
         apply_fsdp(model, precision, reshard, mesh)
     if on_meta(model):
         materialize(model, device, seed, fill)
+    if mesh is not None and config.strategy == "none":
+        keep_embedding_gradient_sharded(model)
     if config.strategy == "ddp" and mesh is None and env.is_distributed:
         return apply_ddp(model, device)
     return model
