@@ -29,7 +29,8 @@ from dlx.train.config import RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
 from dlx.train.header import StepPlan, plan_steps
-from dlx.train.optim import build_optimizer, build_scheduler
+from dlx.train.objective import Objective, build_objective
+from dlx.train.optim import ScheduledLR, build_optimizer, build_scheduler
 from dlx.train.recipe import write_resolved
 from dlx.train.signals import GracefulStop
 
@@ -60,6 +61,8 @@ class Run:
     data_info: DatasetInfo
     env: DistEnv = field(default_factory=DistEnv)
     """This rank and the world size (rank 0 of 1 without torchrun)."""
+    objective: Objective = field(default_factory=Objective)
+    """The z-loss (train.z_loss) and document ids for the model (data.document_mask), in the step and in eval."""
     last_checkpoint: Path | None = None
     header: list[str] = field(default_factory=list)
     """The start-up header, repeated in report.md."""
@@ -174,6 +177,7 @@ def build_run(
         stop=stop,
         data_info=data_info,
         env=env,
+        objective=build_objective(config.train.z_loss, config.data.document_mask, data_info.eos_id),
         last_checkpoint=last,
         # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
         records=read_jsonl(run_dir / METRICS_FILE),
@@ -203,6 +207,8 @@ def restore(
         f"resuming from {loaded.path} (step {state.step:,}, {state.tokens_seen:,} tokens seen, "
         f"written by {state.world_size} rank(s), {state.format} format)"
     )
+    if isinstance(scheduler, ScheduledLR) and scheduler.resume_note:
+        console.print(scheduler.resume_note)
     return state, loaded.path
 
 
