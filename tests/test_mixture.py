@@ -111,6 +111,19 @@ def test_each_source_is_read_whole_before_any_window_repeats():
     assert all(np.array_equal(MixWindows(order)(40)[i], windows(40)[i]) for i in range(2))
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_windows_of_a_batch_equal_the_slot_by_slot_definition(rank):
+    """The fast path (consecutive draws per source) and the pattern's wrap-around against the definition."""
+    order = MixOrder((7, 5, 11), (2.0, 1.0, 3.0), micro_batch_size=5, world_size=2, rank=rank, seed=9, shuffle=True)
+    windows = MixWindows(order)
+    for position in (0, 10, 4_000, 65_520, 65_530, 65_536 - 3, 65_536, 131_070, 10**9):
+        source, draw = windows.pattern.locate(order.rank_slots(position))
+        sizes = [order.n_windows[s] for s in source]
+        expected = [order.permutation(s, d // n)[d % n] for s, d, n in zip(source, draw, sizes, strict=True)]
+        got_source, got_window = windows(position)
+        assert got_source.tolist() == source.tolist() and got_window.tolist() == expected
+
+
 def test_batches_follow_the_weights_and_source_tokens_count_them(sources):
     it = mixture(sources, seed=1)
     seen = [row for x in take(it, 50) for row in rows(x)]

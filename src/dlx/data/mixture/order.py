@@ -25,6 +25,8 @@ import numpy as np
 
 PATTERN_SLOTS = 1 << 16
 """Slots in the repeating source pattern: the weights are realised to 1 / 65,536."""
+BLOCK_STEPS = 256
+"""Steps whose rows `MixWindows` works out at once."""
 _STREAM = 0x6D6978
 """Mixed into the permutation seeds so that a source's order differs from the one `TokenLoader` would draw."""
 
@@ -116,31 +118,51 @@ class MixOrder:
 
 
 class MixWindows:
-    """(source, window id) of each row of this rank's micro-batch at a position, caching each source's permutation
-    of its current epoch (computed once per epoch of that source)."""
+    """(source, window id) of each row of this rank's micro-batch at a position.
+
+    Worked out for `BLOCK_STEPS` steps at a time in a few vectorised numpy calls (per step, a handful of numpy calls
+    on eight rows would cost as much as reading the rows), then handed out step by step. Each source's permutation of
+    its current epoch is cached (computed once per epoch of that source)."""
 
     def __init__(self, order: MixOrder):
         self.order = order
         self.pattern = SourcePattern(order.weights)
+        self._sizes = np.asarray(order.n_windows, dtype=np.int64)
+        self._block: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._cached: dict[tuple[int, int], np.ndarray] = {}
 
     def __call__(self, position: int) -> tuple[np.ndarray, np.ndarray]:
-        source, draw = self.pattern.locate(self.order.rank_slots(position))
-        sizes = np.asarray(self.order.n_windows, dtype=np.int64)[source]
-        epoch, index = np.divmod(draw, sizes)
+        if position not in self._block:
+            positions, source, window = self.block(position)
+            self._block = {p: (source[j], window[j]) for j, p in enumerate(positions)}
+        return self._block[position]
+
+    def block(self, position: int) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """The BLOCK_STEPS step positions from `position`, and this rank's rows for each: source and window id,
+        both (BLOCK_STEPS, micro_batch_size)."""
+        order = self.order
+        positions = position + order.step_windows * np.arange(BLOCK_STEPS, dtype=np.int64)
+        slots = (positions + order.rank * order.micro_batch_size)[:, None] + np.arange(order.micro_batch_size)
+        source, draw = self.pattern.locate(slots.ravel())
+        epoch, offset = np.divmod(draw, self._sizes[source])
         window = np.empty_like(draw)
-        for key in set(zip(source.tolist(), epoch.tolist(), strict=True)):
-            rows = (source == key[0]) & (epoch == key[1])
-            window[rows] = self._permutation(*key)[index[rows]]
-        return source, window
+        for index in range(len(order.n_windows)):
+            rows = np.flatnonzero(source == index)
+            if len(rows) == 0:
+                continue
+            # A source's draws rise with the slot, so its rows' epochs are sorted: usually one, rarely many.
+            bounds = np.flatnonzero(np.diff(epoch[rows])) + 1
+            for part in np.split(rows, bounds):
+                window[part] = self._permutation(index, int(epoch[part[0]]))[offset[part]]
+        shape = (BLOCK_STEPS, order.micro_batch_size)
+        return positions.tolist(), source.reshape(shape), window.reshape(shape)
 
     def _permutation(self, source: int, epoch: int) -> np.ndarray:
         key = (source, epoch)
         if key not in self._cached:
-            # Keep at most two epochs per source: the one being read and the next (a batch may straddle them).
-            stale = [k for k in self._cached if k[0] == source and k[1] < epoch - 1]
-            for k in stale:
-                del self._cached[k]
+            # Keep at most two epochs per source: the one being read and the next (a block may straddle them).
+            for stale in [k for k in self._cached if k[0] == source and k[1] < epoch - 1]:
+                del self._cached[stale]
             self._cached[key] = self.order.permutation(source, epoch)
         return self._cached[key]
 
