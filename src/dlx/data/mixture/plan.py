@@ -1,7 +1,9 @@
 """A mixture's batches for the loader's feeds (in-process or worker processes): the `plan` seam of `dlx.data.loader`.
 
 Built from the JSON spec a feed receives: `{"mixture": {"order": MixOrder, "splits": [SplitSpec, ...]}, "seq_len",
-"start": {"position": P}, ...}`. numpy only, like the rest of what the workers import.
+"start": {"position": P}, ...}`. numpy only, like the rest of what the workers import. The rows are read through one
+`TokenWindows` over the sources' splits laid end to end (`joined`), so a batch costs one vectorised read, as it does
+from one dataset.
 """
 
 from __future__ import annotations
