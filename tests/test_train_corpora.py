@@ -112,6 +112,7 @@ def test_document_masking_trains_and_evaluates_on_real_data(two_corpora, tmp_pat
     assert ids.tolist() == [[0, 0, 1, 1]] and Objective().model_inputs(torch.zeros(1, 4)) == {}
 
 
+@pytest.mark.report
 def test_z_loss_is_added_to_the_minimised_loss_and_logged_apart(tmp_path):
     steps = ["--train.max_steps", "3", "--train.grad_accum", "2"]
     plain = pretrain(load_recipe(None, [*TINY, *steps]), "t", tmp_path / "plain")
@@ -119,6 +120,9 @@ def test_z_loss_is_added_to_the_minimised_loss_and_logged_apart(tmp_path):
     assert with_z.records[0]["loss"] == plain.records[0]["loss"]  # the logged loss is the cross-entropy alone
     assert "z_loss" not in plain.records[0] and all(r["z_loss"] > 0 for r in with_z.records)
     assert with_z.records[-1]["loss"] != plain.records[-1]["loss"]  # it changed the updates
+    report = (tmp_path / "z" / "report.md").read_text()
+    assert f"- Final z-loss: {with_z.records[-1]['z_loss']:.4g} at step 3" in report
+    assert "Final z-loss" not in (tmp_path / "plain" / "report.md").read_text()
     logits = torch.randn(2, 3, 7)
     objective = Objective(z_loss_weight=0.5)
     minimised = objective.add_z_loss(torch.tensor(1.0), logits, accum=2)
@@ -175,3 +179,29 @@ def test_bad_input_is_one_line_exit_2(two_corpora, tmp_path, args, message):
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and result.stderr.startswith(message.format(PROSE=prose, ODD=odd))
     assert list(work.iterdir()) == []
+
+
+@pytest.mark.distributed
+def test_two_ranks_train_a_mixture_like_one_process(two_corpora, tmp_path):
+    """DDP on 2 gloo ranks against one process with the same global batch: the same windows (the mixture's rows
+    split across ranks), so the same losses, source tokens and per-source validation losses."""
+    from test_parallel import LOSS_TOLERANCE, torchrun
+
+    prose, code = two_corpora
+    args = [
+        *mix_args(prose, code),
+        *["--train.global_batch_size", "8", "--train.optimizer", "sgd", "--train.max_steps", "3"],
+        *["--eval.every", "3", "--data.document_mask", "true"],
+    ]
+    # eval.batches is per rank: 2 on each of 2 ranks read the windows 4 read in one process.
+    one = pretrain(load_recipe(None, [*args, "--eval.batches", "4"]), "t", tmp_path / "one")
+    two_ranks = ["pretrain", *args, "--eval.batches", "2", "--parallel.strategy", "ddp", "--run-dir"]
+    result, _ = torchrun([*two_ranks, str(tmp_path / "two")], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    two = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    for mine, theirs in zip(one.records, two, strict=True):
+        assert abs(mine["loss"] - theirs["loss"]) <= LOSS_TOLERANCE
+        assert mine["source_tokens"] == theirs["source_tokens"]
+    evaluated = json.loads((tmp_path / "two" / "eval.jsonl").read_text())
+    for name, loss in one.eval_records[-1]["source_loss"].items():
+        assert abs(evaluated["source_loss"][name] - loss) <= LOSS_TOLERANCE

@@ -54,6 +54,7 @@ def write_report(
         _summary(used, len(records) - len(used)) if used else ["## Summary", "", "No steps were logged."],
         _phases(verdict),
         _losses(records, evals),
+        _z_loss(records),
         _mixture(records, eval_records, source_weights or {}),
         _verdict(verdict),
         _figures() if records else [],
@@ -122,6 +123,17 @@ def _losses(records: Sequence[dict[str, Any]], evals: list[dict[str, Any]]) -> l
     else:
         lines.append("- No evaluation was logged.")
     return lines
+
+
+def _z_loss(records: Sequence[dict[str, Any]]) -> list[str]:
+    """train.z_loss: the last logged z-loss term, which the logged loss leaves out."""
+    last = next((r for r in reversed(records) if isinstance(r.get("z_loss"), (int, float))), None)
+    if last is None:
+        return []
+    return [
+        f"- Final z-loss: {last['z_loss']:.4g} at step {last['step']} (train.z_loss × the mean squared "
+        "log-partition of the logits; added to the minimised loss, not to the loss above)."
+    ]
 
 
 def _mixture(

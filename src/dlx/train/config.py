@@ -114,7 +114,7 @@ class TrainSection(BaseModel):
     lr: float = Field(3e-4, gt=0, le=10)
     """Peak learning rate, reached at the end of warm-up."""
     min_lr: float = Field(3e-5, ge=0, le=10)
-    """Learning rate at the end of the cosine or linear decay (at most lr)."""
+    """Learning rate at the end of the decay (cosine, linear or wsd; at most lr)."""
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
     """Share of the optimizer steps spent warming the learning rate up linearly from 0."""
     schedule: Literal["cosine", "linear", "constant", "wsd"] = "cosine"

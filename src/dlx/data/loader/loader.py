@@ -2,7 +2,8 @@
 
 Batches are built off the training thread by worker processes (`num_workers ≥ 1`) that hand them over through shared
 memory, or in-process (`num_workers=0`, for tests and debugging). Both give the same batches in the same order.
-See `windows` (packing), `order` (permutation, ranks, tail), `channel` and `pool` (workers), `state` (resume).
+See `windows` (packing), `order` (permutation, ranks, tail), `plan` (what a feed builds: one split here, a
+`data.mix` mixture in `dlx.data.mixture`), `channel` and `pool` (workers), `state` (resume).
 """
 
 from __future__ import annotations
