@@ -207,7 +207,7 @@ def ensure_data(folder: Path) -> Path:
 
 
 def main() -> None:
-    parser = round_parser(__doc__.splitlines()[0], rounds=6, steps=4, warmup=2)
+    parser = round_parser(__doc__.splitlines()[0], rounds=12, steps=1, warmup=2)
     parser.add_argument("--data", type=Path, default=Path("data/stdlib-8k"), help="a prepared dataset")
     parser.add_argument("--loader-rounds", type=int, default=5, help="interleaved rounds of the loader comparison")
     args = parser.parse_args()
@@ -219,6 +219,8 @@ def main() -> None:
         f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
         "",
         *header,
+        "- other agents' processes share this machine (see the load average): only ratios measured in the same "
+        "round mean much",
         "",
         f"(a) Document masking: demo model (vocab {read_manifest(data).vocab_size:,}, fp32, fused AdamW) on {data}, "
         f"{TOKENS_PER_STEP:,} tokens per step, {args.rounds} interleaved rounds of {args.steps} steps after "
