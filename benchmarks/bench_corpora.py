@@ -6,7 +6,8 @@
     step block by step block (interleaved rounds, the order alternating) so that noise from other processes hits both
     alike. Reported per round: tokens/s masked ÷ unmasked. At seq 256 (micro-batch 8) and seq 1024 (micro-batch 2),
     2,048 tokens per step each. On a CPU the masked path is SDPA with a boolean (B, 1, T, T) mask and positions
-    gathered per document; unmasked, SDPA's is_causal. (CUDA's flex_attention path is measured by benchmarks/gpu.)
+    gathered per document (or, for a batch without a boundary, the unmasked path); unmasked, SDPA's is_causal.
+    CUDA's flex_attention path is not measured here.
 (b) Mixture sampling: tokens/s the loader delivers with nothing else running, `MixtureLoader` over two datasets
     (weights 0.7 / 0.3) against `TokenLoader` over one, seq 256, micro-batch 8, on synthetic shards of 8M tokens
     each; in-process (num_workers 0: the whole cost of choosing windows and building batches) and with one worker

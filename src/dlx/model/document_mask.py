@@ -8,7 +8,8 @@ the same whatever the offset in exact arithmetic; restarting makes a packed docu
 
 Kernels, both PyTorch's own:
 - CUDA: `flex_attention` with a `BlockMask`, both compiled: blocks wholly outside every document are skipped.
-- elsewhere: `scaled_dot_product_attention` with a boolean mask (B, 1, T, T).
+- elsewhere: `scaled_dot_product_attention` with a boolean mask (B, 1, T, T); for a batch without any boundary, plain
+  causal SDPA (the same result; a mask makes the kernel visit the blocks above the diagonal too).
 """
 
 from __future__ import annotations
@@ -38,10 +39,14 @@ def uses_flex(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def document_mask(document_ids: torch.Tensor) -> DocumentMask:
-    """The mask for `masked_attention`, built once per forward and shared by every layer."""
+def document_mask(document_ids: torch.Tensor) -> DocumentMask | None:
+    """The mask for `masked_attention`, built once per forward and shared by every layer; on the SDPA path None when
+    no row holds a document boundary, for plain causal attention is then the same thing and skips the blocks above
+    the diagonal, which a mask cannot (document ids count from 0 along each row, so the last id says it)."""
     if uses_flex(document_ids.device):
         return _block_mask(document_ids)
+    if not bool(document_ids[:, -1].any()):
+        return None
     same_document = document_ids[:, :, None] == document_ids[:, None, :]  # (B, T, T)
     return same_document.tril().unsqueeze(1)  # (B, 1, T, T): causal as well
 

@@ -166,9 +166,10 @@ class Transformer(nn.Module):
         if document_ids is not None:
             if caches is not None:
                 raise ValueError("document_ids cannot be combined with a KV cache")
+            mask = document_mask(document_ids)  # None: one document per row, plain causal attention is exact
+        if mask is not None:
             positions = positions_in_documents(document_ids)  # (B, T)
             cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, head_dim)
-            mask = document_mask(document_ids)
         h = self.tok_embeddings(tokens)  # (B, T, dim)
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, caches[i] if caches is not None else None, start_pos, mask)
