@@ -13,8 +13,9 @@
     each; in-process (num_workers 0: the whole cost of choosing windows and building batches) and with one worker
     process (what training uses); interleaved rounds; the target is ≥ 0.9×.
 
-Run:  .venv/bin/python benchmarks/bench_corpora.py [--data data/stdlib-8k]
-      (appends to BENCHMARKS.md; --no-record to only print; --data is prepared from the stdlib corpus when missing)
+Run:  .venv/bin/python benchmarks/bench_corpora.py [--data data/stdlib-8k --data data/stdlib-prose]
+      (appends to BENCHMARKS.md; --no-record to only print; without --data, data/stdlib-8k, prepared from the stdlib
+      corpus when missing; data/stdlib-prose, with short documents, is made as README's mixture example says)
 """
 
 from __future__ import annotations
@@ -88,15 +89,20 @@ class MaskedOrNot:
         self.loader.close()
 
 
-def documents_per_window(data: Path, seq_len: int, eos_id: int) -> float:
-    """Mean number of documents a training window of `data` touches (1 + end-of-document tokens inside it)."""
-    with TokenLoader(data, seq_len=seq_len, micro_batch_size=8, num_workers=0, seed=0) as it:
-        inputs = torch.cat([x for x, _ in itertools.islice(it, 50)])
-    return 1.0 + (inputs[:, :-1] == eos_id).sum(dim=1).double().mean().item()
+def document_counts(data: Path, seq_len: int, micro_batch: int, eos_id: int) -> tuple[float, float]:
+    """Over the first 100 training batches of `data`: the mean number of documents a window touches (1 + the
+    end-of-document tokens inside it), and the share of batches with a boundary in some row (the others take the
+    unmasked path)."""
+    with TokenLoader(data, seq_len=seq_len, micro_batch_size=micro_batch, num_workers=0, seed=0) as it:
+        batches = [x for x, _ in itertools.islice(it, 100)]
+    boundaries = [(x[:, :-1] == eos_id).sum(dim=1) for x in batches]  # (B,) per batch
+    per_window = 1.0 + torch.cat(boundaries).double().mean().item()
+    return per_window, sum(bool(b.any()) for b in boundaries) / len(boundaries)
 
 
-def masking(data: Path, rounds: int, steps: int, warmup: int) -> list[tuple[int, int, float, list[float], list[float]]]:
-    """Per shape: (seq_len, micro-batch, documents per window, masked tokens/s per round, unmasked per round)."""
+def masking(data: Path, rounds: int, steps: int, warmup: int) -> list[tuple]:
+    """Per shape: (data, seq_len, micro-batch, documents per window, share of batches with a boundary, masked tokens/s
+    per round, unmasked per round)."""
     manifest = read_manifest(data)
     results = []
     for seq_len, micro_batch in SHAPES:
@@ -112,8 +118,8 @@ def masking(data: Path, rounds: int, steps: int, warmup: int) -> list[tuple[int,
         finally:
             for side in sides:
                 side.close()
-        docs = documents_per_window(data, seq_len, manifest.eos_id)
-        results.append((seq_len, micro_batch, docs, speeds["masked"], speeds["unmasked"]))
+        docs, with_boundary = document_counts(data, seq_len, micro_batch, manifest.eos_id)
+        results.append((data, seq_len, micro_batch, docs, with_boundary, speeds["masked"], speeds["unmasked"]))
     return results
 
 
@@ -176,15 +182,15 @@ def _last(results: dict[str, list[float]]) -> str:
 
 def masking_table(results) -> list[str]:
     rows = [
-        "| seq len × micro-batch | documents per window | masked tokens/s | unmasked tokens/s | masked ÷ unmasked, "
-        "per round: median (min, max) |",
-        "|---|---:|---:|---:|---|",
+        "| data | seq len × micro-batch | documents per window | batches with a boundary | masked tokens/s | "
+        "unmasked tokens/s | masked ÷ unmasked, per round: median (min, max) |",
+        "|---|---|---:|---:|---:|---:|---|",
     ]
-    for seq_len, micro_batch, docs, masked, unmasked in results:
+    for data, seq_len, micro_batch, docs, with_boundary, masked, unmasked in results:
         ratios = [m / u for m, u in zip(masked, unmasked, strict=True)]
         rows.append(
-            f"| {seq_len} × {micro_batch} | {docs:.2f} | {statistics.median(masked):,.0f} | "
-            f"{statistics.median(unmasked):,.0f} | {spread(ratios)} |"
+            f"| {data.name} | {seq_len} × {micro_batch} | {docs:.2f} | {with_boundary:.0%} | "
+            f"{statistics.median(masked):,.0f} | {statistics.median(unmasked):,.0f} | {spread(ratios)} |"
         )
     return rows
 
@@ -209,12 +215,14 @@ def ensure_data(folder: Path) -> Path:
 
 def main() -> None:
     parser = round_parser(__doc__.splitlines()[0], rounds=12, steps=1, warmup=2)
-    parser.add_argument("--data", type=Path, default=Path("data/stdlib-8k"), help="a prepared dataset")
+    parser.add_argument(
+        "--data", type=Path, action="append", help="a prepared dataset (repeat for more; default data/stdlib-8k)"
+    )
     parser.add_argument("--loader-rounds", type=int, default=5, help="interleaved rounds of the loader comparison")
     args = parser.parse_args()
     header = environment(["src/dlx/data", "src/dlx/model", "src/dlx/train", "benchmarks"])
-    data = ensure_data(args.data)
-    masked = masking(data, args.rounds, args.steps, args.warmup)
+    datasets = args.data or [ensure_data(Path("data/stdlib-8k"))]
+    masked = [row for data in datasets for row in masking(data, args.rounds, args.steps, args.warmup)]
     loaders = mixture_sampling(args.loader_rounds, 2.0)
     lines = [
         f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
@@ -223,8 +231,8 @@ def main() -> None:
         "- other agents' processes share this machine (see the load average): only ratios measured in the same "
         "round mean much",
         "",
-        f"(a) Document masking: demo model (vocab {read_manifest(data).vocab_size:,}, fp32, fused AdamW) on {data}, "
-        f"{TOKENS_PER_STEP:,} tokens per step, {args.rounds} interleaved rounds of {args.steps} steps after "
+        f"(a) Document masking: demo model (fp32, fused AdamW) on {', '.join(map(str, datasets))}, "
+        f"{TOKENS_PER_STEP:,} tokens per step, {args.rounds} interleaved rounds of {args.steps} step(s) after "
         f"{args.warmup} warm-up steps each:",
         "",
         *masking_table(masked),
