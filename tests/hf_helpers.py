@@ -48,3 +48,39 @@ def write_hf_llama(
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> float:
     """Mean cross-entropy of logits (B, T, vocab) against targets (B, T)."""
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()).item()
+
+
+LLAMA32_1B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 16,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0",
+    "use_cache": True,
+    "vocab_size": 128256,
+}
+"""config.json of the published meta-llama/Llama-3.2-1B (its shape and special ids; no weights)."""

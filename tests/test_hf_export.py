@@ -50,7 +50,8 @@ def prepared(tmp_path_factory) -> Path:
     with open(root / "corpus.jsonl", "w") as f:
         for text in corpus_texts():
             f.write(json.dumps({"text": text}) + "\n")
-    result = run_cli(["prepare", "corpus.jsonl", "--train-tokenizer", "400", "--bos", "--out", "data"], root)
+    command = ["prepare", "corpus.jsonl", "--train-tokenizer", "400", "--bos", "--val-documents", "0", "--out", "data"]
+    result = run_cli(command, root)
     assert result.returncode == 0, result.stderr
     return root / "data"
 

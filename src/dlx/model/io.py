@@ -1,16 +1,20 @@
 """dlx's own weight folder (`model.safetensors` + `model_args.json`, which checkpoints and `dlx import-hf` write), and
 reading safetensors into a model without holding a second copy.
 
-Loading builds the model on the meta device, gives it uninitialised storage (`empty_model`), then copies each tensor
-from its file in row chunks of at most `CHUNK_BYTES` (`load_weights`). The file is opened per chunk: safetensors maps
-the whole file, and the pages a chunk touched count in the process's resident memory until the mapping closes. So the
-peak is the model's weights plus one chunk, whatever the files' dtype. A parameter that is a DTensor (sharded across
-ranks) receives only its own region of the stored tensor.
+Loading builds the model on the meta device, gives it uninitialised storage (`empty_model`), then fills each tensor
+from its file (`load_weights`), a few tensors at once (`READ_THREADS`): with plain reads straight into the parameter
+when the dtypes agree; else converted as it is copied from safetensors' memory map, at most `CHUNK_BYTES` at a time,
+the file reopened per chunk (the mapped pages count in the process's resident memory while the file is open). So the
+peak is the model's weights plus at most a few chunks. safetensors checks every file's header and size first. A
+parameter that is a DTensor (sharded across ranks) receives only its own region of the stored tensor.
 """
 
 from __future__ import annotations
 
+import json
+import struct
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +31,9 @@ from dlx.model.llama import Transformer
 WEIGHTS_FILE = "model.safetensors"
 ARGS_FILE = "model_args.json"
 CHUNK_BYTES = 64 << 20
-"""Largest slice of a stored tensor read at once (and mapped into memory at once)."""
+"""Largest slice of a stored tensor read at once."""
+READ_THREADS = 4
+"""Tensors read at once; the peak is the weights plus this many chunks."""
 FLOAT_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 """The stored dtypes dlx reads (converted to the model's dtype)."""
 
@@ -42,6 +48,8 @@ class StoredTensor:
     shape: tuple[int, ...]
     dtype: str
     """safetensors' dtype name: F32, BF16, F16, ..."""
+    start: int
+    """Byte offset of its data in the file."""
 
 
 def unique_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
@@ -83,15 +91,26 @@ def read_headers(
     found: dict[str, StoredTensor] = {}
     for file in files:
         try:
-            with safe_open(str(file), framework="pt") as f:
+            with safe_open(str(file), framework="pt") as f:  # checks the header and that the data covers the file
+                starts = _data_starts(file)
                 for key in f.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
                     name = rename(key)
                     if name is not None:
                         stored = f.get_slice(key)
-                        found[name] = StoredTensor(file, key, tuple(stored.get_shape()), stored.get_dtype())
+                        shape, dtype = tuple(stored.get_shape()), stored.get_dtype()
+                        found[name] = StoredTensor(file, key, shape, dtype, starts[key])
         except (SafetensorError, OSError) as e:
             raise UserError(f"cannot read {file}: {_reason(e)}; the file is truncated or damaged, {fix}") from None
     return found
+
+
+def _data_starts(file: Path) -> dict[str, int]:
+    """Where each tensor's bytes start: the safetensors layout is an 8-byte little-endian header length, the JSON
+    header (each tensor's `data_offsets` relative to the end of the header), then the data."""
+    with open(file, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    return {key: 8 + size + info["data_offsets"][0] for key, info in header.items() if key != "__metadata__"}
 
 
 def _reason(error: Exception) -> str:
@@ -135,7 +154,9 @@ def load_weights(model: Transformer, stored: dict[str, StoredTensor], source: st
                 f"{source}: {tensor.key} is stored as {tensor.dtype}; dlx reads unquantised weights "
                 f"({', '.join(FLOAT_DTYPES)})"
             )
-        copy_stored(target, tensor)
+    # Reads, conversions and the first touch of fresh memory release the GIL: a few tensors at a time overlap them.
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        list(pool.map(lambda name: copy_stored(targets[name], stored[name]), targets))
 
 
 def _unique_parameters(model: Transformer) -> dict[str, torch.Tensor]:
@@ -148,19 +169,43 @@ def _unique_parameters(model: Transformer) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def copy_stored(target: torch.Tensor, stored: StoredTensor) -> None:
-    """Fill `target` (a tensor, or a DTensor's local shard) from the file, CHUNK_BYTES of rows at a time."""
+    """Fill `target` (a tensor, or a DTensor's local shard) from the file, at most CHUNK_BYTES at a time."""
     local, offset = _local_region(target)
     if local.numel() == 0:
         return
-    rows = local.shape[0]
+    dtype = FLOAT_DTYPES[stored.dtype]
+    whole_rows = tuple(local.shape[1:]) == stored.shape[1:]
+    if whole_rows and local.dtype == dtype and local.device.type == "cpu" and local.is_contiguous():
+        _read_into(local, offset[0], stored)
+    else:
+        _copy_mapped(local, offset, stored)
+
+
+def _read_into(local: torch.Tensor, first_row: int, stored: StoredTensor) -> None:
+    """Plain reads straight into the tensor's memory (the region is whole rows, the dtypes agree)."""
+    row_bytes = local[0].numel() * local.element_size()
+    step = max(1, CHUNK_BYTES // row_bytes)
+    with open(stored.file, "rb", buffering=0) as f:
+        f.seek(stored.start + first_row * row_bytes)
+        for start in range(0, local.shape[0], step):
+            view = memoryview(local[start : start + step].reshape(-1).view(torch.uint8).numpy())
+            while view.nbytes:
+                count = f.readinto(view)
+                if not count:
+                    raise UserError(f"{stored.file} ended inside {stored.key}; the file is truncated, copy it again")
+                view = view[count:]
+
+
+def _copy_mapped(local: torch.Tensor, offset: tuple[int, ...], stored: StoredTensor) -> None:
+    """Any region, converted as it is copied, from safetensors' memory-mapped slices; the file is reopened per chunk
+    so that the mapped pages leave the process with each chunk."""
     row_bytes = max(1, local[0].numel() * _itemsize(stored.dtype))
     step = max(1, CHUNK_BYTES // row_bytes)
     inner = tuple(slice(o, o + n) for o, n in zip(offset[1:], local.shape[1:], strict=True))
-    for start in range(0, rows, step):
-        stop = min(rows, start + step)
-        with safe_open(str(stored.file), framework="pt") as f:  # closed per chunk: see the module docstring
-            chunk = f.get_slice(stored.key)[(slice(offset[0] + start, offset[0] + stop), *inner)]
-        local[start:stop].copy_(chunk)
+    for start in range(0, local.shape[0], step):
+        stop = min(local.shape[0], start + step)
+        with safe_open(str(stored.file), framework="pt") as f:
+            local[start:stop].copy_(f.get_slice(stored.key)[(slice(offset[0] + start, offset[0] + stop), *inner)])
 
 
 def _local_region(target: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:

@@ -30,8 +30,7 @@ class ModelSection(BaseModel):
     preset: str | None = "demo"
     """A preset name (`dlx params --list`) or a YAML/JSON file of ModelArgs; other keys here override its fields."""
     init_from: str | None = None
-    """Start from these weights (a Hugging Face Llama folder, dlx model folder, checkpoint or run folder): the shape is
-    theirs, preset and ModelArgs keys may only agree; optimizer, schedule and data start fresh (not --resume)."""
+    """Start from these weights: a HF Llama folder, dlx model, checkpoint or run folder (the shape comes from them)."""
     _args: ModelArgs | None = PrivateAttr(None)
 
     @model_validator(mode="after")
