@@ -7,15 +7,19 @@ the published model ships), deleted at the end. Nothing is downloaded.
 Contenders, each load in a fresh subprocess, the contenders alternating within each round (the page cache is warm for
 all: the file was just written and is read once before the first round):
   dlx init_from fp32      what `dlx pretrain --model.init_from FOLDER` does before training: `build_model` (meta
-                          device, uninitialised fp32 storage, tensors copied in 64 MB row chunks and converted)
+                          device, uninitialised fp32 storage, tensors converted from 64 MB chunks of the mapped file)
   hf from_pretrained fp32 AutoModelForCausalLM.from_pretrained(FOLDER, dtype=torch.float32)
-  dlx load_hf bf16        the same folder kept in its stored dtype (`dlx import-hf`, `dlx.model.hf.load_hf`)
-  hf from_pretrained bf16 AutoModelForCausalLM.from_pretrained(FOLDER, dtype=torch.bfloat16)
+  dlx load_hf bf16        the same folder kept in its stored dtype (`dlx import-hf`, `dlx.model.hf.load_hf`): plain
+                          reads straight into the parameters
+  hf from_pretrained bf16 AutoModelForCausalLM.from_pretrained(FOLDER, dtype=torch.bfloat16): the parameters are
+                          views of the memory-mapped file, so this reads nothing yet (the pages come in on first
+                          use); not the same work as dlx's bf16 row, which holds the weights in its own memory
 
 Per load: seconds to a model ready for a forward pass, after a warm-up load of a tiny folder in the same process (so
-that no first-use imports are timed); the process's resident set size before the load and its peak (ru_maxrss)
-after. "load peak" = peak − before: what the load itself added, to compare with the weights' own bytes (parameters ×
-bytes per element); the target is at most weights + 10 %.
+that no first-use imports are timed); the process's resident set size before the load and its peak after (VmHWM in
+/proc/self/status; ru_maxrss would carry the parent's size over fork and exec). "load peak" = peak − before: what the
+load itself added, to compare with the weights' own bytes (parameters × bytes per element); the target is at most
+weights + 10 %.
 
 Run:  .venv/bin/python benchmarks/bench_init_from.py        (appends to BENCHMARKS.md; --no-record to only print)
 """
@@ -27,7 +31,6 @@ import datetime
 import json
 import os
 import platform
-import resource
 import shlex
 import shutil
 import statistics
@@ -116,10 +119,27 @@ def load_once(contender: str, folder: str, warmup: str) -> dict:
     start = time.perf_counter()
     model = load(contender, folder)
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss()
     first = next(model.parameters())
     weights = sum(p.numel() for p in model.parameters()) * first.element_size()
     return {"seconds": seconds, "before": before, "peak": peak, "weights": weights, "dtype": str(first.dtype)}
+
+
+def peak_rss() -> int:
+    """This process's peak resident set size in bytes, since its exec."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
+
+
+def write_in_subprocess(folder: Path, warmup: Path) -> int:
+    """Both folders, written by a child process, so that this one stays small; returns the parameter count."""
+    command = [sys.executable, __file__, "--write", str(folder), str(warmup)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if result.returncode != 0:
+        raise SystemExit(f"writing the folders failed:\n{result.stderr[-3000:]}")
+    return int(result.stdout.strip().splitlines()[-1])
 
 
 def measure(contender: str, folder: Path, warmup: Path) -> dict:
@@ -211,15 +231,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each loads once per contender")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to BENCHMARKS.md")
     parser.add_argument("--child", nargs=3, metavar=("CONTENDER", "FOLDER", "WARMUP"), help=argparse.SUPPRESS)
+    parser.add_argument("--write", nargs=2, metavar=("FOLDER", "WARMUP"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(load_once(*args.child)))
         return
+    if args.write:
+        write_warmup_folder(Path(args.write[1]))
+        print(write_folder(Path(args.write[0])))
+        return
     header = environment()
     tmp = Path(tempfile.mkdtemp(prefix="dlx-bench-init-from-"))
     try:
-        write_warmup_folder(tmp / "warmup")
-        parameters = write_folder(tmp / "llama3.2-1b")
+        parameters = write_in_subprocess(tmp / "llama3.2-1b", tmp / "warmup")
         size = sum(f.stat().st_size for f in (tmp / "llama3.2-1b").iterdir())
         warm_page_cache(tmp / "llama3.2-1b")
         results: dict[str, list[dict]] = {name: [] for name in CONTENDERS}

@@ -24,6 +24,7 @@ from dlx.errors import UserError
 from dlx.model.args import ModelArgs
 from dlx.model.hf import CONFIG_FILE, read_hf_args, read_hf_folder
 from dlx.model.io import ARGS_FILE, StoredTensor, load_weights, read_model_args, read_model_folder
+from dlx.model.llama import Transformer
 from dlx.model.presets import resolve_model_args
 from dlx.train import checkpoint as ckpt
 from dlx.train.recipe import CONFIG_FILE as RUN_CONFIG_FILE
@@ -137,7 +138,7 @@ def resolve_init_args(init_from: str, preset: str | None, overrides: dict[str, A
     expected = shape_of(weights)
     for prop, value in shape_of(claimed).items():
         if value != expected[prop]:
-            key = _blamed_key(prop, overrides)
+            key = _blamed_key(prop, overrides) or (None if preset else next(iter(overrides)))
             if key is None:
                 subject, key = f"model.preset {preset!r} has {prop} {value}", "preset"
             elif key == prop:
@@ -158,9 +159,10 @@ def _blamed_key(prop: str, overrides: dict[str, Any]) -> str | None:
     return next((key for key in candidates.get(prop, (prop,)) if key in overrides), None)
 
 
-def load_initial_weights(model: Any, source: InitSource) -> None:
-    """Copy the source's weights into `model` (built by `dlx.model.io.empty_model`, or sharded with DTensor
-    parameters: each rank then reads only its shard). Every rank reads the same files; the pages are shared."""
+def load_initial_weights(model: Transformer, source: InitSource) -> None:
+    """Copy the source's weights into `model`: built by `dlx.model.io.empty_model`, or sharded (DTensor parameters,
+    e.g. FSDP2 on the meta device, then `to_empty`), when each rank reads only its own rows. Under torchrun every rank
+    reads the same files, which the operating system's page cache holds once."""
     load_weights(model, source.stored(), str(source.weights))
 
 
