@@ -7,7 +7,9 @@ the published model ships), deleted at the end. Nothing is downloaded.
 Contenders, each load in a fresh subprocess, the contenders alternating within each round (the page cache is warm for
 all: the file was just written and is read once before the first round):
   dlx init_from fp32      what `dlx pretrain --model.init_from FOLDER` does before training: `build_model` (meta
-                          device, uninitialised fp32 storage, tensors converted from 64 MB chunks of the mapped file)
+                          device, uninitialised fp32 storage, tensors converted from 64 MB chunks of the mapped file,
+                          RoPE tables for max_seq_len 2048, the training context of recipes/llama3.2-1b.yaml; for
+                          config.json's 131,072 positions they would take 67 MB and about a second more here)
   hf from_pretrained fp32 AutoModelForCausalLM.from_pretrained(FOLDER, dtype=torch.float32)
   dlx load_hf bf16        the same folder kept in its stored dtype (`dlx import-hf`, `dlx.model.hf.load_hf`): plain
                           reads straight into the parameters
@@ -97,7 +99,8 @@ def load(contender: str, folder: str):
         from dlx.train.recipe import load_recipe
         from dlx.train.run import build_model
 
-        config = load_recipe(None, ["--model.init_from", folder, "--train.max_steps", "1", "--data.seq_len", "64"])
+        options = ["--model.init_from", folder, "--model.max_seq_len", "2048", "--train.max_steps", "1"]
+        config = load_recipe(None, [*options, "--data.seq_len", "64"])
         return build_model(config, torch.device("cpu"), resolve_source(folder))
     if contender == "dlx load_hf bf16":
         from dlx.model.hf import load_hf

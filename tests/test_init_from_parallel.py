@@ -1,6 +1,6 @@
-"""model.init_from under torchrun (2 gloo ranks): every rank reads the same files, so DDP and FSDP2 start from the
-weights one process starts from and the first steps' losses equal one process's with the same global batch; and the
-weights load shard-wise into a model FSDP2 sharded on the meta device."""
+"""model.init_from under torchrun (2 gloo ranks): every rank reads the same files, so DDP, FSDP2 and DeepSpeed ZeRO-3
+start from the weights one process starts from and the first steps' losses equal one process's with the same global
+batch; and the weights load shard-wise into a model FSDP2 sharded on the meta device."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_one_process_starts_at_the_weights_loss(hf_dir, reference):
     assert abs(losses(reference)[1] - expected) <= LOSS_TOLERANCE
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero3"])
 def test_two_ranks_start_where_one_process_starts(strategy, hf_dir, reference, tmp_path):
     run_dir = tmp_path / "run"
     result, _ = torchrun(["pretrain", *options(hf_dir), *STRATEGIES[strategy], "--run-dir", str(run_dir)], tmp_path)

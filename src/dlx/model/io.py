@@ -2,18 +2,20 @@
 reading safetensors into a model without holding a second copy.
 
 Loading builds the model on the meta device, gives it uninitialised storage (`empty_model`), then fills each tensor
-from its file (`load_weights`): with plain reads straight into the parameter when the dtypes agree; else converted as
-it is copied from safetensors' memory map, at most `CHUNK_BYTES` at a time, the file reopened per chunk (the mapped
-pages count in the process's resident memory while the file is open). So the peak is the model's weights plus one
-chunk. safetensors checks every file's header and size first. A parameter that is a DTensor (sharded across ranks)
-receives only its own region of the stored tensor.
+from its file (`load_weights`), `READ_THREADS` tensors at a time: with plain reads straight into the parameter when the
+dtypes agree; else converted as it is copied from safetensors' memory map, at most `CHUNK_BYTES` at a time, the file
+reopened per chunk (the mapped pages count in the process's resident memory while the file is open). So the peak is
+the model's weights plus a few chunks. safetensors checks every file's header and size first. A parameter that is a
+DTensor (sharded across ranks) receives only its own region of the stored tensor.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,8 @@ WEIGHTS_FILE = "model.safetensors"
 ARGS_FILE = "model_args.json"
 CHUNK_BYTES = 64 << 20
 """Largest slice of a stored tensor read at once."""
+READ_THREADS = min(4, os.cpu_count() or 1)
+"""Tensors filled at once (transformers' own loader uses as many); the peak is the weights plus this many chunks."""
 FLOAT_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 """The stored dtypes dlx reads (converted to the model's dtype)."""
 
@@ -151,8 +155,9 @@ def load_weights(model: Transformer, stored: dict[str, StoredTensor], source: st
                 f"{source}: {tensor.key} is stored as {tensor.dtype}; dlx reads unquantised weights "
                 f"({', '.join(FLOAT_DTYPES)})"
             )
-    for name, target in targets.items():  # torch's copy_ itself uses every intra-op thread on large tensors
-        copy_stored(target, stored[name])
+    # A few tensors at a time, as transformers loads: reads, conversions and page faults release the GIL and overlap.
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        list(pool.map(lambda name: copy_stored(targets[name], stored[name]), targets))
 
 
 def _unique_parameters(model: Transformer) -> dict[str, torch.Tensor]:
