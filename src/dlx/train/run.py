@@ -15,8 +15,10 @@ from torch import nn
 
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
+from dlx.metrics.gpu_monitor import NoGpuCounters, NvmlCounters, open_gpu_counters
 from dlx.metrics.logger import EVAL_FILE, METRICS_FILE, MetricsLogger, read_jsonl
 from dlx.metrics.meter import ThroughputMeter
+from dlx.metrics.profiler import StepProfiler
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.io import empty_model
 from dlx.model.llama import Transformer
@@ -31,8 +33,10 @@ from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
 from dlx.train.header import StepPlan, plan_steps
 from dlx.train.init_from import InitSource, check_tokenizer, load_initial_weights, resolve_source
+from dlx.train.observe import build_profiler, check_observers, check_wandb_installed, open_wandb
 from dlx.train.optim import build_optimizer, build_scheduler
 from dlx.train.recipe import write_resolved
+from dlx.train.sample import TrainingSampler
 from dlx.train.signals import GracefulStop
 
 
@@ -60,6 +64,10 @@ class Run:
     console: RunConsole
     stop: GracefulStop
     data_info: DatasetInfo
+    profiler: StepProfiler
+    """torch.profiler around the `profile.*` steps (nothing outside them)."""
+    gpu: NvmlCounters | NoGpuCounters
+    """GPU utilisation per logged record (NVML), or why there is none."""
     env: DistEnv = field(default_factory=DistEnv)
     """This rank and the world size (rank 0 of 1 without torchrun)."""
     last_checkpoint: Path | None = None
@@ -73,12 +81,16 @@ class Run:
     """A signal reached some rank and all ranks stopped after the same step."""
     init: InitSource | None = None
     """Where the initial weights came from (model.init_from), when they were loaded."""
+    sampler: TrainingSampler | None = None
+    """Text generated every `eval.sample_every` steps; None when off."""
 
     def close(self) -> None:
-        """Stop the loader's workers and flush the logs; safe to call twice."""
+        """Stop the loader's workers, the GPU sampler and a profile cut short; flush the logs; safe to call twice."""
         try:
             self.console.stop()
             self.loader.close()
+            self.gpu.close()
+            self.profiler.close()
         finally:
             self.logger.close()
 
@@ -157,6 +169,7 @@ def resolve_run_dir(config: RunConfig, name: str, run_dir: Path | None, resume: 
 
 def check_optional_features(config: RunConfig) -> None:
     check_strategy_installed(config.parallel)
+    check_wandb_installed(config)
     if config.log.tensorboard:
         try:
             import torch.utils.tensorboard  # noqa: F401
@@ -186,6 +199,8 @@ def build_run(
         console = RunConsole(plan.total_steps, 0, config.log.progress, is_main=env.is_main)
         loaded = find_checkpoint(run_dir, console, env) if resume else None
         init = resolve_initial_weights(config, data_info, loaded is not None, console)
+        tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
+        sampler = check_observers(config, plan.total_steps, tokenizer)
         model = build_initialised_model(config, device, init, env)
         strategy = build_run_strategy(model, config, device, env, precision, plan)
         scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
@@ -195,9 +210,10 @@ def build_run(
         loader.close()
         raise
     console.progress.update(console.task, completed=state.step)
-    logger = MetricsLogger(
-        run_dir, config.log.tensorboard, is_main=env.is_main, resume_step=state.step if resume else None
-    )
+    resume_step = state.step if resume else None
+    wandb = open_wandb(config, run_dir, env, console)
+    logger = MetricsLogger(run_dir, config.log.tensorboard, is_main=env.is_main, resume_step=resume_step, wandb=wandb)
+    timer = PhaseTimer(device)
     return Run(
         config=config,
         run_dir=run_dir,
@@ -211,7 +227,7 @@ def build_run(
         loader=loader,
         plan=plan,
         state=state,
-        timer=PhaseTimer(device),
+        timer=timer,
         meter=ThroughputMeter(config.model.args, config.data.seq_len, device, precision.name, env.world_size),
         logger=logger,
         console=console,
@@ -223,6 +239,9 @@ def build_run(
         # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
         records=read_jsonl(run_dir / METRICS_FILE),
         eval_records=read_jsonl(run_dir / EVAL_FILE),
+        profiler=build_profiler(config, run_dir, env, device, timer, console),
+        gpu=open_gpu_counters(device, config.log.nvml),
+        sampler=sampler,
     )
 
 
