@@ -120,9 +120,14 @@ def inspect_dataset(config: RunConfig) -> DatasetInfo:
             f"data.path {folder} is still being prepared (manifest not complete); finish `dlx prepare` first"
         )
     if manifest.vocab_size > args.vocab_size:
+        fix = (
+            f"prepare the data with the tokenizer of model.init_from {config.model.init_from}"
+            if config.model.init_from
+            else f"set --model.vocab_size {manifest.vocab_size} (or more)"
+        )
         raise UserError(
             f"data.path {folder} has vocab_size {manifest.vocab_size:,}, larger than model.vocab_size "
-            f"{args.vocab_size:,}; set --model.vocab_size {manifest.vocab_size} (or more)"
+            f"{args.vocab_size:,}; {fix}"
         )
     val_tokens = manifest.split_tokens("val")
     if config.eval.every and val_tokens == 0:
