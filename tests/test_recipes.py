@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from dlx.train.demo import DEMO_RECIPE, demo_recipe
 from dlx.train.recipe import load_recipe, read_recipe_file
+from hf_helpers import LLAMA32_1B_CONFIG
 
 RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
 
@@ -17,8 +19,12 @@ def test_there_are_recipes():
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
-def test_recipe_loads(path):
-    config = load_recipe(path, [])
+def test_recipe_loads(path, tmp_path):
+    overrides = []
+    if (read_recipe_file(path).get("model") or {}).get("init_from"):  # the shape comes from the weights' config.json
+        (tmp_path / "config.json").write_text(json.dumps(LLAMA32_1B_CONFIG))
+        overrides = ["--model.init_from", str(tmp_path)]
+    config = load_recipe(path, overrides)
     assert config.data.seq_len <= config.model.args.max_seq_len
 
 

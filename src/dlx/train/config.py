@@ -8,9 +8,19 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from dlx.data import SYNTHETIC
 from dlx.data.mixture.sources import check_mix, parse_mix
@@ -29,25 +39,38 @@ class ModelSection(BaseModel):
 
     preset: str | None = "demo"
     """A preset name (`dlx params --list`) or a YAML/JSON file of ModelArgs; other keys here override its fields."""
+    init_from: str | None = None
+    """Start from these weights: a HF Llama folder, dlx model, checkpoint or run folder (the shape comes from them)."""
     _args: ModelArgs | None = PrivateAttr(None)
 
     @model_validator(mode="after")
-    def _resolve(self) -> ModelSection:
+    def _resolve(self, info: ValidationInfo) -> ModelSection:
         overrides = dict(self.model_extra or {})
         unknown = sorted(set(overrides) - set(ModelArgs.model_fields), key=str)
         if unknown:
             raise ValueError(
-                f"unknown key {f'model.{unknown[0]}'!r}; model takes 'preset' and the ModelArgs fields "
+                f"unknown key {f'model.{unknown[0]}'!r}; model takes 'preset', 'init_from' and the ModelArgs fields "
                 f"{', '.join(ModelArgs.model_fields)}"
             )
         infinite = [key for key, value in overrides.items() if isinstance(value, float) and not math.isfinite(value)]
         if infinite:  # ModelArgs takes inf for its `gt=0` floats; no model trains with them
             raise ValueError(f"model.{infinite[0]}: must be a finite number (got {overrides[infinite[0]]})")
         try:
-            self._args = resolve_model_args(self.preset, **overrides)
+            self._args = self._weights_shape(overrides, info) or resolve_model_args(self.preset, **overrides)
         except UserError as e:
             raise ValueError(str(e)) from None
         return self
+
+    def _weights_shape(self, overrides: dict[str, Any], info: ValidationInfo) -> ModelArgs | None:
+        """With init_from: the weights' shape, checked against the preset (if the recipe names one) and overrides.
+        A resumed run whose initial weights are gone keeps its config.yaml's shape (the checkpoint has the weights)."""
+        resuming = bool((info.context or {}).get("resuming"))
+        if not self.init_from or (resuming and not Path(self.init_from).exists()):
+            return None
+        from dlx.train.init_from import resolve_init_args
+
+        preset = self.preset if "preset" in self.model_fields_set else None
+        return resolve_init_args(self.init_from, preset, overrides)
 
     @property
     def args(self) -> ModelArgs:
@@ -55,8 +78,9 @@ class ModelSection(BaseModel):
         return self._args
 
     def resolved(self) -> dict[str, Any]:
-        """The preset name and every ModelArgs field, as written into the run folder."""
-        return {"preset": self.preset, **self.args.model_dump(mode="json")}
+        """The preset name, init_from and every ModelArgs field, as written into the run folder."""
+        preset = None if self.init_from and "preset" not in self.model_fields_set else self.preset
+        return {"preset": preset, "init_from": self.init_from, **self.args.model_dump(mode="json")}
 
 
 class DataSection(BaseModel):
@@ -318,15 +342,16 @@ def _allowed_keys(section: str) -> str:
     if not section:
         return f"the sections are {', '.join(SECTIONS)}"
     if section == "model":
-        return f"model takes preset ({', '.join(PRESETS)}) and the ModelArgs fields"
+        return f"model takes preset ({', '.join(PRESETS)}), init_from and the ModelArgs fields"
     fields = RunConfig.model_fields[section].annotation.model_fields  # type: ignore[union-attr]
     return f"{section} keys are {', '.join(fields)}"
 
 
-def build_config(raw: dict[str, Any]) -> RunConfig:
-    """Validate a recipe mapping into a RunConfig, or raise UserError with one line."""
+def build_config(raw: dict[str, Any], resuming: bool = False) -> RunConfig:
+    """Validate a recipe mapping into a RunConfig, or raise UserError with one line. `resuming`: the run continues
+    from its checkpoint, so model.init_from's weights may be gone (see ModelSection)."""
     try:
-        return RunConfig.model_validate(raw)
+        return RunConfig.model_validate(raw, context={"resuming": resuming})
     except ValidationError as e:
         # One line even when the message quotes a value that holds a line break.
         raise UserError(f"recipe: {describe_error(e)}".replace("\n", "\\n")) from None

@@ -126,9 +126,14 @@ def inspect_dataset(config: RunConfig) -> DatasetInfo:
             f"data.path {folder} is still being prepared (manifest not complete); finish `dlx prepare` first"
         )
     if manifest.vocab_size > args.vocab_size:
+        fix = (
+            f"prepare the data with the tokenizer of model.init_from {config.model.init_from}"
+            if config.model.init_from
+            else f"set --model.vocab_size {manifest.vocab_size} (or more)"
+        )
         raise UserError(
             f"data.path {folder} has vocab_size {manifest.vocab_size:,}, larger than model.vocab_size "
-            f"{args.vocab_size:,}; set --model.vocab_size {manifest.vocab_size} (or more)"
+            f"{args.vocab_size:,}; {fix}"
         )
     val_tokens = manifest.split_tokens("val")
     if config.eval.every and val_tokens == 0:
@@ -145,9 +150,14 @@ def inspect_mixture(config: RunConfig) -> DatasetInfo:
     manifests = open_sources(sources)  # UserError naming the source, or both sources whose tokenizers differ
     vocab_size = manifests[0].vocab_size
     if vocab_size > config.model.args.vocab_size:
+        fix = (
+            f"prepare the data with the tokenizer of model.init_from {config.model.init_from}"
+            if config.model.init_from
+            else f"set --model.vocab_size {vocab_size} (or more)"
+        )
         raise UserError(
             f"data.mix sources have vocab_size {vocab_size:,}, larger than model.vocab_size "
-            f"{config.model.args.vocab_size:,}; set --model.vocab_size {vocab_size} (or more)"
+            f"{config.model.args.vocab_size:,}; {fix}"
         )
     for source, manifest in zip(sources, manifests, strict=True):
         if config.eval.every and manifest.split_tokens("val") == 0:

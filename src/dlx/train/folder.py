@@ -117,6 +117,8 @@ def check_resume_compatible(saved: dict[str, Any], resolved: dict[str, Any]) -> 
         for key, value in values.items():
             if (section, key) in RESUMABLE_CHANGES or before.get(key) == value:
                 continue
+            if (section, key) == ("model", "init_from") and value is None:  # the checkpoint holds the weights
+                continue
             if isinstance(value, (list, tuple)) and list(value) == before.get(key):
                 continue
             raise UserError(

@@ -97,7 +97,7 @@ def _choices(section: str, key: str) -> tuple[Any, ...]:
 
 def _is_string_field(section: str, key: str) -> bool:
     if section == "model":
-        return key == "preset"
+        return key in ("preset", "init_from")
     annotation = _annotation(section, key)
     return annotation is str or (typing.get_origin(annotation) is typing.Literal)
 
@@ -111,10 +111,12 @@ def apply_overrides(raw: dict[str, Any], overrides: list[tuple[str, str, str]]) 
     return merged
 
 
-def load_recipe(path: str | Path | None, overrides: list[str], base: dict[str, Any] | None = None) -> RunConfig:
+def load_recipe(
+    path: str | Path | None, overrides: list[str], base: dict[str, Any] | None = None, resuming: bool = False
+) -> RunConfig:
     """The recipe file (or `base`, or the defaults), with command-line overrides, validated."""
     raw = read_recipe_file(path) if path is not None else dict(base or {})
-    return build_config(apply_overrides(raw, parse_overrides(overrides)))
+    return build_config(apply_overrides(raw, parse_overrides(overrides)), resuming)
 
 
 def config_yaml(config: RunConfig) -> str:

@@ -306,6 +306,8 @@ def print_header(run: Run) -> None:
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in run.model.parameters() if p.requires_grad)
     run.header = header_lines(run.plan, trainable, run.precision.name, device_name(run.device)) + run.meter.header()
     run.header += observer_header(run)
+    if run.init is not None:
+        run.header.append(f"initial weights: {run.init.describe()}")
     for line in run.header:
         run.console.print(line)
     run.console.print(f"run folder: {run.run_dir}")
