@@ -32,3 +32,19 @@ def test_demo_recipe_file_is_the_embedded_demo():
     path = next(p for p in RECIPES if p.name == "demo.yaml")
     assert read_recipe_file(path) == DEMO_RECIPE
     assert load_recipe(path, []).resolved() == load_recipe(None, [], base=demo_recipe(8192)).resolved()
+
+
+def test_stdlib_corpora_splits_a_module_into_code_and_prose(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("stdlib_corpora", RECIPES[0].parent / "stdlib_corpora.py")
+    corpora = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(corpora)
+    source = (
+        '"""Module doc."""\nimport os  # kept\n\n\nclass A:\n    """Class\n    doc."""\n\n    def f(self):\n'
+        '        """Method doc."""\n        return os.sep\n'
+    )
+    code, prose = corpora.split_module(source)
+    assert code == "import os  # kept\n\n\nclass A:\n\n    def f(self):\n        return os.sep\n"
+    assert prose == "Module doc.\n\nClass\ndoc.\n\nMethod doc."
+    assert "mixture.yaml" in {p.name for p in RECIPES}

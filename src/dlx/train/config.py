@@ -11,9 +11,19 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from dlx.data import SYNTHETIC
+from dlx.data.mixture.sources import check_mix, parse_mix
 from dlx.errors import UserError
 from dlx.model.args import ModelArgs
 from dlx.model.presets import PRESETS, resolve_model_args
@@ -88,6 +98,28 @@ class DataSection(BaseModel):
     """Batches the loader keeps ready ahead of the step."""
     shuffle: bool = True
     """Visit the training windows in a seeded random order each epoch."""
+    mix: dict[str, float] | None = None
+    """Datasets and weights instead of data.path: {PATH: W, ...}, or PATH=W,PATH=W; windows are drawn by weight."""
+    document_mask: bool = False
+    """Attention stays inside each document (ended by eos_id) and RoPE positions restart at each document's start."""
+
+    @field_validator("mix", mode="before")
+    @classmethod
+    def _parse_mix(cls, value: Any) -> Any:
+        return parse_mix(value) if isinstance(value, str) else value
+
+    @field_validator("mix")
+    @classmethod
+    def _check_mix(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None:
+            check_mix(value)
+        return value
+
+    @model_validator(mode="after")
+    def _mix_or_path(self) -> DataSection:
+        if self.mix is not None and "path" in self.model_fields_set:
+            raise ValueError("data.mix and data.path are exclusive: list every dataset with its weight in data.mix")
+        return self
 
 
 class TrainSection(BaseModel):
@@ -106,11 +138,17 @@ class TrainSection(BaseModel):
     lr: float = Field(3e-4, gt=0, le=10)
     """Peak learning rate, reached at the end of warm-up."""
     min_lr: float = Field(3e-5, ge=0, le=10)
-    """Learning rate at the end of the cosine or linear decay (at most lr)."""
+    """Learning rate at the end of the decay (cosine, linear or wsd; at most lr)."""
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
     """Share of the optimizer steps spent warming the learning rate up linearly from 0."""
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    """Decay from lr to min_lr after warm-up."""
+    schedule: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
+    """Decay from lr to min_lr after warm-up; wsd: hold lr, then decay over the last train.decay_ratio of steps."""
+    decay_ratio: float = Field(0.2, ge=0, le=1)
+    """wsd: share of the optimizer steps in the final decay to min_lr (0: no decay)."""
+    decay_shape: Literal["linear", "cosine", "1-sqrt"] = "1-sqrt"
+    """wsd: shape of the final decay (1-sqrt: lr falls as 1 - sqrt(progress))."""
+    z_loss: float = Field(0.0, ge=0, le=1)
+    """Weight of the z-loss, mean squared log-partition of the logits (OLMo, PaLM use 1e-4 to 1e-5); 0: off."""
     weight_decay: float = Field(0.1, ge=0, le=10)
     """AdamW decoupled weight decay for matmul weights (norms and the embedding are not decayed)."""
     betas: tuple[float, float] = (0.9, 0.95)
@@ -252,7 +290,7 @@ class RunConfig(BaseModel):
                 f"data.seq_len ({self.data.seq_len}) exceeds model.max_seq_len ({args.max_seq_len}); "
                 "lower data.seq_len or raise model.max_seq_len"
             )
-        if self.data.path == SYNTHETIC and self.train.max_steps is None:
+        if self.data.path == SYNTHETIC and not self.data.mix and self.train.max_steps is None:
             raise ValueError("synthetic data has no epochs: set train.max_steps (or data.path to a prepared dataset)")
         self._check_parallel()
         self._check_observers()
@@ -282,6 +320,8 @@ class RunConfig(BaseModel):
         """Every section with defaults filled in and the model fully resolved, as written into the run folder."""
         out = self.model_dump(mode="json")
         out["model"] = self.model.resolved()
+        if self.data.mix is not None:  # data.path is not used: leave it out, so the file loads back as a recipe
+            del out["data"]["path"]
         return out
 
 

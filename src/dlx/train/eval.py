@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -18,16 +18,29 @@ def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
+def z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """Mean over tokens of log(Z)², Z = Σ_v exp(logit_v), of logits (B, T, vocab), in fp32: PaLM's and OLMo's z-loss,
+    which `train.z_loss` weighs."""
+    return logits.float().logsumexp(dim=-1).square().mean()
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Iterable, max_batches: int, precision: Precision) -> dict[str, float]:
-    """{"loss", "perplexity", "batches", "eval_s"}; the model is put back in training mode afterwards."""
+def evaluate(
+    model: nn.Module,
+    batches: Iterable,
+    max_batches: int,
+    precision: Precision,
+    model_inputs: Callable[[torch.Tensor], dict] | None = None,
+) -> dict[str, float]:
+    """{"loss", "perplexity", "batches", "eval_s"}; the model is put back in training mode afterwards.
+    `model_inputs(inputs)`: keyword arguments for the model besides the tokens (document ids), as in training."""
     start = time.perf_counter()
     model.eval()
     losses: list[torch.Tensor] = []
     try:
         for inputs, targets in batches:
             with precision.autocast():
-                logits = model(inputs)
+                logits = model(inputs, **(model_inputs(inputs) if model_inputs else {}))
             losses.append(next_token_loss(logits, targets).detach())  # kept on the device: one sync at the end
             if len(losses) >= max_batches:
                 break

@@ -33,8 +33,9 @@ from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
 from dlx.train.header import StepPlan, plan_steps
 from dlx.train.init_from import InitSource, check_tokenizer, load_initial_weights, resolve_source
+from dlx.train.objective import Objective, build_objective
 from dlx.train.observe import build_profiler, check_observers, check_wandb_installed, open_wandb
-from dlx.train.optim import build_optimizer, build_scheduler
+from dlx.train.optim import ScheduledLR, build_optimizer, build_scheduler
 from dlx.train.recipe import write_resolved
 from dlx.train.sample import TrainingSampler
 from dlx.train.signals import GracefulStop
@@ -70,6 +71,8 @@ class Run:
     """GPU utilisation per logged record (NVML), or why there is none."""
     env: DistEnv = field(default_factory=DistEnv)
     """This rank and the world size (rank 0 of 1 without torchrun)."""
+    objective: Objective = field(default_factory=Objective)
+    """The z-loss (train.z_loss) and document ids for the model (data.document_mask), in the step and in eval."""
     last_checkpoint: Path | None = None
     header: list[str] = field(default_factory=list)
     """The start-up header, repeated in report.md."""
@@ -234,6 +237,7 @@ def build_run(
         stop=stop,
         data_info=data_info,
         env=env,
+        objective=build_objective(config.train.z_loss, config.data.document_mask, data_info.eos_id),
         last_checkpoint=last,
         init=init,
         # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
@@ -267,6 +271,8 @@ def restore(
         f"resuming from {loaded.path} (step {state.step:,}, {state.tokens_seen:,} tokens seen, "
         f"written by {state.world_size} rank(s), {state.format} format)"
     )
+    if isinstance(scheduler, ScheduledLR) and scheduler.resume_note:
+        console.print(scheduler.resume_note)
     return state, loaded.path
 
 

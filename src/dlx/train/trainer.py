@@ -31,10 +31,11 @@ from dlx.precision import Precision
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
 from dlx.train.config import RunConfig
-from dlx.train.data import build_eval_loader
-from dlx.train.eval import evaluate, next_token_loss, perplexity
+from dlx.train.eval import next_token_loss
 from dlx.train.header import header_lines
+from dlx.train.objective import PLAIN, Objective
 from dlx.train.observe import log_samples, observed_columns, observer_header, report_files
+from dlx.train.records import eval_line, evaluate_run, step_fields
 from dlx.train.run import Run, build_run
 from dlx.train.signals import GracefulStop
 
@@ -114,7 +115,7 @@ def train_loop(run: Run) -> None:
     for step in range(run.state.step + 1, run.plan.total_steps + 1):
         with run.profiler.step(step):  # torch.profiler over the profile.* steps; nothing otherwise
             loss = accumulate_gradients(
-                run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer, run.strategy
+                run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer, run.strategy, run.objective
             )
             lr = run.scheduler.get_last_lr()[0]
             loss_value, stop_requested = agree_on_step(run, loss)  # NaN policy and stop: the same on every rank
@@ -183,10 +184,12 @@ def accumulate_gradients(
     precision: Precision,
     timer: PhaseTimer,
     strategy: Strategy,
+    objective: Objective = PLAIN,
 ) -> torch.Tensor:
     """`accum` micro-steps; returns the step's mean loss (detached). Each micro-loss is divided by `accum`, so the
     summed gradients equal those of one batch `accum` times larger (the micro-batches have equal sizes). Under DDP
-    and FSDP, gradients are synchronised only in the last micro-step's backward (`strategy.gradient_sync`)."""
+    and FSDP, gradients are synchronised only in the last micro-step's backward (`strategy.gradient_sync`).
+    `objective`: document ids for the model, and the z-loss added to what backward gets (dlx.train.objective)."""
     total = None
     for index in range(accum):
         last = index == accum - 1
@@ -195,10 +198,11 @@ def accumulate_gradients(
         with strategy.gradient_sync(last):
             with timer.phase("forward"):
                 with precision.autocast():
-                    logits = model(inputs)  # (B, T, vocab)
+                    logits = model(inputs, **objective.model_inputs(inputs))  # (B, T, vocab)
                 loss = next_token_loss(logits, targets) / accum
+                minimised = objective.add_z_loss(loss, logits, accum)  # loss itself unless train.z_loss > 0
             with timer.phase("backward"):
-                strategy.backward(loss, last)
+                strategy.backward(minimised, last)
         total = loss.detach() if total is None else total + loss.detach()
     return total
 
@@ -245,7 +249,7 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
     )
     if run.env.is_distributed and record.get("peak_mem_gb") is not None:
         record["peak_mem_gb"] = distributed.all_reduce([record["peak_mem_gb"]], "max", run.device)[0]
-    record["epoch"] = run.loader.epoch
+    record.update(step_fields(run, step))  # epoch; z_loss and source_tokens when they apply
     record.update(observed_columns(run))  # GPU counters, profiled steps
     run.logger.log(record)
     run.records.append(record)
@@ -254,22 +258,13 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
 
 
 def run_eval(run: Run, step: int) -> None:
-    """Each rank evaluates its share of the validation batches; the record holds the mean over ranks."""
-    loader = build_eval_loader(run.config, run.device, run.env.rank, run.env.world_size)
-    try:
-        result = evaluate(run.model, loader, run.config.eval.batches, run.precision)
-    finally:
-        loader.close()
-    if run.env.is_distributed:
-        result["loss"] = distributed.all_reduce([result["loss"]], "mean", run.device)[0]
-        result["perplexity"] = perplexity(result["loss"])
+    """Each rank evaluates its share of the validation batches (of each data.mix source); the record holds the mean
+    over ranks."""
+    result = evaluate_run(run)
     record = {"step": step, **result}
     run.logger.log_eval(record)
     run.eval_records.append(record)
-    run.console.print(
-        f"eval step {step} | loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} "
-        f"| {result['batches']} batches in {result['eval_s']:.1f} s"
-    )
+    run.console.print(eval_line(step, result))
 
 
 def save(run: Run) -> None:
@@ -298,7 +293,8 @@ def finish(run: Run) -> None:
     if run.records and run.env.is_main:
         run.verdict = bottleneck_verdict(run.records)
         run.console.print(str(run.verdict))
-        write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records)
+        weights = {source.name: source.weight for source in run.data_info.sources}  # data.mix; empty otherwise
+        write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records, source_weights=weights)
         run.logger.finish_run(step, run.verdict, report_files(run.run_dir))
     run.console.print(f"run folder: {run.run_dir} (report.md, metrics.jsonl, checkpoints/)")
 
