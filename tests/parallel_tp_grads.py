@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from dlx.metrics.timing import PhaseTimer
+from dlx.model.io import empty_model
 from dlx.model.llama import Transformer
 from dlx.model.presets import resolve_model_args
 from dlx.parallel import dcp, distributed
@@ -106,7 +107,11 @@ def staged_copy_is_saved(model, optimizer, args, before: dict[str, torch.Tensor]
             (param.to_local() if hasattr(param, "to_local") else param).add_(1.0)
     future.result()
     dist.barrier()
-    saved = dcp.read_full_weights(folder, args) if dist.get_rank() == 0 else {}
+    saved = {}
+    if dist.get_rank() == 0:
+        whole = empty_model(args, CPU)
+        dcp.load_whole_model(whole, folder)
+        saved = {name: p.detach() for name, p in whole.named_parameters()}
     dist.barrier()
     return all(torch.equal(saved[name], before[name]) for name in saved) and len(saved) > 0
 

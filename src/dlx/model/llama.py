@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlx.model.args import ModelArgs
+from dlx.model.document_mask import DocumentMask, document_mask, masked_attention, positions_in_documents
 from dlx.model.kv_cache import KVCache
 from dlx.model.rope import apply_rope, rope_tables
 
@@ -40,7 +41,13 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        start_pos: int = 0,
+        mask: DocumentMask | None = None,
     ) -> torch.Tensor:
         batch, seq_len, _ = x.shape
         # Head counts come from the shapes: under tensor parallelism each rank holds a slice of the heads.
@@ -56,7 +63,10 @@ class Attention(nn.Module):
             k = k.repeat_interleave(n_rep, dim=2)
             v = v.repeat_interleave(n_rep, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, head_dim)
-        out = F.scaled_dot_product_attention(q, k, v, **_causal_mask_kwargs(seq_len, k.shape[2], q.device))
+        if mask is not None:  # attention inside documents only (dlx.model.document_mask)
+            out = masked_attention(q, k, v, mask)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, **_causal_mask_kwargs(seq_len, k.shape[2], q.device))
         out = out.transpose(1, 2).reshape(batch, seq_len, -1)  # (B, T, dim)
         return self.wo(out)
 
@@ -94,9 +104,15 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        start_pos: int = 0,
+        mask: DocumentMask | None = None,
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, cache, start_pos)
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache, start_pos, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -140,15 +156,30 @@ class Transformer(nn.Module):
         else:
             nn.init.normal_(tensor, std=std, generator=generator)
 
-    def forward(self, tokens: torch.Tensor, caches: list[KVCache] | None = None, start_pos: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        caches: list[KVCache] | None = None,
+        start_pos: int = 0,
+        document_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`document_ids` (B, T): attend only within equal ids, positions restarting at each (no KV cache with it)."""
         seq_len = tokens.shape[1]
         if start_pos + seq_len > self.args.max_seq_len:
             raise ValueError(f"sequence of {start_pos + seq_len} tokens exceeds max_seq_len={self.args.max_seq_len}")
-        cos = self.rope_cos[start_pos : start_pos + seq_len]
+        cos = self.rope_cos[start_pos : start_pos + seq_len]  # (T, head_dim)
         sin = self.rope_sin[start_pos : start_pos + seq_len]
+        mask = None
+        if document_ids is not None:
+            if caches is not None:
+                raise ValueError("document_ids cannot be combined with a KV cache")
+            mask = document_mask(document_ids)  # None: one document per row, plain causal attention is exact
+        if mask is not None:
+            positions = positions_in_documents(document_ids)  # (B, T)
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, head_dim)
         h = self.tok_embeddings(tokens)  # (B, T, dim)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, caches[i] if caches is not None else None, start_pos)
+            h = layer(h, cos, sin, caches[i] if caches is not None else None, start_pos, mask)
         return self.output(self.norm(h))  # (B, T, vocab_size)
 
     @torch.no_grad()

@@ -3,7 +3,7 @@
 Each rank writes the shards it holds of the model and optimizer state, keyed by parameter name; a load reads, for each
 rank, the parts of the saved shards that its own (possibly different) layout holds. So a checkpoint written with any
 tp × dp layout resumes under any other, down to one process, and its full weights can be read without a process group
-(`read_full_weights`, for `dlx export-hf`).
+(`load_whole_model`, for `dlx export-hf` and `dlx generate`).
 
 Asynchronous saves (`save(..., background=True)`): DCP copies the state into host memory (the "staging" copy, so that
 training may change the weights at once), then writes it from a background thread; the ranks coordinate the write over
@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from dlx.model.args import ModelArgs
 from dlx.model.llama import Transformer
 
 MODEL_KEY, OPTIMIZER_KEY = "model", "optim"
@@ -71,18 +70,16 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> No
     set_state_dict(model, optimizer, model_state_dict=state[MODEL_KEY], optim_state_dict=state[OPTIMIZER_KEY])
 
 
-def read_full_weights(folder: Path, args: ModelArgs) -> dict[str, torch.Tensor]:
-    """The whole model's weights from a DCP checkpoint, in one process on the CPU (the model's dtype as saved)."""
+def load_whole_model(model: Transformer, folder: Path) -> None:
+    """Read a DCP checkpoint's model weights (not the optimizer state) into a whole, unsharded model, in one process
+    and without a process group: DCP reads every rank's shards into place."""
     import torch.distributed.checkpoint as dcp
 
-    with torch.device("meta"):
-        shapes = Transformer(args).state_dict()
-    weights = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in shapes.items()}
-    if args.tie_embeddings:
-        weights.pop("output.weight")
+    weights = model.state_dict()
+    if model.args.tie_embeddings:
+        weights.pop("output.weight")  # the same tensor as the embedding
     with _one_process():
         dcp.load({MODEL_KEY: weights}, checkpoint_id=folder, no_dist=True)
-    return weights
 
 
 def _group_active() -> bool:

@@ -21,6 +21,7 @@ does not take DTensor parameters), which all-reduces gradients as DDP does.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -103,8 +104,9 @@ def apply_tp(model: nn.Module, mesh: Any) -> None:
         "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
     }
     parallelize_module(model, tp_mesh, top)
-    # Attention takes (x, cos, sin, cache, start_pos): only x is gathered from its sequence shards.
-    attention_inputs = (Shard(1), None, None, None, None), (Replicate(), None, None, None, None)
+    # Attention takes (x, cos, sin, cache, start_pos, mask): only x is gathered from its sequence shards.
+    others = (None,) * (len(inspect.signature(model.layers[0].attention.forward).parameters) - 1)
+    attention_inputs = (Shard(1), *others), (Replicate(), *others)
     block = {
         "attention_norm": SequenceParallel(),
         "attention": PrepareModuleInput(input_layouts=attention_inputs[0], desired_input_layouts=attention_inputs[1]),

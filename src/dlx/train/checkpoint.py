@@ -40,7 +40,7 @@ from dlx.atomic import make_temp_dir, publish_dir
 from dlx.errors import UserError
 from dlx.faults import pause_point
 from dlx.model.args import ModelArgs
-from dlx.model.io import ARGS_FILE, WEIGHTS_FILE, load_model, model_from_state_dict, write_weight_dict
+from dlx.model.io import ARGS_FILE, WEIGHTS_FILE, empty_model, load_model, write_weight_dict
 from dlx.model.llama import Transformer
 from dlx.parallel import dcp
 from dlx.parallel.distributed import any_rank, main_decides
@@ -334,8 +334,8 @@ class LoadedCheckpoint:
     train_state: dict[str, Any]
 
 
-def read_checkpoint(path: Path) -> LoadedCheckpoint:
-    """Read and check every file of a checkpoint into memory; DamagedCheckpoint says what is wrong."""
+def read_trainer_state(path: Path) -> TrainerState:
+    """trainer_state.json, once every file it lists is there at its recorded size; DamagedCheckpoint otherwise."""
     try:
         raw = json.loads((path / STATE_FILE).read_text())
         state = TrainerState(**raw)
@@ -347,6 +347,12 @@ def read_checkpoint(path: Path) -> LoadedCheckpoint:
             raise DamagedCheckpoint(f"{name} is missing")
         if file.stat().st_size != size:
             raise DamagedCheckpoint(f"{name} has {file.stat().st_size:,} bytes, {size:,} were written")
+    return state
+
+
+def read_checkpoint(path: Path) -> LoadedCheckpoint:
+    """Read and check every file of a checkpoint into memory; DamagedCheckpoint says what is wrong."""
+    state = read_trainer_state(path)
     try:
         weights = load_file(str(path / WEIGHTS_FILE)) if state.format == "full" else {}  # else in dcp/ or deepspeed/
         train_state = torch.load(path / TRAIN_STATE_FILE, map_location="cpu", weights_only=True)
@@ -408,5 +414,6 @@ def load_checkpoint_model(folder: Path, device: str | torch.device = "cpu") -> T
         return load_model(folder, device)  # names what is missing when neither is there
     if not (folder / ARGS_FILE).is_file():
         raise UserError(f"{folder} is not a dlx checkpoint: {ARGS_FILE} is missing")
-    args = ModelArgs.model_validate_json((folder / ARGS_FILE).read_text())
-    return model_from_state_dict(args, dcp.read_full_weights(folder / DCP_FOLDER, args), device)
+    model = empty_model(ModelArgs.model_validate_json((folder / ARGS_FILE).read_text()), device)
+    dcp.load_whole_model(model, folder / DCP_FOLDER)
+    return model

@@ -22,7 +22,8 @@ from dlx.metrics.profiler import StepProfiler
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.llama import Transformer
 from dlx.parallel.build import StepShape, build_strategy, check_strategy_installed
-from dlx.parallel.distributed import DistEnv, main_decides
+from dlx.parallel.distributed import DistEnv, any_rank, main_decides
+from dlx.parallel.materialize import ShardFiller
 from dlx.parallel.strategy import Strategy
 from dlx.parallel.tensor import check_layout
 from dlx.precision import Precision, build_precision
@@ -32,8 +33,10 @@ from dlx.train.config import RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
 from dlx.train.header import StepPlan, plan_steps
+from dlx.train.init_from import InitSource, check_tokenizer, load_initial_weights, resolve_source
+from dlx.train.objective import Objective, build_objective
 from dlx.train.observe import build_profiler, check_observers, check_wandb_installed, open_wandb
-from dlx.train.optim import build_optimizer, build_scheduler
+from dlx.train.optim import ScheduledLR, build_optimizer, build_scheduler
 from dlx.train.recipe import write_resolved
 from dlx.train.sample import TrainingSampler
 from dlx.train.signals import GracefulStop
@@ -69,6 +72,8 @@ class Run:
     """GPU utilisation per logged record (NVML), or why there is none."""
     env: DistEnv = field(default_factory=DistEnv)
     """This rank and the world size (rank 0 of 1 without torchrun)."""
+    objective: Objective = field(default_factory=Objective)
+    """The z-loss (train.z_loss) and document ids for the model (data.document_mask), in the step and in eval."""
     last_checkpoint: Path | None = None
     last_save: ckpt.PendingSave | None = None
     """The latest save this run started; with checkpoint.async it may still be writing."""
@@ -80,6 +85,8 @@ class Run:
     """The bottleneck verdict, once the run has finished (rank 0)."""
     stopped_early: bool = False
     """A signal reached some rank and all ranks stopped after the same step."""
+    init: InitSource | None = None
+    """Where the initial weights came from (model.init_from), when they were loaded."""
     sampler: TrainingSampler | None = None
     """Text generated every `eval.sample_every` steps; None when off."""
 
@@ -102,26 +109,72 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_model(config: RunConfig, device: torch.device) -> Transformer:
-    """On the meta device: shapes only. `build_run_strategy` shards it, then gives each rank its own shards, drawn from
-    train.seed (see `dlx.parallel.materialize`): no rank ever holds the whole model unless it trains it whole."""
+def build_model(config: RunConfig) -> Transformer:
+    """On the meta device: shapes only. `build_run_strategy` shards it, then gives each rank its own shards (drawn
+    from train.seed, or read from model.init_from): no rank ever holds the whole model unless it trains it whole."""
     seed_everything(config.train.seed)
     with torch.device("meta"):
         model = Transformer(config.model.args)
     return model
 
 
+def resolve_initial_weights(
+    config: RunConfig, data_info: DatasetInfo, restoring: bool, console: RunConsole
+) -> InitSource | None:
+    """model.init_from's folder, checked against the dataset's tokenizer; None without init_from, or when a checkpoint
+    is about to be restored (it holds the weights). Rank 0 decides, every rank gets the answer or the same error."""
+    if config.model.init_from is None or restoring:
+        return None
+
+    def resolve() -> InitSource:
+        source = resolve_source(config.model.init_from)
+        source.stored()  # every header, shard and shape checked before anything is written
+        check_tokenizer(source, data_info.tokenizer, data_info.path)
+        return source
+
+    source = main_decides(resolve)
+    for note in source.notes:
+        console.warn(note)
+    return source
+
+
+def initial_weights(init: InitSource | None, device: torch.device, config: RunConfig) -> ShardFiller | None:
+    """model.init_from's weights as what fills each rank's shards when the model is materialised (each rank reads only
+    the rows it holds); a rank that cannot read them stops all ranks with its one line. None: random weights."""
+    if init is None:
+        return None
+
+    def fill(model: Transformer) -> None:
+        error: UserError | None = None
+        try:
+            load_initial_weights(model, init)
+        except UserError as e:
+            error = e
+        if any_rank(error is not None, device):
+            raise error or UserError(f"another rank could not read model.init_from {config.model.init_from}")
+
+    return fill
+
+
 def build_run_strategy(
-    model: Transformer, config: RunConfig, device: torch.device, env: DistEnv, precision: Precision, plan: StepPlan
+    model: Transformer,
+    config: RunConfig,
+    device: torch.device,
+    env: DistEnv,
+    precision: Precision,
+    plan: StepPlan,
+    fill: ShardFiller | None = None,
 ) -> Strategy:
-    """The recipe's strategy around the model, with the recipe's optimizer on the wrapped parameters."""
+    """The recipe's strategy around the model, with the recipe's optimizer on the wrapped parameters; the meta-device
+    model's shards filled by `fill` (model.init_from), else drawn from train.seed."""
     shape = StepShape(plan.micro_batch_size, plan.grad_accum, config.train.grad_clip)
 
     def make_optimizer(wrapped: nn.Module) -> torch.optim.Optimizer:
         return build_optimizer(wrapped, config.train, device)
 
+    seed = config.train.seed
     return build_strategy(
-        model, config.parallel, config.train.compile, device, env, precision, make_optimizer, shape, config.train.seed
+        model, config.parallel, config.train.compile, device, env, precision, make_optimizer, shape, seed, fill
     )
 
 
@@ -163,13 +216,16 @@ def build_run(
     loader = build_train_loader(config, device, env.dp_rank, env.dp_size)  # the TP ranks of a replica: one batch
     try:
         plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
-        sampler = check_observers(config, plan.total_steps, data_info.tokenizer)
-        model = build_model(config, device)
-        strategy = build_run_strategy(model, config, device, env, precision, plan)
-        scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
         console = RunConsole(plan.total_steps, 0, config.log.progress, is_main=env.is_main)
-        state, last = restore(run_dir, resume, strategy, scheduler, loader, console)
-        main_decides(lambda: create_run_dir(config, run_dir, data_info))
+        loaded = find_checkpoint(run_dir, console, env) if resume else None
+        init = resolve_initial_weights(config, data_info, loaded is not None, console)
+        tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
+        sampler = check_observers(config, plan.total_steps, tokenizer)
+        fill = initial_weights(init, device, config)
+        strategy = build_run_strategy(build_model(config), config, device, env, precision, plan, fill)
+        scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
+        state, last = restore(run_dir, resume, loaded, strategy, scheduler, loader, console)
+        main_decides(lambda: create_run_dir(config, run_dir, data_info, init))
     except BaseException:
         loader.close()
         raise
@@ -183,7 +239,7 @@ def build_run(
         run_dir=run_dir,
         device=device,
         precision=precision,
-        model=model,
+        model=strategy.model,
         train_model=strategy.train_model,
         strategy=strategy,
         optimizer=strategy.optimizer,
@@ -198,7 +254,9 @@ def build_run(
         stop=stop,
         data_info=data_info,
         env=env,
+        objective=build_objective(config.train.z_loss, config.data.document_mask, data_info.eos_id),
         last_checkpoint=last,
+        init=init,
         # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
         records=read_jsonl(run_dir / METRICS_FILE),
         eval_records=read_jsonl(run_dir / EVAL_FILE),
@@ -211,15 +269,15 @@ def build_run(
 def restore(
     run_dir: Path,
     resume: bool,
+    loaded: ckpt.LoadedCheckpoint | None,
     strategy: Strategy,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     loader: Any,
     console: RunConsole,
 ) -> tuple[ckpt.TrainerState, Path | None]:
-    """On --resume: the newest complete checkpoint into every piece, the loader to its position."""
+    """On --resume: the newest complete checkpoint (`find_checkpoint`) into every piece, the loader to its position."""
     if not resume:
         return ckpt.TrainerState(), None
-    loaded = find_checkpoint(run_dir, console, strategy.env)
     if loaded is None:
         console.warn(f"--resume: {run_dir} holds no complete checkpoint; starting it again from step 0")
         return ckpt.TrainerState(), None
@@ -230,6 +288,8 @@ def restore(
         f"resuming from {loaded.path} (step {state.step:,}, {state.tokens_seen:,} tokens seen, "
         f"written by {state.world_size} rank(s), {state.format} format)"
     )
+    if isinstance(scheduler, ScheduledLR) and scheduler.resume_note:
+        console.print(scheduler.resume_note)
     return state, loaded.path
 
 
@@ -241,8 +301,12 @@ def find_checkpoint(run_dir: Path, console: RunConsole, env: DistEnv) -> ckpt.Lo
     return ckpt.read_checkpoint(path) if path is not None else None
 
 
-def create_run_dir(config: RunConfig, run_dir: Path, data_info: DatasetInfo) -> None:
+def create_run_dir(config: RunConfig, run_dir: Path, data_info: DatasetInfo, init: InitSource | None = None) -> None:
+    """config.yaml, the tokenizer (the dataset's, else the initial weights'), where the initial weights came from."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_resolved(config, run_dir)
-    if data_info.tokenizer is not None:
-        shutil.copyfile(data_info.tokenizer, run_dir / TOKENIZER_FILE)
+    tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
+    if tokenizer is not None:
+        shutil.copyfile(tokenizer, run_dir / TOKENIZER_FILE)
+    if init is not None:
+        folder.append_event(run_dir, event="init_from", path=init.given, weights=init.weights, kind=init.kind)

@@ -15,6 +15,7 @@ from dlx.errors import UserError
 from dlx.model.io import WEIGHTS_FILE
 from dlx.train.checkpoint import DCP_METADATA, find_resumable, load_checkpoint_model
 from dlx.train.config import EvalSection
+from dlx.train.init_from import find_tokenizer_file
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -33,9 +34,9 @@ def find_tokenizer(checkpoint: Path):
     """tokenizer.json beside the weights, or in the run folder above `checkpoints/`."""
     from tokenizers import Tokenizer
 
-    for candidate in (checkpoint / TOKENIZER_FILE, checkpoint.parent.parent / TOKENIZER_FILE):
-        if candidate.is_file():
-            return Tokenizer.from_file(str(candidate))
+    found = find_tokenizer_file(checkpoint)
+    if found is not None:
+        return Tokenizer.from_file(str(found))
     raise UserError(
         f"no {TOKENIZER_FILE} for {checkpoint}: the run trained on synthetic data or its folder was moved; "
         f"copy the dataset's {TOKENIZER_FILE} into the run folder"

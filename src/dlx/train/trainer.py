@@ -11,7 +11,6 @@ What differs between one process, DDP, FSDP and DeepSpeed (gradient sync, the up
 
 from __future__ import annotations
 
-import functools
 import math
 import signal
 from collections.abc import Iterator
@@ -28,15 +27,15 @@ from dlx.metrics.timing import PhaseTimer
 from dlx.metrics.verdict import bottleneck_verdict
 from dlx.parallel import distributed
 from dlx.parallel.strategy import Strategy
-from dlx.parallel.tensor import vocab_parallel_loss
 from dlx.precision import Precision
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
 from dlx.train.config import RunConfig
-from dlx.train.data import build_eval_loader
-from dlx.train.eval import evaluate, next_token_loss, perplexity
+from dlx.train.eval import training_loss
 from dlx.train.header import header_lines
+from dlx.train.objective import PLAIN, Objective
 from dlx.train.observe import log_samples, observed_columns, observer_header, report_files
+from dlx.train.records import eval_line, evaluate_run, step_fields
 from dlx.train.run import Run, build_run
 from dlx.train.signals import GracefulStop
 
@@ -116,7 +115,7 @@ def train_loop(run: Run) -> None:
     for step in range(run.state.step + 1, run.plan.total_steps + 1):
         with run.profiler.step(step):  # torch.profiler over the profile.* steps; nothing otherwise
             loss = accumulate_gradients(
-                run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer, run.strategy
+                run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer, run.strategy, run.objective
             )
             lr = run.scheduler.get_last_lr()[0]
             loss_value, stop_requested = agree_on_step(run, loss)  # NaN policy and stop: the same on every rank
@@ -187,10 +186,12 @@ def accumulate_gradients(
     precision: Precision,
     timer: PhaseTimer,
     strategy: Strategy,
+    objective: Objective = PLAIN,
 ) -> torch.Tensor:
     """`accum` micro-steps; returns the step's mean loss (detached). Each micro-loss is divided by `accum`, so the
     summed gradients equal those of one batch `accum` times larger (the micro-batches have equal sizes). Under DDP
-    and FSDP, gradients are synchronised only in the last micro-step's backward (`strategy.gradient_sync`)."""
+    and FSDP, gradients are synchronised only in the last micro-step's backward (`strategy.gradient_sync`).
+    `objective`: document ids for the model, and the z-loss added to what backward gets (dlx.train.objective)."""
     total = None
     for index in range(accum):
         last = index == accum - 1
@@ -199,20 +200,13 @@ def accumulate_gradients(
         with strategy.gradient_sync(last):
             with timer.phase("forward"):
                 with precision.autocast():
-                    logits = model(inputs)  # (B, T, vocab)
+                    logits = model(inputs, **objective.model_inputs(inputs))  # (B, T, vocab)
                 loss = training_loss(strategy, logits, targets) / accum
+                minimised = objective.add_z_loss(loss, logits, accum)  # loss itself unless train.z_loss > 0
             with timer.phase("backward"):
-                strategy.backward(loss, last)
+                strategy.backward(minimised, last)
         total = loss.detach() if total is None else total + loss.detach()
     return total
-
-
-def training_loss(strategy: Strategy, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The one place the loss is chosen: under tensor parallelism the logits are vocabulary shards and the loss is
-    computed on them (`vocab_parallel_loss`, the full logits are never gathered); otherwise `next_token_loss`."""
-    if strategy.vocab_parallel:
-        return vocab_parallel_loss(logits, targets)
-    return next_token_loss(logits, targets)
 
 
 def handle_non_finite(run: Run, step: int, loss_value: float) -> None:
@@ -257,7 +251,7 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
     )
     if run.env.is_distributed and record.get("peak_mem_gb") is not None:
         record["peak_mem_gb"] = distributed.all_reduce([record["peak_mem_gb"]], "max", run.device)[0]
-    record["epoch"] = run.loader.epoch
+    record.update(step_fields(run, step))  # epoch; z_loss and source_tokens when they apply
     record.update(observed_columns(run))  # GPU counters, profiled steps
     run.logger.log(record)
     run.records.append(record)
@@ -266,23 +260,13 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
 
 
 def run_eval(run: Run, step: int) -> None:
-    """Each rank evaluates its share of the validation batches; the record holds the mean over ranks."""
-    loader = build_eval_loader(run.config, run.device, run.env.dp_rank, run.env.dp_size)
-    try:
-        loss_fn = functools.partial(training_loss, run.strategy)
-        result = evaluate(run.model, loader, run.config.eval.batches, run.precision, loss_fn)
-    finally:
-        loader.close()
-    if run.env.is_distributed:
-        result["loss"] = distributed.all_reduce([result["loss"]], "mean", run.device)[0]
-        result["perplexity"] = perplexity(result["loss"])
+    """Each rank evaluates its share of the validation batches (of each data.mix source); the record holds the mean
+    over ranks."""
+    result = evaluate_run(run)
     record = {"step": step, **result}
     run.logger.log_eval(record)
     run.eval_records.append(record)
-    run.console.print(
-        f"eval step {step} | loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} "
-        f"| {result['batches']} batches in {result['eval_s']:.1f} s"
-    )
+    run.console.print(eval_line(step, result))
 
 
 def save(run: Run, final: bool = False) -> None:
@@ -333,7 +317,8 @@ def finish(run: Run) -> None:
     if run.records and run.env.is_main:
         run.verdict = bottleneck_verdict(run.records)
         run.console.print(str(run.verdict))
-        write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records)
+        weights = {source.name: source.weight for source in run.data_info.sources}  # data.mix; empty otherwise
+        write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records, source_weights=weights)
         run.logger.finish_run(step, run.verdict, report_files(run.run_dir))
     run.console.print(f"run folder: {run.run_dir} (report.md, metrics.jsonl, checkpoints/)")
 
@@ -345,6 +330,8 @@ def print_header(run: Run) -> None:
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in run.model.parameters() if p.requires_grad)
     run.header = header_lines(run.plan, trainable, run.precision.name, device_name(run.device)) + run.meter.header()
     run.header += observer_header(run)
+    if run.init is not None:
+        run.header.append(f"initial weights: {run.init.describe()}")
     for line in run.header:
         run.console.print(line)
     run.console.print(f"run folder: {run.run_dir}")
