@@ -49,7 +49,7 @@ def state_bytes(out: Path, overrides: list[str]) -> None:
     from dlx.train.data import build_train_loader
     from dlx.train.header import plan_steps
     from dlx.train.recipe import load_recipe
-    from dlx.train.run import build_model, build_run_strategy
+    from dlx.train.run import build_run_strategy, meta_model
     from dlx.train.trainer import accumulate_gradients
 
     config = load_recipe(None, overrides)
@@ -61,7 +61,7 @@ def state_bytes(out: Path, overrides: list[str]) -> None:
         precision = build_precision("fp32", device)
         loader = build_train_loader(config, device, env.dp_rank, env.dp_size)
         plan = plan_steps(config, None, None, env.dp_size, env.tp)
-        strategy = build_run_strategy(build_model(config, device), config, device, env, precision, plan)
+        strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan)
         model = strategy.model
         accumulate_gradients(strategy.train_model, loader, 1, precision, PhaseTimer(device), strategy)
         params = sum(local_bytes(p) for p in model.parameters())

@@ -24,7 +24,7 @@ from dlx.precision import build_precision
 from dlx.train.config import RunConfig, build_config
 from dlx.train.data import build_train_loader
 from dlx.train.header import plan_steps
-from dlx.train.run import build_model, build_run_strategy
+from dlx.train.run import build_run_strategy, meta_model
 from dlx.train.trainer import TimingWindow, accumulate_gradients
 
 
@@ -54,7 +54,7 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
     loader = build_train_loader(config, device, env.dp_rank, env.dp_size)
     try:
         plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
-        strategy = build_run_strategy(build_model(config, device), config, device, env, precision, plan)
+        strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan)
 
         def step(timer: PhaseTimer) -> float:
             loss = accumulate_gradients(strategy.train_model, loader, plan.grad_accum, precision, timer, strategy)

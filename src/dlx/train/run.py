@@ -23,7 +23,7 @@ from dlx.metrics.timing import PhaseTimer
 from dlx.model.llama import Transformer
 from dlx.parallel.build import StepShape, build_strategy, check_strategy_installed
 from dlx.parallel.distributed import DistEnv, any_rank, main_decides
-from dlx.parallel.materialize import ShardFiller
+from dlx.parallel.materialize import ShardFiller, materialize
 from dlx.parallel.strategy import Strategy
 from dlx.parallel.tensor import check_layout
 from dlx.precision import Precision, build_precision
@@ -109,12 +109,19 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_model(config: RunConfig) -> Transformer:
+def meta_model(config: RunConfig) -> Transformer:
     """On the meta device: shapes only. `build_run_strategy` shards it, then gives each rank its own shards (drawn
     from train.seed, or read from model.init_from): no rank ever holds the whole model unless it trains it whole."""
     seed_everything(config.train.seed)
     with torch.device("meta"):
-        model = Transformer(config.model.args)
+        return Transformer(config.model.args)
+
+
+def build_model(config: RunConfig, device: torch.device, init: InitSource | None = None) -> Transformer:
+    """The whole model in this process: the weights every layout starts from (drawn from train.seed), or
+    model.init_from's, copied into uninitialised storage on the device (no random init, no second copy)."""
+    model = meta_model(config)
+    materialize(model, device, config.train.seed, initial_weights(init, device, config))
     return model
 
 
@@ -222,7 +229,7 @@ def build_run(
         tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
         sampler = check_observers(config, plan.total_steps, tokenizer)
         fill = initial_weights(init, device, config)
-        strategy = build_run_strategy(build_model(config), config, device, env, precision, plan, fill)
+        strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan, fill)
         scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
         state, last = restore(run_dir, resume, loaded, strategy, scheduler, loader, console)
         main_decides(lambda: create_run_dir(config, run_dir, data_info, init))
