@@ -13,7 +13,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dlx.cli.model_commands import _model_folder
 from dlx.errors import UserError
 from dlx.model.hf import dlx_to_hf_name
 from dlx.model.llama import Transformer
@@ -25,6 +24,7 @@ from dlx.parallel.strategy import Strategy, check_format
 from dlx.parallel.tensor import check_layout
 from dlx.train.checkpoint import load_checkpoint_model
 from dlx.train.config import build_config
+from dlx.train.init_from import resolve_source
 from dlx.train.launch import launch
 from test_parallel import LOSS_TOLERANCE, PARAM_TOLERANCE, RUN, TESTS, final_weights, max_difference, torchrun
 from train_helpers import losses, run_cli, train_quietly
@@ -131,17 +131,21 @@ def test_export_hf_reads_a_dcp_checkpoint(tp2_run, tmp_path):
     """The final checkpoint holds both: `dlx export-hf` on it without its model.safetensors writes exactly the weights
     of that file; the step-2 checkpoint (DCP shards only) is found in the run folder and read too."""
     step2, step3 = (tp2_run[0] / "checkpoints" / f"step-0000000{n}" for n in (2, 3))
-    only_dcp = tmp_path / "step3-dcp"
+    only_dcp = tmp_path / "step3-dcp"  # as checkpoint.full_weights never writes it
     shutil.copytree(step3, only_dcp)
     (only_dcp / "model.safetensors").unlink()
+    state = json.loads((only_dcp / "trainer_state.json").read_text())
+    del state["files"]["model.safetensors"]
+    (only_dcp / "trainer_state.json").write_text(json.dumps({**state, "full_weights": False}))
     result = run_cli(["export-hf", str(only_dcp), str(tmp_path / "hf")], tmp_path)
     assert result.returncode == 0, result.stderr
     exported, saved = load_file(tmp_path / "hf" / "model.safetensors"), load_file(step3 / "model.safetensors")
     assert sorted(exported) == sorted(dlx_to_hf_name(name) for name in saved)
     assert all(torch.equal(exported[dlx_to_hf_name(name)], tensor) for name, tensor in saved.items())
     run_dir = resumable_copy(tp2_run[0], tmp_path)  # its newest checkpoint is step 2: DCP shards only
-    assert _model_folder(run_dir) == run_dir / "checkpoints" / step2.name
-    earlier = load_checkpoint_model(_model_folder(run_dir)).state_dict()
+    found = resolve_source(run_dir, role="dlx export-hf")
+    assert found.weights == run_dir / "checkpoints" / step2.name
+    earlier = load_checkpoint_model(found.weights).state_dict()
     assert not torch.equal(earlier["output.weight"], saved["output.weight"])
 
 
