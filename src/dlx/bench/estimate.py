@@ -2,9 +2,11 @@
 
 Bytes per parameter, with AdamW and mixed precision by autocast (weights stay fp32, matmuls run in bf16/fp16):
     weights 4, gradients 4, AdamW moments 8, plus a 2-byte copy of each weight that autocast caches during forward.
-Sharding over `world_size` ranks, in the recipe's `parallel` words: DDP replicates everything (and keeps 4 bytes/param
-of gradient buckets); DeepSpeed ZeRO stage 1 shards the optimizer state, stage 2 also the gradients, stage 3 also the
-weights; FSDP shards all three (like stage 3).
+Sharding, in the recipe's `parallel` words. Tensor parallelism (`tp`) first divides every matmul weight and the
+embedding by tp (the norm weights, (2·n_layers + 1)·dim of them, stay whole on every rank). Then over the
+dp = world_size / tp data-parallel ranks: DDP replicates everything (and with tp 1 keeps 4 bytes/param of gradient
+buckets; with tp > 1 it is FSDP2's hybrid mode, which has none); DeepSpeed ZeRO stage 1 shards the optimizer state,
+stage 2 also the gradients, stage 3 also the weights; FSDP shards all three (like stage 3).
 
 Activations saved for backward, per token and per layer (p = bytes of the autocast dtype, d = dim, f = FFN hidden,
 k = n_kv_heads · head_dim), counted from what dlx's modules keep:
@@ -18,6 +20,8 @@ Attention kernels that store the T×T score matrix (the CPU math path) add p·H�
 memory-efficient kernels store only a log-sum-exp. The logits add (p + 4 + 4)·vocab per token: the autocast logits, the
 fp32 copy cross-entropy makes, and its gradient. Full activation checkpointing keeps only each layer's fp32 input and
 recomputes one layer at a time; `selective` checkpoints every other layer.
+With tensor (and sequence) parallelism every term is divided by tp except the normed matmul inputs, which each rank
+gathers whole (B, T, dim) before its column-parallel matmuls; the logits are vocabulary shards (÷ tp).
 This is an estimate (allocator fragmentation, temporary buffers and CUDA context are not counted); `dlx bench` prints it
 beside the measurement.
 """
@@ -46,16 +50,28 @@ class TrainingShape:
     precision: str = "bf16"
     strategy: str = "none"
     world_size: int = 1
+    """Ranks in all (GPUs): tp × the data-parallel ranks."""
+    tp: int = 1
+    """Tensor-parallel ranks per model replica."""
     zero_stage: int = 2
     """DeepSpeed ZeRO stage (strategy deepspeed): 1 shards the optimizer state, 2 also gradients, 3 also weights."""
     activation_checkpointing: str = "none"
     attention_matrix: bool = False
     """True when the attention kernel stores the T×T scores (PyTorch's math path, used on CPU)."""
 
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks: model replicas reading different batches."""
+        return self.world_size // self.tp
+
     def __post_init__(self) -> None:
-        for name in ("seq_len", "micro_batch", "grad_accum", "world_size"):
+        for name in ("seq_len", "micro_batch", "grad_accum", "world_size", "tp"):
             if getattr(self, name) <= 0:
                 raise UserError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
+        if self.world_size % self.tp:
+            raise UserError(f"--world-size {self.world_size} must be a multiple of --tp {self.tp} (ranks = dp × tp)")
+        if self.tp > 1 and self.strategy == "deepspeed":
+            raise UserError("--strategy deepspeed does not combine with --tp > 1; use --strategy fsdp")
         _check_choice("precision", self.precision, tuple(AUTOCAST_BYTES))
         _check_choice("strategy", self.strategy, STRATEGIES)
         if self.zero_stage not in ZERO_STAGES:
@@ -78,7 +94,7 @@ class MemoryPlan:
     logits_gb: float
     flops_per_token: FlopsPerToken
     tokens_per_step: int
-    """Tokens in one optimizer step, all ranks: micro_batch · seq_len · grad_accum · world_size."""
+    """Tokens in one optimizer step, all ranks: micro_batch · seq_len · grad_accum · dp."""
 
     @property
     def total_gb(self) -> float:
@@ -90,12 +106,18 @@ class MemoryPlan:
         return flops / (peak_tflops * 1e12 * mfu * world_size)
 
 
-def _state_bytes(n_params: int, shape: TrainingShape) -> tuple[float, float, float]:
-    """Weights, gradients, optimizer bytes per rank."""
+def params_per_rank(args: ModelArgs, tp: int) -> float:
+    """Parameters one tensor-parallel rank holds: the norm weights whole, everything else ÷ tp."""
+    norms = (2 * args.n_layers + 1) * args.dim
+    return norms + (model_stats(args).total - norms) / tp
+
+
+def _state_bytes(n_params: float, shape: TrainingShape) -> tuple[float, float, float]:
+    """Weights, gradients, optimizer bytes per rank, for `n_params` per tensor-parallel rank."""
     weights = n_params * (4 + (2 if shape.precision != "fp32" else 0))
-    grads = n_params * 4 * (2 if shape.strategy == "ddp" else 1)
+    grads = n_params * 4 * (2 if shape.strategy == "ddp" and shape.tp == 1 else 1)
     optimizer = n_params * 8
-    world = shape.world_size
+    world = shape.dp
     if sharding_stage(shape) >= 1:
         optimizer /= world
     if sharding_stage(shape) >= 2:
@@ -113,18 +135,18 @@ def sharding_stage(shape: TrainingShape) -> int:
 
 
 def activation_bytes_per_token_per_layer(args: ModelArgs, shape: TrainingShape) -> float:
-    p = AUTOCAST_BYTES[shape.precision]
+    p, tp = AUTOCAST_BYTES[shape.precision], shape.tp
     d, f, k = args.dim, args.ffn_hidden_dim, args.kv_heads * args.head_dim
-    saved = 2 * 4 * d + 2 * p * d + p * (d + 2 * k) + 4 * (d + k) + p * d + 4 * p * f
+    sharded = 2 * 4 * d + p * (d + 2 * k) + 4 * (d + k) + p * d + 4 * p * f
     if shape.attention_matrix:
-        saved += p * args.n_heads * shape.seq_len
-    return saved
+        sharded += p * args.n_heads * shape.seq_len
+    return sharded / tp + 2 * p * d  # the normed matmul inputs are gathered whole on every TP rank
 
 
 def _activation_bytes(args: ModelArgs, shape: TrainingShape) -> float:
     tokens = shape.micro_batch * shape.seq_len
     per_layer = activation_bytes_per_token_per_layer(args, shape) * tokens
-    layer_input = 4 * args.dim * tokens
+    layer_input = 4 * args.dim * tokens / shape.tp  # the residual stream is sequence-sharded under TP
     if shape.activation_checkpointing == "full":
         return args.n_layers * layer_input + per_layer
     if shape.activation_checkpointing == "selective":
@@ -135,9 +157,9 @@ def _activation_bytes(args: ModelArgs, shape: TrainingShape) -> float:
 
 def plan_memory(args: ModelArgs, shape: TrainingShape) -> MemoryPlan:
     n_params = model_stats(args).total
-    weights, grads, optimizer = _state_bytes(n_params, shape)
+    weights, grads, optimizer = _state_bytes(params_per_rank(args, shape.tp), shape)
     p = AUTOCAST_BYTES[shape.precision]
-    logits = shape.micro_batch * shape.seq_len * args.vocab_size * (p + 4 + 4)
+    logits = shape.micro_batch * shape.seq_len * args.vocab_size * (p + 4 + 4) / shape.tp
     return MemoryPlan(
         params=n_params,
         weights_gb=weights / GB,
@@ -146,7 +168,7 @@ def plan_memory(args: ModelArgs, shape: TrainingShape) -> MemoryPlan:
         activations_gb=_activation_bytes(args, shape) / GB,
         logits_gb=logits / GB,
         flops_per_token=training_flops_per_token(args, shape.seq_len),
-        tokens_per_step=shape.micro_batch * shape.seq_len * shape.grad_accum * shape.world_size,
+        tokens_per_step=shape.micro_batch * shape.seq_len * shape.grad_accum * shape.dp,
     )
 
 

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dlx.parallel.strategy import Strategy
+from dlx.parallel.tensor import vocab_parallel_loss
 from dlx.precision import Precision
 
 
@@ -31,9 +33,11 @@ def evaluate(
     max_batches: int,
     precision: Precision,
     model_inputs: Callable[[torch.Tensor], dict] | None = None,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = next_token_loss,
 ) -> dict[str, float]:
     """{"loss", "perplexity", "batches", "eval_s"}; the model is put back in training mode afterwards.
-    `model_inputs(inputs)`: keyword arguments for the model besides the tokens (document ids), as in training."""
+    `model_inputs(inputs)`: keyword arguments for the model besides the tokens (document ids), as in training.
+    `loss_fn`: the training loss (vocab-parallel under tensor parallelism)."""
     start = time.perf_counter()
     model.eval()
     losses: list[torch.Tensor] = []
@@ -41,7 +45,7 @@ def evaluate(
         for inputs, targets in batches:
             with precision.autocast():
                 logits = model(inputs, **(model_inputs(inputs) if model_inputs else {}))
-            losses.append(next_token_loss(logits, targets).detach())  # kept on the device: one sync at the end
+            losses.append(loss_fn(logits, targets).detach())  # kept on the device: one sync at the end
             if len(losses) >= max_batches:
                 break
     finally:
@@ -57,3 +61,11 @@ def evaluate(
 
 def perplexity(loss: float) -> float:
     return math.exp(loss) if loss < 700 else math.inf  # exp overflows a float beyond ~709; NaN stays NaN
+
+
+def training_loss(strategy: Strategy, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The one place the loss is chosen: under tensor parallelism the logits are vocabulary shards and the loss is
+    computed on them (`vocab_parallel_loss`, the full logits are never gathered); otherwise `next_token_loss`."""
+    if strategy.vocab_parallel:
+        return vocab_parallel_loss(logits, targets)
+    return next_token_loss(logits, targets)

@@ -10,6 +10,7 @@ counters (dlx.metrics.gpu_monitor) cover the timed steps.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from dlx import device as dev
@@ -18,12 +19,12 @@ from dlx.metrics.gpu_monitor import open_gpu_counters
 from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.presets import resolve_model_args
-from dlx.parallel.distributed import DistEnv
+from dlx.parallel.distributed import env_from_torchrun
 from dlx.precision import build_precision
 from dlx.train.config import RunConfig, build_config
 from dlx.train.data import build_train_loader
 from dlx.train.header import plan_steps
-from dlx.train.run import build_model, build_run_strategy
+from dlx.train.run import build_run_strategy, meta_model
 from dlx.train.trainer import TimingWindow, accumulate_gradients
 
 
@@ -40,18 +41,20 @@ def point_config(setup: BenchSetup, point: BenchPoint) -> RunConfig:
         "compile": setup.compile,
     }
     data = {"path": setup.data, "seq_len": point.seq_len, "micro_batch_size": point.micro_batch}
-    return build_config({"model": model, "data": data, "train": train, "log": {"progress": False}})
+    parallel = {"strategy": setup.strategy, "tp": setup.tp}
+    log = {"progress": False}
+    return build_config({"model": model, "data": data, "train": train, "log": log, "parallel": parallel})
 
 
 def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
     """The ThroughputMeter record of the timed steps' mean (tokens/s, phase seconds, TFLOPS, MFU, peak memory)."""
     config = point_config(setup, point)
-    device, env = setup.device, DistEnv()
+    device, env = setup.device, replace(env_from_torchrun(), tp=setup.tp)  # the group: `dlx bench` set it up
     precision = build_precision(point.precision, device)
-    loader = build_train_loader(config, device)
+    loader = build_train_loader(config, device, env.dp_rank, env.dp_size)
     try:
-        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.world_size)
-        strategy = build_run_strategy(build_model(config, device), config, device, env, precision, plan)
+        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
+        strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan)
 
         def step(timer: PhaseTimer) -> float:
             loss = accumulate_gradients(strategy.train_model, loader, plan.grad_accum, precision, timer, strategy)
@@ -76,9 +79,14 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
             gpu.close()
     finally:
         loader.close()
-    meter = ThroughputMeter(config.model.args, point.seq_len, device, precision.name)
+    meter = ThroughputMeter(config.model.args, point.seq_len, device, precision.name, env.world_size)
     timings = window.mean()
     record = meter.record(
-        step=setup.steps, loss=loss, lr=None, grad_norm=None, tokens=point.tokens_per_step, timings=timings
+        step=setup.steps,
+        loss=loss,
+        lr=None,
+        grad_norm=None,
+        tokens=point.tokens_per_step * env.dp_size,  # every replica's: tokens/s counts all ranks, TFLOPS are per rank
+        timings=timings,
     )
     return {**record, **gpu_columns}
