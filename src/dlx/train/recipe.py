@@ -22,7 +22,7 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
     except OSError as e:
         raise UserError(f"cannot read recipe {path}: {e.strerror}; give a YAML recipe (see recipes/)") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader that refuses duplicate keys
+        data = _load_unique_keys(text)
     except yaml.YAMLError as e:
         first_line = str(e).splitlines()[0] if str(e) else "parse error"
         raise UserError(f"recipe {path} is not valid YAML: {first_line}") from None
@@ -31,6 +31,15 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"recipe {path} must be a mapping of sections ({', '.join(SECTIONS)})")
     return data
+
+
+def _load_unique_keys(text: str) -> Any:
+    """What yaml.safe_load returns, through the SafeLoader below (no Python objects are ever constructed)."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
