@@ -95,10 +95,10 @@ def nan_at_step(monkeypatch, bad_step: int) -> None:
     """Make the loss NaN in the micro-steps of optimizer step `bad_step`."""
     real, calls = trainer.next_token_loss, {"n": 0}
 
-    def loss(logits, targets):
+    def loss(model, inputs, targets):
         calls["n"] += 1
-        value = real(logits, targets)
-        return value * float("nan") if calls["n"] == bad_step else value
+        parts = real(model, inputs, targets)
+        return parts._replace(loss=parts.loss * float("nan")) if calls["n"] == bad_step else parts
 
     monkeypatch.setattr(trainer, "next_token_loss", loss)
 

@@ -7,15 +7,17 @@ import time
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from dlx.model.loss import LossParts
 from dlx.precision import Precision
 
 
-def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of logits (B, T, vocab) against targets (B, T), computed in fp32 whatever the autocast."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+def next_token_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0) -> LossParts:
+    """The model's loss on inputs (B, T) against targets (B, T): mean cross-entropy in fp32 whatever the autocast,
+    plus `z_loss` · mean logsumexp² (dlx.model.loss), through the model (and any wrapper: DDP, FSDP, DeepSpeed) so
+    that the loss is computed chunk by chunk from the hidden states, never from whole-batch logits."""
+    return model(inputs, targets=targets, z_loss=z_loss)
 
 
 @torch.no_grad()
@@ -27,8 +29,8 @@ def evaluate(model: nn.Module, batches: Iterable, max_batches: int, precision: P
     try:
         for inputs, targets in batches:
             with precision.autocast():
-                logits = model(inputs)
-            losses.append(next_token_loss(logits, targets).detach())  # kept on the device: one sync at the end
+                loss = next_token_loss(model, inputs, targets).cross_entropy
+            losses.append(loss.detach())  # kept on the device: one sync at the end
             if len(losses) >= max_batches:
                 break
     finally:

@@ -188,10 +188,8 @@ def accumulate_gradients(
         with timer.phase("data_wait"):
             inputs, targets = next(batches)
         with strategy.gradient_sync(last):
-            with timer.phase("forward"):
-                with precision.autocast():
-                    logits = model(inputs)  # (B, T, vocab)
-                loss = next_token_loss(logits, targets) / accum
+            with timer.phase("forward"), precision.autocast():
+                loss = next_token_loss(model, inputs, targets).loss / accum
             with timer.phase("backward"):
                 strategy.backward(loss, last)
         total = loss.detach() if total is None else total + loss.detach()
