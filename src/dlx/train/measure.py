@@ -3,7 +3,8 @@
 `optimizer_step`, its PhaseTimer phases and its ThroughputMeter. `dlx.bench.sweep` calls `measure_point` for each point.
 
 A point is: `warmup` untimed optimizer steps (kernel selection, allocator growth, torch.compile), then the peak-memory
-counter is reset and `steps` timed steps follow; phase times are averaged over them. What the step loop does besides
+counter is reset and `steps` timed steps follow as one PhaseTimer window: phase times are averaged over them, and the
+host waits for the device once per step (the loss value), as in the loop. What the step loop does besides
 (the learning-rate schedule, logging, the NaN policy) is left out: microseconds per step.
 """
 
@@ -22,7 +23,7 @@ from dlx.train.config import RunConfig, build_config
 from dlx.train.data import build_train_loader
 from dlx.train.header import plan_steps
 from dlx.train.run import build_model, build_run_strategy
-from dlx.train.trainer import TimingWindow, accumulate_gradients
+from dlx.train.trainer import accumulate_gradients
 
 
 def point_config(setup: BenchSetup, point: BenchPoint) -> RunConfig:
@@ -62,15 +63,16 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
         for _ in range(setup.warmup):
             step(warmup_timer)
             warmup_timer.end_step()
+        dev.synchronize(device)  # the warm-up's last update belongs to the warm-up
         dev.reset_peak_memory(device)
-        timer, window = PhaseTimer(device), TimingWindow()  # a fresh clock: the first timed step starts at its data
+        timer = PhaseTimer(device)  # a fresh clock: the first timed step starts at its data
         for _ in range(setup.steps):
             loss = step(timer)
-            window.add(timer.end_step())
+            timer.end_step()
+        timings = timer.window()
     finally:
         loader.close()
     meter = ThroughputMeter(config.model.args, point.seq_len, device, precision.name)
-    timings = window.mean()
     return meter.record(
         step=setup.steps, loss=loss, lr=None, grad_norm=None, tokens=point.tokens_per_step, timings=timings
     )
