@@ -16,7 +16,8 @@ def test_state_bytes_follow_the_documented_rule():
     assert plain.weights_gb == pytest.approx(158_016 * 4 / 1e9)
     assert plain.grads_gb == pytest.approx(158_016 * 4 / 1e9)
     assert plain.optimizer_gb == pytest.approx(158_016 * 8 / 1e9)
-    assert plain.logits_gb == pytest.approx(2 * 32 * 512 * 12 / 1e9)
+    # one chunk (all 64 tokens) of fp32 logits, the hidden gradient and final norm input, the output gradient
+    assert plain.logits_gb == pytest.approx((64 * 512 * 4 + 64 * 64 * 8 + 4 * 512 * 64) / 1e9)
     for strategy, stage in (("fsdp", 2), ("deepspeed", 3)):
         sharded = plan_memory(
             args, TrainingShape(32, 2, precision="fp32", strategy=strategy, zero_stage=stage, world_size=4)
@@ -34,12 +35,16 @@ def test_state_bytes_follow_the_documented_rule():
 
 
 def test_activation_terms_and_checkpointing():
-    args = resolve_model_args("debug")  # d=64, f=176, kv dim 32
+    args = resolve_model_args("debug")  # d=64, f=176, kv dim 32, 4 heads
     shape = TrainingShape(seq_len=16, micro_batch=1, precision="bf16")
-    d, f, k = 64, 176, 32
+    d, f, k, h = 64, 176, 32, 4
+    expected = 2 * (4 * d + 4) + 4 * d + 2 * (d + 2 * k) + 2 * d + 4 * h + 8 * f
+    assert activation_bytes_per_token_per_layer(args, shape) == expected
+    cpu = TrainingShape(seq_len=16, micro_batch=1, precision="bf16", device_type="cpu")
+    assert activation_bytes_per_token_per_layer(args, cpu) == expected + 2 * 4 * d  # composite rms_norm
+    fp32 = TrainingShape(seq_len=16, micro_batch=1, precision="fp32")  # CUDA fp32: k and v repeated
     assert (
-        activation_bytes_per_token_per_layer(args, shape)
-        == 8 * d + 4 * d + 2 * (d + 2 * k) + 4 * (d + k) + 2 * d + 8 * f
+        activation_bytes_per_token_per_layer(args, fp32) == 2 * (4 * d + 4) + 8 * d + 4 * 3 * d + 4 * d + 4 * h + 16 * f
     )
     full = plan_memory(args, TrainingShape(16, 1, activation_checkpointing="full"))
     none = plan_memory(args, shape)

@@ -6,18 +6,22 @@ Sharding over `world_size` ranks, in the recipe's `parallel` words: DDP replicat
 of gradient buckets); DeepSpeed ZeRO stage 1 shards the optimizer state, stage 2 also the gradients, stage 3 also the
 weights; FSDP shards all three (like stage 3).
 
-Activations saved for backward, per token and per layer (p = bytes of the autocast dtype, d = dim, f = FFN hidden,
-k = n_kv_heads · head_dim), counted from what dlx's modules keep:
-    RMSNorm inputs (fp32 residual stream)      2 · 4d
-    normed inputs of the q/k/v and FFN matmuls  2 · p·d
-    q, k, v handed to attention                 p·(d + 2k)
-    fp32 copies of q and k inside RoPE          4·(d + k)
-    attention output (input of wo)              p·d
-    SwiGLU: w1 and w3 outputs, silu, product    4 · p·f
-Attention kernels that store the T×T score matrix (the CPU math path) add p·H·T per token per layer; flash and
-memory-efficient kernels store only a log-sum-exp. The logits add (p + 4 + 4)·vocab per token: the autocast logits, the
-fp32 copy cross-entropy makes, and its gradient. Full activation checkpointing keeps only each layer's fp32 input and
-recomputes one layer at a time; `selective` checkpoints every other layer.
+Activations saved for backward, per token and per layer (p = bytes of the compute dtype, d = dim, f = FFN hidden,
+k = n_kv_heads · head_dim, H = n_heads), counted from what dlx's modules keep (tests/test_plan.py checks the count
+against the tensors a block saves, on CPU):
+    RMSNorm inputs (fp32 residual stream) and 1/rms         2 · (4d + 4)
+    + the fp32 normalised product, where rms_norm is PyTorch's composite kernel (CPU)   2 · 4d
+    normed inputs of the q/k/v and FFN matmuls (one cast)   2 · p·d
+    q, k, v handed to attention                             p·(d + 2k); p·3d where k and v are repeated (`kv_repeated`)
+    attention output (input of wo) and its log-sum-exp      p·d + 4H
+    SwiGLU: w1 and w3 outputs, silu, product                4 · p·f
+RoPE keeps nothing (its tables are constants). Attention kernels that store the T×T score matrix (PyTorch's math
+path: an explicit mask, or `attention_matrix`) add p·H·T; flash kernels (CUDA, and CPU since PyTorch 2.2) store only
+the log-sum-exp. The loss (dlx.model.loss) keeps no logits: one chunk of at most 2²⁸ logits at a time, (2p + 4) bytes
+each (the logits, their fp32 working copy, their gradient; 4 in fp32, where all three are one buffer), plus the
+gradient of the final hidden states (p·d per token), the final norm's input (4d), and the output weight's fp32
+gradient accumulator (4 · vocab · d). Full activation checkpointing keeps only each layer's fp32 input and recomputes
+one layer at a time; `selective` checkpoints every other layer.
 This is an estimate (allocator fragmentation, temporary buffers and CUDA context are not counted); `dlx bench` prints it
 beside the measurement.
 """
@@ -29,6 +33,7 @@ from dataclasses import dataclass, replace
 from dlx.errors import UserError
 from dlx.metrics.flops import FlopsPerToken, training_flops_per_token
 from dlx.model.args import ModelArgs
+from dlx.model.loss import CHUNK_LOGITS
 from dlx.model.stats import model_stats
 
 STRATEGIES = ("none", "ddp", "fsdp", "deepspeed")
@@ -50,7 +55,10 @@ class TrainingShape:
     """DeepSpeed ZeRO stage (strategy deepspeed): 1 shards the optimizer state, 2 also gradients, 3 also weights."""
     activation_checkpointing: str = "none"
     attention_matrix: bool = False
-    """True when the attention kernel stores the T×T scores (PyTorch's math path, used on CPU)."""
+    """True when the attention kernel stores the T×T scores (PyTorch's math path: an explicit attention mask)."""
+    device_type: str = "cuda"
+    """Whose kernels: `cuda` (fused rms_norm; k and v repeated in fp32, where SDPA's GQA kernel does not run) or `cpu`
+    (composite rms_norm; GQA in the flash kernel)."""
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "micro_batch", "grad_accum", "world_size"):
@@ -61,6 +69,12 @@ class TrainingShape:
         if self.zero_stage not in ZERO_STAGES:
             raise UserError(f"zero-stage must be 1, 2 or 3, got {self.zero_stage}")
         _check_choice("activation-checkpointing", self.activation_checkpointing, CHECKPOINTING)
+        _check_choice("device", self.device_type, ("cuda", "cpu"))
+
+    @property
+    def kv_repeated(self) -> bool:
+        """k and v copied to n_heads before attention: CUDA SDPA's GQA runs only in the half-precision flash kernel."""
+        return self.device_type == "cuda" and self.precision == "fp32"
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -114,11 +128,23 @@ def sharding_stage(shape: TrainingShape) -> int:
 
 def activation_bytes_per_token_per_layer(args: ModelArgs, shape: TrainingShape) -> float:
     p = AUTOCAST_BYTES[shape.precision]
-    d, f, k = args.dim, args.ffn_hidden_dim, args.kv_heads * args.head_dim
-    saved = 2 * 4 * d + 2 * p * d + p * (d + 2 * k) + 4 * (d + k) + p * d + 4 * p * f
+    d, f, k, heads = args.dim, args.ffn_hidden_dim, args.kv_heads * args.head_dim, args.n_heads
+    norms = 2 * (4 * d + 4) + (2 * 4 * d if shape.device_type == "cpu" else 0)
+    qkv = p * 3 * d if shape.kv_repeated else p * (d + 2 * k)
+    saved = norms + 2 * p * d + qkv + p * d + 4 * heads + 4 * p * f
     if shape.attention_matrix:
-        saved += p * args.n_heads * shape.seq_len
+        saved += p * heads * shape.seq_len
     return saved
+
+
+def loss_bytes(args: ModelArgs, shape: TrainingShape) -> float:
+    """The chunked loss's memory: one chunk's logits, the hidden-state gradient, the final norm's input, and the
+    output weight's gradient accumulator (see the module docstring)."""
+    p = AUTOCAST_BYTES[shape.precision]
+    tokens = shape.micro_batch * shape.seq_len
+    chunk_tokens = min(tokens, max(1, CHUNK_LOGITS // args.vocab_size))
+    per_logit = 4 if p == 4 else 2 * p + 4
+    return chunk_tokens * args.vocab_size * per_logit + tokens * args.dim * (p + 4) + 4 * args.vocab_size * args.dim
 
 
 def _activation_bytes(args: ModelArgs, shape: TrainingShape) -> float:
@@ -136,15 +162,13 @@ def _activation_bytes(args: ModelArgs, shape: TrainingShape) -> float:
 def plan_memory(args: ModelArgs, shape: TrainingShape) -> MemoryPlan:
     n_params = model_stats(args).total
     weights, grads, optimizer = _state_bytes(n_params, shape)
-    p = AUTOCAST_BYTES[shape.precision]
-    logits = shape.micro_batch * shape.seq_len * args.vocab_size * (p + 4 + 4)
     return MemoryPlan(
         params=n_params,
         weights_gb=weights / GB,
         grads_gb=grads / GB,
         optimizer_gb=optimizer / GB,
         activations_gb=_activation_bytes(args, shape) / GB,
-        logits_gb=logits / GB,
+        logits_gb=loss_bytes(args, shape) / GB,
         flops_per_token=training_flops_per_token(args, shape.seq_len),
         tokens_per_step=shape.micro_batch * shape.seq_len * shape.grad_accum * shape.world_size,
     )
