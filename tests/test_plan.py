@@ -113,3 +113,34 @@ def test_plan_cli_predicts_step_time_per_rank_under_sharding():
     expected = summary["flops_per_token_attention"] * tokens / (989.4e12 * 0.5 * 8)
     assert summary["predicted_step_s"] == pytest.approx(expected)
     assert summary["weights_gb"] == pytest.approx(1_235_814_400 * 6 / 8 / 1e9)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_activation_count_equals_what_a_block_saves_on_cpu(precision):
+    """The bytes of every distinct storage a block keeps for backward (its weights, autocast's weight copies and the
+    RoPE tables aside), per token, are exactly the estimate's count for CPU kernels."""
+    import torch
+
+    from dlx.model.llama import TransformerBlock
+    from dlx.model.rope import rope_tables
+
+    args = resolve_model_args("debug")
+    block, tokens = TransformerBlock(args), 3 * 16  # 48 rows: no weight has a 48, so weight copies are told apart
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[precision]
+    cos, sin = (table[:16].to(dtype) for table in rope_tables(args))
+    weight_shapes = {shape for p in block.parameters() for shape in (p.shape, p.shape[::-1])}
+    constants = {t.untyped_storage().data_ptr() for t in (*block.parameters(), cos, sin)}
+    saved: dict[int, int] = {}
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in constants and tensor.shape not in weight_shapes:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    x = torch.randn(3, 16, args.dim, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        with torch.autocast("cpu", dtype=dtype, enabled=precision != "fp32"):
+            block(x, cos, sin)
+    shape = TrainingShape(seq_len=16, micro_batch=3, precision=precision, device_type="cpu")
+    assert sum(saved.values()) / tokens == activation_bytes_per_token_per_layer(args, shape)
