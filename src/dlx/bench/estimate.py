@@ -17,11 +17,11 @@ against the tensors a block saves, on CPU):
     SwiGLU: w1 and w3 outputs, silu, product                4 · p·f
 RoPE keeps nothing (its tables are constants). Attention kernels that store the T×T score matrix (PyTorch's math
 path: an explicit mask, or `attention_matrix`) add p·H·T; flash kernels (CUDA, and CPU since PyTorch 2.2) store only
-the log-sum-exp. The loss (dlx.model.loss) keeps no logits: one chunk of at most 2²⁸ logits at a time, (2p + 4) bytes
-each (the logits, their fp32 working copy, their gradient; 4 in fp32, where all three are one buffer), plus the
-gradient of the final hidden states (p·d per token), the final norm's input (4d), and the output weight's fp32
-gradient accumulator (4 · vocab · d). Full activation checkpointing keeps only each layer's fp32 input and recomputes
-one layer at a time; `selective` checkpoints every other layer.
+the log-sum-exp. The loss (dlx.model.loss) keeps no logits: one chunk of at most 2²⁸ logits at a time, 8 bytes each
+(the logits, p; their fp32 log-softmax, turned into the gradient in place, 4; that gradient cast back to p bytes, which
+fp32 skips), plus the gradient of the final hidden states (p·d per token), the final norm's input (4d), and the output
+weight's fp32 gradient accumulator (4 · vocab · d). Full activation checkpointing keeps only each layer's fp32 input
+and recomputes one layer at a time; `selective` checkpoints every other layer.
 This is an estimate (allocator fragmentation, temporary buffers and CUDA context are not counted); `dlx bench` prints it
 beside the measurement.
 """
@@ -143,7 +143,7 @@ def loss_bytes(args: ModelArgs, shape: TrainingShape) -> float:
     p = AUTOCAST_BYTES[shape.precision]
     tokens = shape.micro_batch * shape.seq_len
     chunk_tokens = min(tokens, max(1, CHUNK_LOGITS // args.vocab_size))
-    per_logit = 4 if p == 4 else 2 * p + 4
+    per_logit = p + 4 + (p if p < 4 else 0)
     return chunk_tokens * args.vocab_size * per_logit + tokens * args.dim * (p + 4) + 4 * args.vocab_size * args.dim
 
 

@@ -47,30 +47,36 @@ class LossParts(NamedTuple):
 
 def chunk_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Σ cross-entropy and Σ logsumexp² (fp32 scalars) of logits (n, V) against targets (n,)."""
-    x = logits.float()
-    lse = torch.logsumexp(x, dim=-1)  # (n,)
-    counted = targets != IGNORE_INDEX
-    picked = x.gather(1, targets.clamp(min=0)[:, None]).squeeze(1)  # (n,) the target's logit
-    return torch.where(counted, lse - picked, 0.0).sum(), torch.where(counted, lse.square(), 0.0).sum()
+    ce_sum, z_sum, _, _ = _log_softmax_terms(logits, targets)
+    return ce_sum, z_sum
 
 
 def chunk_loss_and_grad(
     logits: torch.Tensor, targets: torch.Tensor, z_loss: float, scale: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`chunk_loss`, and d((Σ ce + z_loss · Σ lse²) · scale) / d logits (n, V) in the logits' dtype. Works in place
-    of the fp32 copy of the logits (of the logits themselves when they are fp32): one fp32 chunk at a time in eager."""
-    x = logits.float()
-    lse = torch.logsumexp(x, dim=-1)  # (n,)
+    """`chunk_loss`, and d((Σ ce + z_loss · Σ lse²) · scale) / d logits (n, V) in the logits' dtype. The softmax is
+    made in place of the fp32 log-softmax: one fp32 chunk at a time in eager."""
+    ce_sum, z_sum, log_probs, lse = _log_softmax_terms(logits, targets)
+    counted = targets != IGNORE_INDEX
+    row_scale = torch.where(counted, scale * (1 + 2 * z_loss * lse), 0.0)  # (n,)
+    grad = log_probs.exp_().mul_(row_scale[:, None])  # p · (1 + 2c · lse) / N
+    grad.scatter_add_(1, targets.clamp(min=0)[:, None], torch.where(counted, -scale, 0.0)[:, None])  # − y / N
+    return ce_sum, z_sum, grad.to(logits.dtype)
+
+
+def _log_softmax_terms(
+    logits: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Σ ce, Σ lse², the fp32 log-softmax (n, V) and the log-sum-exp (n,). One fused log-softmax kernel, as
+    F.cross_entropy uses; the log-sum-exp is read off the target's column (lse = logit − log p), not recomputed."""
+    log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (n, V)
     counted = targets != IGNORE_INDEX
     safe_targets = targets.clamp(min=0)[:, None]  # (n, 1)
-    picked = x.gather(1, safe_targets).squeeze(1)
-    ce_sum = torch.where(counted, lse - picked, 0.0).sum()
+    picked = log_probs.gather(1, safe_targets).squeeze(1)  # log p(target)
+    lse = logits.gather(1, safe_targets).squeeze(1).float() - picked  # (n,)
+    ce_sum = torch.where(counted, -picked, 0.0).sum()
     z_sum = torch.where(counted, lse.square(), 0.0).sum()
-    probs = x.sub_(lse[:, None]).exp_()  # softmax, in place of the fp32 copy
-    row_scale = torch.where(counted, scale * (1 + 2 * z_loss * lse), 0.0)  # (n,)
-    grad = probs.mul_(row_scale[:, None])
-    grad.scatter_add_(1, safe_targets, torch.where(counted, -scale, 0.0)[:, None])
-    return ce_sum, z_sum, grad.to(logits.dtype)
+    return ce_sum, z_sum, log_probs, lse
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
