@@ -3,15 +3,14 @@
 `OutputLoss` (one per model, `Transformer.loss_fn`) has two ways to get there, chosen in one place (`chunked`):
 
 - chunked (the default): the output projection and the loss run over chunks of at most `chunk_logits` logits. Per
-  chunk: the logits in the compute dtype (bf16 under autocast), their log-sum-exp and loss in fp32 and, when gradients
+  chunk: the logits in the compute dtype (bf16 under autocast), their log-softmax and loss in fp32 and, when gradients
   are needed, d loss / d logits, turned at once into the chunk's share of the gradients of the hidden states and of the
   output weight. Only one chunk's logits ever exist; backward multiplies the stored gradients by the incoming scale, so
   no logit is computed twice. At seq 2048 × micro-batch 16 × 128,256 vocab the whole-batch logits would be 4.2e9
   elements (past 2³¹, where PyTorch kernels have overflowed) and 42 GB with their fp32 copy and gradient; a chunk is
   at most 2²⁸ elements (1 GiB in fp32).
-- whole logits: `output(hidden)` for the whole batch, then `F.cross_entropy` in fp32, as the model computed it before
-  the chunked path existed. Tensor parallelism's `loss_parallel` needs this form (the logits as a vocabulary-sharded
-  DTensor); the tests use it as the reference.
+- whole logits: `output(hidden)` for the whole batch, then `F.cross_entropy` in fp32. Tensor parallelism's
+  `loss_parallel` needs this form (the logits as a vocabulary-sharded DTensor); the tests use it as the reference.
 
 Both return `LossParts`: the loss to differentiate (cross-entropy + z_loss · z), and the two terms apart for logging.
 The z-loss (PaLM, OLMo) is the mean over tokens of logsumexp(logits)²: it pulls the softmax normaliser towards 1.
@@ -33,7 +32,7 @@ from torch import nn
 IGNORE_INDEX = -100
 """Targets with this value are not counted (F.cross_entropy's default)."""
 CHUNK_LOGITS = 2**28
-"""Logits per chunk at most: 1 GiB in fp32 (2,093 tokens at a 128,256 vocabulary, the whole batch at 8,192)."""
+"""Logits per chunk at most: 1 GiB in fp32 (2,093 tokens at a 128,256 vocabulary, 32,768 at 8,192)."""
 
 
 class LossParts(NamedTuple):
