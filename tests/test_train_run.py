@@ -95,10 +95,12 @@ def nan_at_step(monkeypatch, bad_step: int) -> None:
     """Make the loss NaN in the micro-steps of optimizer step `bad_step`."""
     real, calls = trainer.next_token_loss, {"n": 0}
 
-    def loss(model, inputs, targets):
+    def loss(model, inputs, targets, *args, **kwargs):
         calls["n"] += 1
-        parts = real(model, inputs, targets)
-        return parts._replace(loss=parts.loss * float("nan")) if calls["n"] == bad_step else parts
+        parts = real(model, inputs, targets, *args, **kwargs)
+        if calls["n"] != bad_step:
+            return parts
+        return parts._replace(loss=parts.loss * float("nan"), cross_entropy=parts.cross_entropy * float("nan"))
 
     monkeypatch.setattr(trainer, "next_token_loss", loss)
 

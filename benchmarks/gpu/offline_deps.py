@@ -9,11 +9,13 @@ runs (the versions pinned to the ones installed in this environment, which the t
 
     pip download --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 \\
         --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --dest benchmarks/gpu/wheels \\
-        numpy==V safetensors==V pydantic==V pyyaml==V typer==V rich==V psutil==V matplotlib==V
+        numpy==V safetensors==V pydantic==V pyyaml==V typer==V rich==V psutil==V matplotlib==V ijson==V zstandard==V
+    pip download (the same options) --no-deps tokenizers==V
 
-and prints the folder's size: about 45 MB with their dependencies, under the 64 MiB the device tool carries for
-git-ignored paths (`benchmarks/gpu/wheels/` is ignored). Only what `dlx bench` imports: tokenizers, tiktoken,
-zstandard and pyarrow (used by `dlx prepare`) are left out.
+and prints the folder's size: about 57 MB, under the 64 MiB the device tool carries for git-ignored paths
+(`benchmarks/gpu/wheels/` is ignored). Only what `dlx bench` imports: tiktoken and pyarrow (used by `dlx prepare`
+alone) are left out, and so are tokenizers' own dependencies (huggingface_hub and what it needs: 8 MB), which serve
+`Tokenizer.from_pretrained` alone, a call dlx never makes.
 
 On the device machine `unpack_missing` extracts each wheel whose distribution that Python lacks into a folder that is
 put on PYTHONPATH; what the image already has (numpy, typing-extensions, ...) is kept. A wheel is a zip of the files
@@ -33,8 +35,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEELS = ROOT / "benchmarks" / "gpu" / "wheels"
-BENCH_DISTRIBUTIONS = ("numpy", "safetensors", "pydantic", "pyyaml", "typer", "rich", "psutil", "matplotlib")
+BENCH_DISTRIBUTIONS = (
+    *("numpy", "safetensors", "pydantic", "pyyaml", "typer", "rich", "psutil", "matplotlib"),
+    *("ijson", "tokenizers", "zstandard"),  # imported with dlx.train.run (init_from -> HF tokenizers -> prepare)
+)
 """dlx's core dependencies that `python -m dlx bench` imports (checked by tests/test_gpu_bench_script.py)."""
+NO_DEPS = ("tokenizers",)
+"""Downloaded without their dependencies (see the module docstring)."""
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
 CARRY_LIMIT_MB = 64 * 1.048576
 """The device tool carries at most 64 MiB of git-ignored paths."""
@@ -51,36 +58,31 @@ def bench_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
 
     dependencies = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
     wanted = {normalize(name) for name in BENCH_DISTRIBUTIONS}
-    return [req for req in dependencies if normalize(re.split(r"[<>=!~ \[;]", req, maxsplit=1)[0]) in wanted]
+    return [req for req in dependencies if normalize(requirement_name(req)) in wanted]
 
 
 def pinned(requirements: list[str]) -> list[str]:
     """Each requirement as `name==version` of this environment's installed copy (unchanged where it is missing)."""
     result = []
     for requirement in requirements:
-        name = re.split(r"[<>=!~ \[;]", requirement, maxsplit=1)[0]
+        name = requirement_name(requirement)
         version = installed_version(name)
         result.append(f"{name}=={version}" if version else requirement)
     return result
 
 
-def download_command(dest: Path, requirements: list[str], python_version: str = "3.12") -> list[str]:
+def download_commands(dest: Path, requirements: list[str], python_version: str = "3.12") -> list[list[str]]:
+    """The pip download lines: the requirements with their dependencies, then those of NO_DEPS without."""
     platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
-    return [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--only-binary=:all:",
-        "--python-version",
-        python_version,
-        "--implementation",
-        "cp",
-        *platforms,
-        "--dest",
-        str(dest),
-        *requirements,
-    ]
+    pip = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--python-version", python_version]
+    pip += ["--implementation", "cp", *platforms, "--dest", str(dest)]
+    alone = [req for req in requirements if normalize(requirement_name(req)) in NO_DEPS]
+    return [[*pip, *(req for req in requirements if req not in alone)], [*pip, "--no-deps", *alone]]
+
+
+def requirement_name(requirement: str) -> str:
+    """`numpy>=1.24` -> `numpy`."""
+    return re.split(r"[<>=!~ \[;]", requirement, maxsplit=1)[0]
 
 
 def folder_mb(folder: Path) -> float:
@@ -147,9 +149,9 @@ def main() -> None:
         for wheel, present in unpack_plan(args.dest):
             print(f"{wheel.name}: {'present (' + present + ')' if present else 'unpack'}")
         return
-    command = download_command(args.dest, pinned(bench_requirements()), args.python_version)
-    print("$ " + " ".join(command), flush=True)
-    subprocess.run(command, check=True)
+    for command in download_commands(args.dest, pinned(bench_requirements()), args.python_version):
+        print("$ " + " ".join(command), flush=True)
+        subprocess.run(command, check=True)
     size = folder_mb(args.dest)
     print(f"{args.dest}: {size:.1f} MB of wheels (the device tool carries at most {CARRY_LIMIT_MB:.1f} MB)")
     if size > CARRY_LIMIT_MB:

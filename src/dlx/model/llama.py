@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlx.model.args import ModelArgs
+from dlx.model.document_mask import DocumentMask, document_mask, masked_attention, positions_in_documents
 from dlx.model.kv_cache import KVCache
 from dlx.model.loss import LossParts, OutputLoss
 from dlx.model.rope import apply_rope, rope_tables
@@ -56,7 +57,13 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        start_pos: int = 0,
+        mask: DocumentMask | None = None,
     ) -> torch.Tensor:
         batch, seq_len, _ = x.shape
         q = self.wq(x).view(batch, seq_len, self.n_heads, self.head_dim)
@@ -65,17 +72,25 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, start_pos)  # (B, start_pos + T, n_kv_heads, head_dim)
-        mask = _causal_mask_kwargs(seq_len, k.shape[1], q.device)
-        # Grouped-query attention: each kv head serves n_heads // n_kv_heads query heads.
-        n_rep = q.shape[2] // k.shape[2]
-        gqa = n_rep > 1 and _sdpa_shares_kv_heads(q, masked="attn_mask" in mask)
-        if n_rep > 1 and not gqa:
-            k = k.repeat_interleave(n_rep, dim=2)  # (B, S, n_heads, head_dim)
-            v = v.repeat_interleave(n_rep, dim=2)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, head_dim)
-        out = F.scaled_dot_product_attention(q, k, v, **mask, **({"enable_gqa": True} if gqa else {}))
+        if mask is not None:  # attention inside documents only (dlx.model.document_mask), GQA in the kernel
+            out = masked_attention(*(t.transpose(1, 2) for t in (q, k, v)), mask)
+        else:
+            out = causal_attention(q, k, v)
         out = out.transpose(1, 2).reshape(batch, seq_len, -1)  # (B, T, dim)
         return self.wo(out)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q (B, T, H, D), k and v (B, S, H_kv, D), the queries at the end of the keys -> (B, H, T, D). Grouped-query
+    attention: each kv head serves H // H_kv query heads, shared inside SDPA where its fast kernel allows it."""
+    causal = _causal_mask_kwargs(q.shape[1], k.shape[1], q.device)
+    n_rep = q.shape[2] // k.shape[2]
+    gqa = n_rep > 1 and _sdpa_shares_kv_heads(q, masked="attn_mask" in causal)
+    if n_rep > 1 and not gqa:
+        k = k.repeat_interleave(n_rep, dim=2)  # (B, S, H, D)
+        v = v.repeat_interleave(n_rep, dim=2)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, D)
+    return F.scaled_dot_product_attention(q, k, v, **causal, **({"enable_gqa": True} if gqa else {}))
 
 
 def _sdpa_shares_kv_heads(q: torch.Tensor, masked: bool) -> bool:
@@ -123,9 +138,15 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        start_pos: int = 0,
+        mask: DocumentMask | None = None,
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, cache, start_pos)
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache, start_pos, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -170,21 +191,31 @@ class Transformer(nn.Module):
         tokens: torch.Tensor,
         caches: list[KVCache] | None = None,
         start_pos: int = 0,
+        document_ids: torch.Tensor | None = None,
         *,
         targets: torch.Tensor | None = None,
         z_loss: float = 0.0,
     ) -> torch.Tensor | LossParts:
         """tokens (B, T) -> logits (B, T, vocab_size); with targets (B, T): the next-token loss (`LossParts`, z-loss
-        weighted by `z_loss`) computed chunk by chunk from the hidden states, no whole-batch logits made."""
+        weighted by `z_loss`) computed chunk by chunk from the hidden states, no whole-batch logits made.
+        `document_ids` (B, T): attend only within equal ids, positions restarting at each (no KV cache with it)."""
         seq_len = tokens.shape[1]
         if start_pos + seq_len > self.args.max_seq_len:
             raise ValueError(f"sequence of {start_pos + seq_len} tokens exceeds max_seq_len={self.args.max_seq_len}")
+        cos = self.rope_cos[start_pos : start_pos + seq_len]  # (T, head_dim)
+        sin = self.rope_sin[start_pos : start_pos + seq_len]
+        mask = None
+        if document_ids is not None:
+            if caches is not None:
+                raise ValueError("document_ids cannot be combined with a KV cache")
+            mask = document_mask(document_ids)  # None: one document per row, plain causal attention is exact
+        if mask is not None:
+            positions = positions_in_documents(document_ids)  # (B, T)
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, head_dim)
         h = self.tok_embeddings(tokens)  # (B, T, dim)
-        rope_dtype = compute_dtype(h)  # the tables cast once per forward, not per layer
-        cos = self.rope_cos[start_pos : start_pos + seq_len].to(rope_dtype)
-        sin = self.rope_sin[start_pos : start_pos + seq_len].to(rope_dtype)
+        cos, sin = cos.to(compute_dtype(h)), sin.to(compute_dtype(h))  # cast once per forward, not per layer
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, caches[i] if caches is not None else None, start_pos)
+            h = layer(h, cos, sin, caches[i] if caches is not None else None, start_pos, mask)
         h = self.norm(h)  # (B, T, dim) in the compute dtype
         if targets is None:
             return self.output(h)  # (B, T, vocab_size)

@@ -263,8 +263,8 @@ class LoadedCheckpoint:
     train_state: dict[str, Any]
 
 
-def read_checkpoint(path: Path) -> LoadedCheckpoint:
-    """Read and check every file of a checkpoint into memory; DamagedCheckpoint says what is wrong."""
+def read_trainer_state(path: Path) -> TrainerState:
+    """trainer_state.json, once every file it lists is there at its recorded size; DamagedCheckpoint otherwise."""
     try:
         raw = json.loads((path / STATE_FILE).read_text())
         state = TrainerState(**raw)
@@ -276,6 +276,12 @@ def read_checkpoint(path: Path) -> LoadedCheckpoint:
             raise DamagedCheckpoint(f"{name} is missing")
         if file.stat().st_size != size:
             raise DamagedCheckpoint(f"{name} has {file.stat().st_size:,} bytes, {size:,} were written")
+    return state
+
+
+def read_checkpoint(path: Path) -> LoadedCheckpoint:
+    """Read and check every file of a checkpoint into memory; DamagedCheckpoint says what is wrong."""
+    state = read_trainer_state(path)
     try:
         weights = load_file(str(path / WEIGHTS_FILE))
         train_state = torch.load(path / TRAIN_STATE_FILE, map_location="cpu", weights_only=True)

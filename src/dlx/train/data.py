@@ -1,6 +1,7 @@
-"""Batch sources for the trainer: the prepared dataset through `TokenLoader`, or synthetic tokens with the same face.
+"""Batch sources for the trainer: the prepared dataset through `TokenLoader`, several of them by weight through
+`MixtureLoader` (data.mix), or synthetic tokens with the same face.
 
-Both iterate `(inputs, targets)` int64 (micro_batch_size, seq_len) and have `epoch`, `windows_per_epoch`,
+All iterate `(inputs, targets)` int64 (micro_batch_size, seq_len) and have `epoch`, `windows_per_epoch`,
 `batches_per_epoch`, `vocab_size`, `eos_id`, `state_dict()` / `load_state_dict()` and `close()`.
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 
+from dlx.data.mixture.sources import Source, mix_sources, open_sources
 from dlx.data.shards import TOKENIZER_FILE, Manifest, read_manifest
 from dlx.errors import UserError
 from dlx.train.config import SYNTHETIC, RunConfig
@@ -126,12 +128,16 @@ class DatasetInfo:
     tokenizer: Path | None
     """tokenizer.json of the dataset, copied into the run folder for `dlx generate`."""
     val_tokens: int
-    """Tokens in the validation split (0: no eval possible)."""
+    """Tokens in the validation split (0: no eval possible); with data.mix, in the smallest source's."""
+    sources: tuple[Source, ...] = ()
+    """The data.mix sources, in their canonical order; empty for one dataset."""
 
 
 def inspect_dataset(config: RunConfig) -> DatasetInfo:
     """Check the data section against the model before anything is written; UserError names the key and the fix."""
     args = config.model.args
+    if config.data.mix is not None:
+        return inspect_mixture(config)
     if config.data.path == SYNTHETIC:
         return DatasetInfo(None, args.vocab_size, 0, None, 1 << 62)
     folder = Path(config.data.path)
@@ -141,9 +147,14 @@ def inspect_dataset(config: RunConfig) -> DatasetInfo:
             f"data.path {folder} is still being prepared (manifest not complete); finish `dlx prepare` first"
         )
     if manifest.vocab_size > args.vocab_size:
+        fix = (
+            f"prepare the data with the tokenizer of model.init_from {config.model.init_from}"
+            if config.model.init_from
+            else f"set --model.vocab_size {manifest.vocab_size} (or more)"
+        )
         raise UserError(
             f"data.path {folder} has vocab_size {manifest.vocab_size:,}, larger than model.vocab_size "
-            f"{args.vocab_size:,}; set --model.vocab_size {manifest.vocab_size} (or more)"
+            f"{args.vocab_size:,}; {fix}"
         )
     val_tokens = manifest.split_tokens("val")
     if config.eval.every and val_tokens == 0:
@@ -154,9 +165,52 @@ def inspect_dataset(config: RunConfig) -> DatasetInfo:
     )
 
 
+def inspect_mixture(config: RunConfig) -> DatasetInfo:
+    """data.mix: every source a complete prepared dataset, one tokenizer (by content), fitting the model."""
+    sources = mix_sources(config.data.mix)
+    manifests = open_sources(sources)  # UserError naming the source, or both sources whose tokenizers differ
+    vocab_size = manifests[0].vocab_size
+    if vocab_size > config.model.args.vocab_size:
+        fix = (
+            f"prepare the data with the tokenizer of model.init_from {config.model.init_from}"
+            if config.model.init_from
+            else f"set --model.vocab_size {vocab_size} (or more)"
+        )
+        raise UserError(
+            f"data.mix sources have vocab_size {vocab_size:,}, larger than model.vocab_size "
+            f"{config.model.args.vocab_size:,}; {fix}"
+        )
+    for source, manifest in zip(sources, manifests, strict=True):
+        if config.eval.every and manifest.split_tokens("val") == 0:
+            raise UserError(
+                f"data.mix source {source.path} has no validation split; set eval.every 0 or prepare it with one"
+            )
+    val_tokens = min(m.split_tokens("val") for m in manifests)
+    first = sources[0].path
+    return DatasetInfo(
+        first, vocab_size, manifests[0].eos_id, first / TOKENIZER_FILE, val_tokens, sources=tuple(sources)
+    )
+
+
 def build_train_loader(config: RunConfig, device: torch.device, rank: int = 0, world_size: int = 1):
     """The training batch source: loops over epochs, shuffled per epoch from the seed, each rank its own share."""
     data, seed = config.data, config.train.seed
+    if data.mix is not None:
+        from dlx.data.mixture import MixtureLoader
+
+        sources = mix_sources(data.mix)
+        return MixtureLoader(
+            sources,
+            data.seq_len,
+            data.micro_batch_size,
+            seed,
+            rank,
+            world_size,
+            data.num_workers,
+            data.prefetch,
+            data.shuffle,
+            device,
+        )
     if data.path == SYNTHETIC:
         return SyntheticLoader(
             config.model.args.vocab_size, data.seq_len, data.micro_batch_size, seed, rank, world_size, device
@@ -188,10 +242,21 @@ def build_eval_loader(config: RunConfig, device: torch.device, rank: int = 0, wo
         return SyntheticLoader(
             args.vocab_size, data.seq_len, data.micro_batch_size, seed, rank, world_size, device, config.eval.batches
         )
+    return _val_loader(data.path, config, device, rank, world_size)
+
+
+def build_source_eval_loaders(config: RunConfig, device: torch.device, rank: int = 0, world_size: int = 1) -> dict:
+    """data.mix: {source name: the validation loader of that source}, each as `build_eval_loader` builds one."""
+    sources = mix_sources(config.data.mix or {})
+    return {s.name: _val_loader(s.path, config, device, rank, world_size) for s in sources}
+
+
+def _val_loader(path, config: RunConfig, device: torch.device, rank: int, world_size: int):
     from dlx.data.loader import TokenLoader
 
+    data = config.data
     return TokenLoader(
-        data.path,
+        path,
         split="val",
         seq_len=data.seq_len,
         micro_batch_size=data.micro_batch_size,

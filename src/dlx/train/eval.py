@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -13,24 +13,35 @@ from dlx.model.loss import LossParts
 from dlx.precision import Precision
 
 
-def next_token_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0) -> LossParts:
+def next_token_loss(
+    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0, **model_inputs: torch.Tensor
+) -> LossParts:
     """The model's loss on inputs (B, T) against targets (B, T): mean cross-entropy in fp32 whatever the autocast,
-    plus `z_loss` · mean logsumexp² (dlx.model.loss), through the model (and any wrapper: DDP, FSDP, DeepSpeed) so
-    that the loss is computed chunk by chunk from the hidden states, never from whole-batch logits."""
-    return model(inputs, targets=targets, z_loss=z_loss)
+    plus `z_loss` × the z-loss (mean over tokens of log(Z)², Z = Σ_v exp(logit_v), as in PaLM and OLMo), each also
+    apart (dlx.model.loss). Through the model (and any wrapper: DDP, FSDP, DeepSpeed), so that the loss is computed
+    chunk by chunk from the hidden states, never from whole-batch logits. `model_inputs`: document ids."""
+    return model(inputs, targets=targets, z_loss=z_loss, **model_inputs)
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Iterable, max_batches: int, precision: Precision) -> dict[str, float]:
-    """{"loss", "perplexity", "batches", "eval_s"}; the model is put back in training mode afterwards."""
+def evaluate(
+    model: nn.Module,
+    batches: Iterable,
+    max_batches: int,
+    precision: Precision,
+    model_inputs: Callable[[torch.Tensor], dict] | None = None,
+) -> dict[str, float]:
+    """{"loss", "perplexity", "batches", "eval_s"}; the model is put back in training mode afterwards.
+    `model_inputs(inputs)`: keyword arguments for the model besides the tokens (document ids), as in training."""
     start = time.perf_counter()
     model.eval()
     losses: list[torch.Tensor] = []
     try:
         for inputs, targets in batches:
             with precision.autocast():
-                loss = next_token_loss(model, inputs, targets).cross_entropy
-            losses.append(loss.detach())  # kept on the device: one sync at the end
+                extra = model_inputs(inputs) if model_inputs else {}
+                loss = next_token_loss(model, inputs, targets, **extra).cross_entropy
+            losses.append(loss)  # kept on the device: one sync at the end
             if len(losses) >= max_batches:
                 break
     finally:

@@ -6,13 +6,15 @@ A point is: `warmup` untimed optimizer steps (kernel selection, allocator growth
 counter is reset and `steps` timed steps follow as one PhaseTimer window: phase times are averaged over them, and the
 host waits for the device once per step (the loss value), as in the loop. With `compile`, Dynamo is reset before each
 point, so each compiled point runs the static-shape kernels `dlx pretrain` would compile for its shape, not the dynamic
-ones Dynamo switches to after the first shape change in a process. What the step loop does besides
-(the learning-rate schedule, logging, the NaN policy) is left out: microseconds per step.
+ones Dynamo switches to after the first shape change in a process. What the step loop does besides (the learning-rate
+schedule, logging, the NaN policy) is left out: microseconds per step. On CUDA, NVML's GPU counters
+(dlx.metrics.gpu_monitor) cover the timed steps.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,6 +22,7 @@ from torch import nn
 
 from dlx import device as dev
 from dlx.bench.points import BenchPoint, BenchSetup
+from dlx.metrics.gpu_monitor import open_gpu_counters
 from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.presets import resolve_model_args
@@ -73,11 +76,7 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
             warmup_timer.end_step()
         dev.synchronize(device)  # the warm-up's last update belongs to the warm-up
         dev.reset_peak_memory(device)
-        timer = PhaseTimer(device)  # a fresh clock: the first timed step starts at its data
-        for _ in range(setup.steps):
-            loss = step(timer)
-            timer.end_step()
-        timings = timer.window()
+        timings, gpu_columns, loss = timed_steps(step, setup.steps, device)
         meter = ThroughputMeter(config.model.args, point.seq_len, device, precision.name)
         record = meter.record(
             step=setup.steps, loss=loss, lr=None, grad_norm=None, tokens=point.tokens_per_step, timings=timings
@@ -85,7 +84,23 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
         cast_s = weight_cast_seconds(strategy.model, precision, device) * plan.grad_accum
     finally:
         loader.close()
-    return record | fixed_cost_shares(record, cast_s)
+    return {**record, **gpu_columns, **fixed_cost_shares(record, cast_s)}
+
+
+def timed_steps(
+    step: Callable[[PhaseTimer], float], steps: int, device: torch.device
+) -> tuple[dict[str, float], dict[str, Any], float]:
+    """`steps` steps as one PhaseTimer window, NVML's counters over them: (mean timings, GPU columns, last loss)."""
+    timer = PhaseTimer(device)  # a fresh clock: the first timed step starts at its data
+    gpu = open_gpu_counters(device)  # NVML over the timed steps alone (no GPU keys on a CPU)
+    try:
+        for _ in range(steps):
+            loss = step(timer)
+            timer.end_step()
+        timings = timer.window()  # the window's one wait: the timed steps have finished on the device
+        return timings, gpu.window(), loss
+    finally:
+        gpu.close()
 
 
 def fixed_cost_shares(record: dict[str, Any], weight_cast_s: float) -> dict[str, float]:

@@ -15,12 +15,15 @@ from torch import nn
 
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
+from dlx.metrics.gpu_monitor import NoGpuCounters, NvmlCounters, open_gpu_counters
 from dlx.metrics.logger import EVAL_FILE, METRICS_FILE, MetricsLogger, read_jsonl
 from dlx.metrics.meter import ThroughputMeter
+from dlx.metrics.profiler import StepProfiler
 from dlx.metrics.timing import PhaseTimer
+from dlx.model.io import empty_model
 from dlx.model.llama import Transformer
 from dlx.parallel.build import StepShape, build_strategy, check_strategy_installed
-from dlx.parallel.distributed import DistEnv, main_decides
+from dlx.parallel.distributed import DistEnv, any_rank, main_decides
 from dlx.parallel.strategy import Strategy
 from dlx.precision import Precision, build_precision
 from dlx.train import checkpoint as ckpt
@@ -29,8 +32,12 @@ from dlx.train.config import RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
 from dlx.train.header import StepPlan, plan_steps
-from dlx.train.optim import build_optimizer, build_scheduler
+from dlx.train.init_from import InitSource, check_tokenizer, load_initial_weights, resolve_source
+from dlx.train.objective import Objective, build_objective
+from dlx.train.observe import build_profiler, check_observers, check_wandb_installed, open_wandb
+from dlx.train.optim import ScheduledLR, build_optimizer, build_scheduler
 from dlx.train.recipe import write_resolved
+from dlx.train.sample import TrainingSampler
 from dlx.train.signals import GracefulStop
 
 
@@ -58,8 +65,14 @@ class Run:
     console: RunConsole
     stop: GracefulStop
     data_info: DatasetInfo
+    profiler: StepProfiler
+    """torch.profiler around the `profile.*` steps (nothing outside them)."""
+    gpu: NvmlCounters | NoGpuCounters
+    """GPU utilisation per logged record (NVML), or why there is none."""
     env: DistEnv = field(default_factory=DistEnv)
     """This rank and the world size (rank 0 of 1 without torchrun)."""
+    objective: Objective = field(default_factory=Objective)
+    """The z-loss (train.z_loss) and document ids for the model (data.document_mask), in the step and in eval."""
     last_checkpoint: Path | None = None
     header: list[str] = field(default_factory=list)
     """The start-up header, repeated in report.md."""
@@ -69,12 +82,18 @@ class Run:
     """The bottleneck verdict, once the run has finished (rank 0)."""
     stopped_early: bool = False
     """A signal reached some rank and all ranks stopped after the same step."""
+    init: InitSource | None = None
+    """Where the initial weights came from (model.init_from), when they were loaded."""
+    sampler: TrainingSampler | None = None
+    """Text generated every `eval.sample_every` steps; None when off."""
 
     def close(self) -> None:
-        """Stop the loader's workers and flush the logs; safe to call twice."""
+        """Stop the loader's workers, the GPU sampler and a profile cut short; flush the logs; safe to call twice."""
         try:
             self.console.stop()
             self.loader.close()
+            self.gpu.close()
+            self.profiler.close()
         finally:
             self.logger.close()
 
@@ -85,11 +104,49 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_model(config: RunConfig, device: torch.device) -> Transformer:
-    """Initialised on the device directly (an 8B model never exists on the host), from train.seed."""
+def build_model(config: RunConfig, device: torch.device, init: InitSource | None = None) -> Transformer:
+    """Random weights from train.seed, initialised on the device directly (an 8B model never exists on the host); or
+    model.init_from's weights, copied into uninitialised storage on the device (no random init, no second copy)."""
     seed_everything(config.train.seed)
-    with torch.device(device):
-        model = Transformer(config.model.args)
+    if init is None:
+        with torch.device(device):
+            return Transformer(config.model.args)
+    model = empty_model(config.model.args, device)
+    load_initial_weights(model, init)
+    return model
+
+
+def resolve_initial_weights(
+    config: RunConfig, data_info: DatasetInfo, restoring: bool, console: RunConsole
+) -> InitSource | None:
+    """model.init_from's folder, checked against the dataset's tokenizer; None without init_from, or when a checkpoint
+    is about to be restored (it holds the weights). Rank 0 decides, every rank gets the answer or the same error."""
+    if config.model.init_from is None or restoring:
+        return None
+
+    def resolve() -> InitSource:
+        source = resolve_source(config.model.init_from)
+        source.stored()  # every header, shard and shape checked before anything is written
+        check_tokenizer(source, data_info.tokenizer, data_info.path)
+        return source
+
+    source = main_decides(resolve)
+    for note in source.notes:
+        console.warn(note)
+    return source
+
+
+def build_initialised_model(
+    config: RunConfig, device: torch.device, init: InitSource | None, env: DistEnv
+) -> Transformer:
+    """`build_model` on every rank; a rank that cannot read the weights stops all ranks with its one line."""
+    error: UserError | None = None
+    try:
+        model = build_model(config, device, init)
+    except UserError as e:
+        error = e
+    if any_rank(error is not None, device):
+        raise error or UserError(f"another rank could not read model.init_from {config.model.init_from}")
     return model
 
 
@@ -115,6 +172,7 @@ def resolve_run_dir(config: RunConfig, name: str, run_dir: Path | None, resume: 
 
 def check_optional_features(config: RunConfig) -> None:
     check_strategy_installed(config.parallel)
+    check_wandb_installed(config)
     if config.log.tensorboard:
         try:
             import torch.utils.tensorboard  # noqa: F401
@@ -141,19 +199,24 @@ def build_run(
     loader = build_train_loader(config, device, env.rank, env.world_size)
     try:
         plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.world_size)
-        model = build_model(config, device)
+        console = RunConsole(plan.total_steps, 0, config.log.progress, is_main=env.is_main)
+        loaded = find_checkpoint(run_dir, console, env) if resume else None
+        init = resolve_initial_weights(config, data_info, loaded is not None, console)
+        tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
+        sampler = check_observers(config, plan.total_steps, tokenizer)
+        model = build_initialised_model(config, device, init, env)
         strategy = build_run_strategy(model, config, device, env, precision, plan)
         scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
-        console = RunConsole(plan.total_steps, 0, config.log.progress, is_main=env.is_main)
-        state, last = restore(run_dir, resume, strategy, scheduler, loader, console)
-        main_decides(lambda: create_run_dir(config, run_dir, data_info))
+        state, last = restore(run_dir, resume, loaded, strategy, scheduler, loader, console)
+        main_decides(lambda: create_run_dir(config, run_dir, data_info, init))
     except BaseException:
         loader.close()
         raise
     console.progress.update(console.task, completed=state.step)
-    logger = MetricsLogger(
-        run_dir, config.log.tensorboard, is_main=env.is_main, resume_step=state.step if resume else None
-    )
+    resume_step = state.step if resume else None
+    wandb = open_wandb(config, run_dir, env, console)
+    logger = MetricsLogger(run_dir, config.log.tensorboard, is_main=env.is_main, resume_step=resume_step, wandb=wandb)
+    timer = PhaseTimer(device)
     return Run(
         config=config,
         run_dir=run_dir,
@@ -167,32 +230,37 @@ def build_run(
         loader=loader,
         plan=plan,
         state=state,
-        timer=PhaseTimer(device),
+        timer=timer,
         meter=ThroughputMeter(config.model.args, config.data.seq_len, device, precision.name, env.world_size),
         logger=logger,
         console=console,
         stop=stop,
         data_info=data_info,
         env=env,
+        objective=build_objective(config.train.z_loss, config.data.document_mask, data_info.eos_id),
         last_checkpoint=last,
+        init=init,
         # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
         records=read_jsonl(run_dir / METRICS_FILE),
         eval_records=read_jsonl(run_dir / EVAL_FILE),
+        profiler=build_profiler(config, run_dir, env, device, timer, console),
+        gpu=open_gpu_counters(device, config.log.nvml),
+        sampler=sampler,
     )
 
 
 def restore(
     run_dir: Path,
     resume: bool,
+    loaded: ckpt.LoadedCheckpoint | None,
     strategy: Strategy,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     loader: Any,
     console: RunConsole,
 ) -> tuple[ckpt.TrainerState, Path | None]:
-    """On --resume: the newest complete checkpoint into every piece, the loader to its position."""
+    """On --resume: the newest complete checkpoint (`find_checkpoint`) into every piece, the loader to its position."""
     if not resume:
         return ckpt.TrainerState(), None
-    loaded = find_checkpoint(run_dir, console, strategy.env)
     if loaded is None:
         console.warn(f"--resume: {run_dir} holds no complete checkpoint; starting it again from step 0")
         return ckpt.TrainerState(), None
@@ -203,6 +271,8 @@ def restore(
         f"resuming from {loaded.path} (step {state.step:,}, {state.tokens_seen:,} tokens seen, "
         f"written by {state.world_size} rank(s), {state.format} format)"
     )
+    if isinstance(scheduler, ScheduledLR) and scheduler.resume_note:
+        console.print(scheduler.resume_note)
     return state, loaded.path
 
 
@@ -214,8 +284,12 @@ def find_checkpoint(run_dir: Path, console: RunConsole, env: DistEnv) -> ckpt.Lo
     return ckpt.read_checkpoint(path) if path is not None else None
 
 
-def create_run_dir(config: RunConfig, run_dir: Path, data_info: DatasetInfo) -> None:
+def create_run_dir(config: RunConfig, run_dir: Path, data_info: DatasetInfo, init: InitSource | None = None) -> None:
+    """config.yaml, the tokenizer (the dataset's, else the initial weights'), where the initial weights came from."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_resolved(config, run_dir)
-    if data_info.tokenizer is not None:
-        shutil.copyfile(data_info.tokenizer, run_dir / TOKENIZER_FILE)
+    tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
+    if tokenizer is not None:
+        shutil.copyfile(tokenizer, run_dir / TOKENIZER_FILE)
+    if init is not None:
+        folder.append_event(run_dir, event="init_from", path=init.given, weights=init.weights, kind=init.kind)

@@ -32,9 +32,11 @@ from dlx.precision import Precision
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
 from dlx.train.config import RunConfig
-from dlx.train.data import build_eval_loader
-from dlx.train.eval import evaluate, next_token_loss, perplexity
+from dlx.train.eval import next_token_loss
 from dlx.train.header import header_lines
+from dlx.train.objective import PLAIN, Objective
+from dlx.train.observe import log_samples, observed_columns, observer_header, report_files
+from dlx.train.records import eval_line, evaluate_run, step_fields
 from dlx.train.run import Run, build_run
 from dlx.train.signals import GracefulStop
 
@@ -111,15 +113,16 @@ def train(run: Run, resume: bool) -> None:
 def train_loop(run: Run) -> None:
     """Optimizer steps from where the run stands to the plan's last step; stops early on a signal (to any rank)."""
     for step in range(run.state.step + 1, run.plan.total_steps + 1):
-        loss = accumulate_gradients(
-            run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer, run.strategy
-        )
-        lr = run.scheduler.get_last_lr()[0]
-        loss_value, stop_requested = agree_on_step(run, loss)  # NaN policy and stop: the same on every rank
-        with run.timer.phase("optimizer"):
-            grad_norm = run.strategy.optimizer_step() if math.isfinite(loss_value) else None
-            run.scheduler.step()
-        run.timer.end_step()
+        with run.profiler.step(step):  # torch.profiler over the profile.* steps; nothing otherwise
+            loss = accumulate_gradients(
+                run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer, run.strategy, run.objective
+            )
+            lr = run.scheduler.get_last_lr()[0]
+            loss_value, stop_requested = agree_on_step(run, loss)  # NaN policy and stop: the same on every rank
+            with run.timer.phase("optimizer"):
+                grad_norm = run.strategy.optimizer_step() if math.isfinite(loss_value) else None
+                run.scheduler.step()
+            run.timer.end_step()
         run.state.step, run.state.tokens_seen = step, run.state.tokens_seen + run.plan.tokens_per_step
         if grad_norm is None:
             handle_non_finite(run, step, loss_value)
@@ -155,16 +158,19 @@ def name_the_stop(run: Run) -> None:
 
 
 def between_steps(run: Run, step: int) -> bool:
-    """Evaluation and checkpoints when due, with the step clock paused: they are not step time. Returns whether a stop
-    was requested (on any rank) while they ran, so that a signal during an evaluation stops at this step."""
+    """Evaluation, samples and checkpoints when due, with the step clock paused: they are not step time. Returns
+    whether a stop was requested (on any rank) while they ran, so that a signal during an evaluation stops here."""
     cfg = run.config
     due_eval = cfg.eval.every and step % cfg.eval.every == 0
+    due_sample = run.sampler is not None and run.sampler.due(step)
     due_save = cfg.checkpoint.every and step % cfg.checkpoint.every == 0
-    if not (due_eval or due_save):
+    if not (due_eval or due_sample or due_save):
         return False
     with run.timer.paused():
         if due_eval:
             run_eval(run, step)
+        if due_sample:
+            log_samples(run, step)
         if due_save:
             save(run)
     return distributed.any_rank(run.stop.requested, run.device)
@@ -177,10 +183,12 @@ def accumulate_gradients(
     precision: Precision,
     timer: PhaseTimer,
     strategy: Strategy,
+    objective: Objective = PLAIN,
 ) -> torch.Tensor:
     """`accum` micro-steps; returns the step's mean loss (detached). Each micro-loss is divided by `accum`, so the
     summed gradients equal those of one batch `accum` times larger (the micro-batches have equal sizes). Under DDP
-    and FSDP, gradients are synchronised only in the last micro-step's backward (`strategy.gradient_sync`)."""
+    and FSDP, gradients are synchronised only in the last micro-step's backward (`strategy.gradient_sync`).
+    `objective`: document ids for the model, the z-loss weight, and the z-loss term's record (dlx.train.objective)."""
     total = None
     for index in range(accum):
         last = index == accum - 1
@@ -188,10 +196,13 @@ def accumulate_gradients(
             inputs, targets = next(batches)
         with strategy.gradient_sync(last):
             with timer.phase("forward"), precision.autocast():
-                loss = next_token_loss(model, inputs, targets).loss / accum
+                extra = objective.model_inputs(inputs)  # document ids, when data.document_mask is on
+                parts = next_token_loss(model, inputs, targets, objective.z_loss_weight, **extra)
+                objective.record_z_loss(parts, accum)  # logged apart, when train.z_loss > 0
             with timer.phase("backward"):
-                strategy.backward(loss, last)
-        total = loss.detach() if total is None else total + loss.detach()
+                strategy.backward(parts.loss / accum, last)  # cross-entropy + train.z_loss × z-loss
+        loss = parts.cross_entropy / accum  # what is logged and checked: the cross-entropy alone
+        total = loss if total is None else total + loss
     return total
 
 
@@ -221,7 +232,8 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
     )
     if run.env.is_distributed and record.get("peak_mem_gb") is not None:
         record["peak_mem_gb"] = distributed.all_reduce([record["peak_mem_gb"]], "max", run.device)[0]
-    record["epoch"] = run.loader.epoch
+    record.update(step_fields(run, step))  # epoch; z_loss and source_tokens when they apply
+    record.update(observed_columns(run))  # GPU counters, profiled steps
     run.logger.log(record)
     run.records.append(record)
     run.console.print(run.meter.format_line(record))
@@ -229,22 +241,13 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
 
 
 def run_eval(run: Run, step: int) -> None:
-    """Each rank evaluates its share of the validation batches; the record holds the mean over ranks."""
-    loader = build_eval_loader(run.config, run.device, run.env.rank, run.env.world_size)
-    try:
-        result = evaluate(run.model, loader, run.config.eval.batches, run.precision)
-    finally:
-        loader.close()
-    if run.env.is_distributed:
-        result["loss"] = distributed.all_reduce([result["loss"]], "mean", run.device)[0]
-        result["perplexity"] = perplexity(result["loss"])
+    """Each rank evaluates its share of the validation batches (of each data.mix source); the record holds the mean
+    over ranks."""
+    result = evaluate_run(run)
     record = {"step": step, **result}
     run.logger.log_eval(record)
     run.eval_records.append(record)
-    run.console.print(
-        f"eval step {step} | loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} "
-        f"| {result['batches']} batches in {result['eval_s']:.1f} s"
-    )
+    run.console.print(eval_line(step, result))
 
 
 def save(run: Run) -> None:
@@ -273,7 +276,9 @@ def finish(run: Run) -> None:
     if run.records and run.env.is_main:
         run.verdict = bottleneck_verdict(run.records)
         run.console.print(str(run.verdict))
-        write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records)
+        weights = {source.name: source.weight for source in run.data_info.sources}  # data.mix; empty otherwise
+        write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records, source_weights=weights)
+        run.logger.finish_run(step, run.verdict, report_files(run.run_dir))
     run.console.print(f"run folder: {run.run_dir} (report.md, metrics.jsonl, checkpoints/)")
 
 
@@ -283,6 +288,9 @@ def print_header(run: Run) -> None:
     # ds_numel: a ZeRO-3 parameter's full size (its local tensor is empty); a DTensor's numel is already the full one
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in run.model.parameters() if p.requires_grad)
     run.header = header_lines(run.plan, trainable, run.precision.name, device_name(run.device)) + run.meter.header()
+    run.header += observer_header(run)
+    if run.init is not None:
+        run.header.append(f"initial weights: {run.init.describe()}")
     for line in run.header:
         run.console.print(line)
     run.console.print(f"run folder: {run.run_dir}")
