@@ -45,10 +45,12 @@ def test_one_process_starts_at_the_weights_loss(hf_dir, reference):
     assert abs(losses(reference)[1] - expected) <= LOSS_TOLERANCE
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero3"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "zero3", "tp2"])
 def test_two_ranks_start_where_one_process_starts(strategy, hf_dir, reference, tmp_path):
+    """tp2: tensor parallelism, each rank reading its slices of the weights into its shards."""
     run_dir = tmp_path / "run"
-    result, _ = torchrun(["pretrain", *options(hf_dir), *STRATEGIES[strategy], "--run-dir", str(run_dir)], tmp_path)
+    layout = {**STRATEGIES, "tp2": ["--parallel.tp", "2"]}[strategy]
+    result, _ = torchrun(["pretrain", *options(hf_dir), *layout, "--run-dir", str(run_dir)], tmp_path)
     assert result.returncode == 0, result.stderr[-6000:]
     expected, got = losses(reference), losses(run_dir)
     assert sorted(got) == [1, 2]

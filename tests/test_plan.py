@@ -71,6 +71,8 @@ def test_max_micro_batch_is_the_largest_that_fits():
         ({"precision": "fp8"}, "unknown precision 'fp8'"),
         ({"strategy": "zero3"}, "unknown strategy 'zero3'"),
         ({"strategy": "deepspeed", "zero_stage": 4}, "zero-stage must be 1, 2 or 3"),
+        ({"tp": 2, "world_size": 3}, r"--world-size 3 must be a multiple of --tp 2"),
+        ({"tp": 2, "world_size": 4, "strategy": "deepspeed"}, "deepspeed does not combine with --tp"),
     ],
 )
 def test_bad_values_are_one_line_errors(kwargs, message):
@@ -145,3 +147,38 @@ def test_activation_count_equals_what_a_block_saves_on_cpu(precision):
         block(x, cos, sin)
     shape = TrainingShape(seq_len=16, micro_batch=3, precision=precision, device_type="cpu")
     assert sum(saved.values()) / tokens == activation_bytes_per_token_per_layer(args, shape)
+
+
+def test_tensor_parallelism_divides_what_it_shards():
+    """tp divides the matmul weights, the embedding, the logits and the activations but the gathered matmul inputs;
+    the norm weights stay whole; the data-parallel ranks are world size ÷ tp."""
+    args = resolve_model_args("debug")  # 158,016 parameters, 5 · 64 of them norm weights
+    norms, p, d, f, h = 5 * 64, 4, 64, 176, 4
+    plain = plan_memory(args, TrainingShape(32, 2, precision="fp32"))
+    for tp in (2, 4):
+        shape = TrainingShape(32, 2, precision="fp32", world_size=tp, tp=tp)
+        sharded = plan_memory(args, shape)
+        assert sharded.weights_gb == pytest.approx(((158_016 - norms) / tp + norms) * 4 / 1e9)
+        assert sharded.logits_gb * tp == pytest.approx(2 * 32 * 512 * 12 / 1e9)  # the whole logits' vocab shards
+        assert sharded.tokens_per_step == plain.tokens_per_step  # one replica
+        per_token = (2 * (4 * d + 4) + p * 3 * d + p * d + 4 * h + 4 * p * f) / tp + 2 * p * d  # CUDA fp32
+        assert activation_bytes_per_token_per_layer(args, shape) == pytest.approx(per_token)
+    fsdp_tp = plan_memory(args, TrainingShape(32, 2, precision="fp32", strategy="fsdp", world_size=8, tp=2))
+    assert fsdp_tp.optimizer_gb == pytest.approx(((158_016 - norms) / 2 + norms) * 8 / 4 / 1e9)
+    assert fsdp_tp.tokens_per_step == 4 * plain.tokens_per_step
+    ddp_tp = plan_memory(args, TrainingShape(32, 2, precision="fp32", strategy="ddp", world_size=4, tp=2))
+    assert ddp_tp.grads_gb == pytest.approx(((158_016 - norms) / 2 + norms) * 4 / 1e9)  # FSDP2 hybrid: no buckets
+
+
+def test_plan_cli_refuses_a_tp_that_does_not_divide_the_heads():
+    from typer.testing import CliRunner
+
+    from dlx.cli.app import _register_commands, app
+
+    if not app.registered_commands:
+        _register_commands()
+    result = CliRunner().invoke(app, ["plan", "llama3-8b", "--tp", "3"])
+    assert isinstance(result.exception, UserError)  # `dlx` prints it as one line and exits 2
+    assert str(result.exception) == "--tp 3 must divide the model's n_heads (32); pick a tp that does (e.g. 1, 2, 4, 8)"
+    result = CliRunner().invoke(app, ["plan", "llama3-8b", "--tp", "8", "--json"])  # world size defaults to tp
+    assert result.exit_code == 0 and json.loads(result.output)["tokens_per_step"] == 2048, result.output

@@ -2,9 +2,11 @@
 
 Bytes per parameter, with AdamW and mixed precision by autocast (weights stay fp32, matmuls run in bf16/fp16):
     weights 4, gradients 4, AdamW moments 8, plus a 2-byte copy of each weight that autocast caches during forward.
-Sharding over `world_size` ranks, in the recipe's `parallel` words: DDP replicates everything (and keeps 4 bytes/param
-of gradient buckets); DeepSpeed ZeRO stage 1 shards the optimizer state, stage 2 also the gradients, stage 3 also the
-weights; FSDP shards all three (like stage 3).
+Sharding, in the recipe's `parallel` words. Tensor parallelism (`tp`) first divides every matmul weight and the
+embedding by tp (the norm weights, (2·n_layers + 1)·dim of them, stay whole on every rank). Then over the
+dp = world_size / tp data-parallel ranks: DDP replicates everything (and with tp 1 keeps 4 bytes/param of gradient
+buckets; with tp > 1 it is FSDP2's hybrid mode, which has none); DeepSpeed ZeRO stage 1 shards the optimizer state,
+stage 2 also the gradients, stage 3 also the weights; FSDP shards all three (like stage 3).
 
 Activations saved for backward, per token and per layer (p = bytes of the compute dtype, d = dim, f = FFN hidden,
 k = n_kv_heads · head_dim, H = n_heads), counted from what dlx's modules keep (tests/test_plan.py checks the count
@@ -22,6 +24,10 @@ the log-sum-exp. The loss (dlx.model.loss) keeps no logits: one chunk of at most
 fp32 skips), plus the gradient of the final hidden states (p·d per token), the final norm's input (4d), and the output
 weight's fp32 gradient accumulator (4 · vocab · d). Full activation checkpointing keeps only each layer's fp32 input
 and recomputes one layer at a time; `selective` checkpoints every other layer.
+With tensor (and sequence) parallelism every activation term is divided by tp except the normed matmul inputs, which
+each rank gathers whole (B, T, dim) before its column-parallel matmuls; the loss then takes the whole logits as
+vocabulary shards instead of chunks: (p + 4 + 4)·vocab / tp per token (the autocast logits, the fp32 copy
+cross-entropy makes, its gradient).
 This is an estimate (allocator fragmentation, temporary buffers and CUDA context are not counted); `dlx bench` prints it
 beside the measurement.
 """
@@ -51,6 +57,9 @@ class TrainingShape:
     precision: str = "bf16"
     strategy: str = "none"
     world_size: int = 1
+    """Ranks in all (GPUs): tp × the data-parallel ranks."""
+    tp: int = 1
+    """Tensor-parallel ranks per model replica."""
     zero_stage: int = 2
     """DeepSpeed ZeRO stage (strategy deepspeed): 1 shards the optimizer state, 2 also gradients, 3 also weights."""
     activation_checkpointing: str = "none"
@@ -60,10 +69,19 @@ class TrainingShape:
     """Whose kernels: `cuda` (fused rms_norm; k and v repeated in fp32, where SDPA's GQA kernel does not run) or `cpu`
     (composite rms_norm; GQA in the flash kernel)."""
 
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks: model replicas reading different batches."""
+        return self.world_size // self.tp
+
     def __post_init__(self) -> None:
-        for name in ("seq_len", "micro_batch", "grad_accum", "world_size"):
+        for name in ("seq_len", "micro_batch", "grad_accum", "world_size", "tp"):
             if getattr(self, name) <= 0:
                 raise UserError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
+        if self.world_size % self.tp:
+            raise UserError(f"--world-size {self.world_size} must be a multiple of --tp {self.tp} (ranks = dp × tp)")
+        if self.tp > 1 and self.strategy == "deepspeed":
+            raise UserError("--strategy deepspeed does not combine with --tp > 1; use --strategy fsdp")
         _check_choice("precision", self.precision, tuple(AUTOCAST_BYTES))
         _check_choice("strategy", self.strategy, STRATEGIES)
         if self.zero_stage not in ZERO_STAGES:
@@ -92,7 +110,7 @@ class MemoryPlan:
     logits_gb: float
     flops_per_token: FlopsPerToken
     tokens_per_step: int
-    """Tokens in one optimizer step, all ranks: micro_batch · seq_len · grad_accum · world_size."""
+    """Tokens in one optimizer step, all ranks: micro_batch · seq_len · grad_accum · dp."""
 
     @property
     def total_gb(self) -> float:
@@ -104,12 +122,18 @@ class MemoryPlan:
         return flops / (peak_tflops * 1e12 * mfu * world_size)
 
 
-def _state_bytes(n_params: int, shape: TrainingShape) -> tuple[float, float, float]:
-    """Weights, gradients, optimizer bytes per rank."""
+def params_per_rank(args: ModelArgs, tp: int) -> float:
+    """Parameters one tensor-parallel rank holds: the norm weights whole, everything else ÷ tp."""
+    norms = (2 * args.n_layers + 1) * args.dim
+    return norms + (model_stats(args).total - norms) / tp
+
+
+def _state_bytes(n_params: float, shape: TrainingShape) -> tuple[float, float, float]:
+    """Weights, gradients, optimizer bytes per rank, for `n_params` per tensor-parallel rank."""
     weights = n_params * (4 + (2 if shape.precision != "fp32" else 0))
-    grads = n_params * 4 * (2 if shape.strategy == "ddp" else 1)
+    grads = n_params * 4 * (2 if shape.strategy == "ddp" and shape.tp == 1 else 1)
     optimizer = n_params * 8
-    world = shape.world_size
+    world = shape.dp
     if sharding_stage(shape) >= 1:
         optimizer /= world
     if sharding_stage(shape) >= 2:
@@ -127,21 +151,23 @@ def sharding_stage(shape: TrainingShape) -> int:
 
 
 def activation_bytes_per_token_per_layer(args: ModelArgs, shape: TrainingShape) -> float:
-    p = AUTOCAST_BYTES[shape.precision]
+    p, tp = AUTOCAST_BYTES[shape.precision], shape.tp
     d, f, k, heads = args.dim, args.ffn_hidden_dim, args.kv_heads * args.head_dim, args.n_heads
     norms = 2 * (4 * d + 4) + (2 * 4 * d if shape.device_type == "cpu" else 0)
     qkv = p * 3 * d if shape.kv_repeated else p * (d + 2 * k)
-    saved = norms + 2 * p * d + qkv + p * d + 4 * heads + 4 * p * f
+    sharded = norms + qkv + p * d + 4 * heads + 4 * p * f
     if shape.attention_matrix:
-        saved += p * heads * shape.seq_len
-    return saved
+        sharded += p * heads * shape.seq_len
+    return sharded / tp + 2 * p * d  # the normed matmul inputs are gathered whole on every TP rank
 
 
 def loss_bytes(args: ModelArgs, shape: TrainingShape) -> float:
-    """The chunked loss's memory: one chunk's logits, the hidden-state gradient, the final norm's input, and the
-    output weight's gradient accumulator (see the module docstring)."""
+    """The loss's memory: without tensor parallelism one chunk's logits, the hidden-state gradient, the final norm's
+    input and the output weight's gradient accumulator; with it the whole logits' shards (see the module docstring)."""
     p = AUTOCAST_BYTES[shape.precision]
     tokens = shape.micro_batch * shape.seq_len
+    if shape.tp > 1:  # vocab-parallel cross-entropy on the whole logits' shards
+        return tokens * args.vocab_size * (p + 4 + 4) / shape.tp
     chunk_tokens = min(tokens, max(1, CHUNK_LOGITS // args.vocab_size))
     per_logit = p + 4 + (p if p < 4 else 0)
     return chunk_tokens * args.vocab_size * per_logit + tokens * args.dim * (p + 4) + 4 * args.vocab_size * args.dim
@@ -150,7 +176,7 @@ def loss_bytes(args: ModelArgs, shape: TrainingShape) -> float:
 def _activation_bytes(args: ModelArgs, shape: TrainingShape) -> float:
     tokens = shape.micro_batch * shape.seq_len
     per_layer = activation_bytes_per_token_per_layer(args, shape) * tokens
-    layer_input = 4 * args.dim * tokens
+    layer_input = 4 * args.dim * tokens / shape.tp  # the residual stream is sequence-sharded under TP
     if shape.activation_checkpointing == "full":
         return args.n_layers * layer_input + per_layer
     if shape.activation_checkpointing == "selective":
@@ -161,7 +187,7 @@ def _activation_bytes(args: ModelArgs, shape: TrainingShape) -> float:
 
 def plan_memory(args: ModelArgs, shape: TrainingShape) -> MemoryPlan:
     n_params = model_stats(args).total
-    weights, grads, optimizer = _state_bytes(n_params, shape)
+    weights, grads, optimizer = _state_bytes(params_per_rank(args, shape.tp), shape)
     return MemoryPlan(
         params=n_params,
         weights_gb=weights / GB,
@@ -170,7 +196,7 @@ def plan_memory(args: ModelArgs, shape: TrainingShape) -> MemoryPlan:
         activations_gb=_activation_bytes(args, shape) / GB,
         logits_gb=loss_bytes(args, shape) / GB,
         flops_per_token=training_flops_per_token(args, shape.seq_len),
-        tokens_per_step=shape.micro_batch * shape.seq_len * shape.grad_accum * shape.world_size,
+        tokens_per_step=shape.micro_batch * shape.seq_len * shape.grad_accum * shape.dp,
     )
 
 

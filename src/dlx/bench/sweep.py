@@ -44,6 +44,9 @@ def estimate_gb(args: ModelArgs, point: BenchPoint, setup: BenchSetup) -> float:
         micro_batch=point.micro_batch,
         grad_accum=point.grad_accum,
         precision=point.precision,
+        strategy=setup.strategy,
+        world_size=setup.world_size,
+        tp=setup.tp,
         device_type="cpu" if setup.device.type == "cpu" else "cuda",
     )
     return plan_memory(args, shape).total_gb

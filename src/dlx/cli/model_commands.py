@@ -86,7 +86,7 @@ def export_hf(
     from dlx.device import PRECISION_DTYPES
     from dlx.errors import UserError
     from dlx.model.hf import save_hf
-    from dlx.model.io import load_model
+    from dlx.train.checkpoint import load_checkpoint_model
     from dlx.train.init_from import resolve_source
 
     if dtype != "keep" and dtype not in PRECISION_DTYPES:
@@ -94,7 +94,7 @@ def export_hf(
     found = resolve_source(source, role="dlx export-hf")
     if found.kind == "hf":
         raise UserError(f"{source} is a Hugging Face folder already; give a run folder, checkpoint or dlx model folder")
-    model = load_model(found.weights)
+    model = load_checkpoint_model(found.weights)  # model.safetensors, or the whole weights read from dcp/
     if dtype != "keep":
         model.to(PRECISION_DTYPES[dtype])
     save_hf(model, out_dir, overwrite=overwrite, tokenizer=found.tokenizer)

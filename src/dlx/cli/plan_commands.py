@@ -18,7 +18,10 @@ def plan(
         "none"
     ),
     zero_stage: Annotated[int, typer.Option(help="DeepSpeed ZeRO stage 1, 2 or 3 (strategy deepspeed).")] = 2,
-    world_size: Annotated[int, typer.Option(help="Data-parallel ranks.")] = 1,
+    world_size: Annotated[
+        int | None, typer.Option(help="Ranks (GPUs) in all: tp × data-parallel ranks (default: tp).")
+    ] = None,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel ranks per model replica (parallel.tp).")] = 1,
     activation_checkpointing: Annotated[str, typer.Option(help="none, full or selective.")] = "none",
     gpu: Annotated[str, typer.Option(help="GPU name in the peak table, for the predicted step time.")] = "H100",
     mfu: Annotated[float, typer.Option(help="Assumed MFU (0-1, attention convention) for the step time.")] = 0.4,
@@ -31,6 +34,7 @@ def plan(
 
     if not 0 < mfu <= 1:
         raise UserError(f"--mfu must be in (0, 1], got {mfu}")
+    world_size = tp if world_size is None else world_size
     shape = TrainingShape(
         seq_len=seq_len,
         micro_batch=micro_batch,
@@ -38,6 +42,7 @@ def plan(
         precision=precision,
         strategy=strategy,
         world_size=world_size,
+        tp=tp,
         zero_stage=zero_stage,
         activation_checkpointing=activation_checkpointing,
     )
@@ -51,10 +56,15 @@ def plan(
 def plan_summary(model: str, shape: Any, gpu: str, mfu: float, memory_gb: float) -> dict[str, Any]:
     """Every figure `dlx plan` prints, as one flat mapping (the --json output)."""
     from dlx.bench.estimate import max_micro_batch, plan_memory
+    from dlx.errors import UserError
     from dlx.metrics.peak import gpu_peak
     from dlx.model.presets import resolve_model_args
+    from dlx.parallel.tensor import divisibility_problem
 
     args = resolve_model_args(model)
+    problem = divisibility_problem(args, shape.tp, "--tp")
+    if problem:
+        raise UserError(problem.replace("model.", "the model's "))
     result = plan_memory(args, shape)
     peak = gpu_peak(gpu, shape.precision)
     return {

@@ -50,7 +50,7 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.kv_heads, args.head_dim
+        self.head_dim = args.head_dim
         self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
         self.wk = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
@@ -66,9 +66,10 @@ class Attention(nn.Module):
         mask: DocumentMask | None = None,
     ) -> torch.Tensor:
         batch, seq_len, _ = x.shape
-        q = self.wq(x).view(batch, seq_len, self.n_heads, self.head_dim)
-        k = self.wk(x).view(batch, seq_len, self.n_kv_heads, self.head_dim)
-        v = self.wv(x).view(batch, seq_len, self.n_kv_heads, self.head_dim)
+        # Head counts come from the shapes: under tensor parallelism each rank holds a slice of the heads.
+        q = self.wq(x).view(batch, seq_len, -1, self.head_dim)  # (B, T, local n_heads, head_dim)
+        k = self.wk(x).view(batch, seq_len, -1, self.head_dim)  # (B, T, local n_kv_heads, head_dim)
+        v = self.wv(x).view(batch, seq_len, -1, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, start_pos)  # (B, start_pos + T, n_kv_heads, head_dim)
@@ -175,16 +176,22 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     @torch.no_grad()
-    def init_weights(self, std: float = 0.02) -> None:
-        """Normal(0, std) for embeddings and projections, scaled by 1/sqrt(2·n_layers) for the residual outputs."""
-        residual_std = std / (2 * self.args.n_layers) ** 0.5
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """Every parameter by `init_parameter_`, in registration order."""
         for name, param in self.named_parameters():
-            if param.ndim == 1:
-                nn.init.ones_(param)
-            elif name.endswith(("wo.weight", "w2.weight")):
-                nn.init.normal_(param, std=residual_std)
-            else:
-                nn.init.normal_(param, std=std)
+            self.init_parameter_(name, param, generator)
+
+    @torch.no_grad()
+    def init_parameter_(self, name: str, tensor: torch.Tensor, generator: torch.Generator | None = None) -> None:
+        """Fill `tensor` as parameter `name` starts: ones for norms, Normal(0, 0.02) for embeddings and projections,
+        scaled by 1/sqrt(2·n_layers) for the residual outputs (wo, w2)."""
+        std = 0.02
+        if tensor.ndim == 1:
+            nn.init.ones_(tensor)
+        elif name.endswith(("wo.weight", "w2.weight")):
+            nn.init.normal_(tensor, std=std / (2 * self.args.n_layers) ** 0.5, generator=generator)
+        else:
+            nn.init.normal_(tensor, std=std, generator=generator)
 
     def forward(
         self,

@@ -9,8 +9,9 @@
   no logit is computed twice. At seq 2048 × micro-batch 16 × 128,256 vocab the whole-batch logits would be 4.2e9
   elements (past 2³¹, where PyTorch kernels have overflowed) and 42 GB with their fp32 copy and gradient; a chunk is
   at most 2²⁸ elements (1 GiB in fp32).
-- whole logits: `output(hidden)` for the whole batch, then `F.cross_entropy` in fp32. Tensor parallelism's
-  `loss_parallel` needs this form (the logits as a vocabulary-sharded DTensor); the tests use it as the reference.
+- whole logits: `output(hidden)` for the whole batch, then `F.cross_entropy` in fp32; the tests use it as the
+  reference. (Tensor parallelism takes the vocabulary-sharded logits of `model(tokens)` instead and computes the loss
+  on the shards: dlx.train.eval.training_loss.)
 
 Both return `LossParts`: the loss to differentiate (cross-entropy + z_loss · z), and the two terms apart for logging.
 The z-loss (PaLM, OLMo) is the mean over tokens of logsumexp(logits)²: it pulls the softmax normaliser towards 1.
@@ -148,8 +149,8 @@ def whole_logits_loss(logits: torch.Tensor, targets: torch.Tensor, z_loss: float
 
 
 class OutputLoss:
-    """How a model turns its last hidden states into the loss; `Transformer.loss_fn`, set from outside (tensor
-    parallelism sets `chunked = False`; `torch.compile` of the blocks also compiles the chunk math)."""
+    """How a model turns its last hidden states into the loss; `Transformer.loss_fn`, set from outside
+    (`torch.compile` of the blocks also compiles the chunk math)."""
 
     def __init__(self, chunked: bool = True, chunk_logits: int = CHUNK_LOGITS) -> None:
         self.chunked = chunked

@@ -28,6 +28,7 @@ from dlx.errors import UserError
 from dlx.model.args import ModelArgs
 from dlx.model.presets import PRESETS, resolve_model_args
 from dlx.parallel.config import ParallelConfig
+from dlx.parallel.tensor import divisibility_problem
 
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False, validate_assignment=True)
 
@@ -214,12 +215,16 @@ class EvalSection(BaseModel):
 
 
 class CheckpointSection(BaseModel):
-    model_config = _STRICT
+    model_config = ConfigDict(**_STRICT, validate_by_name=True, validate_by_alias=True)
 
     every: int = Field(0, ge=0)
     """Save a checkpoint every this many optimizer steps; 0: only at the end (and on an orderly stop)."""
     keep_last: int = Field(3, gt=0, le=1 << 20)
     """Complete checkpoints to keep; older ones are deleted after each successful save."""
+    async_save: bool = Field(False, alias="async")
+    """Sharded (DCP) checkpoints: write in the background while training goes on; a checkpoint counts once complete."""
+    full_weights: Literal["every", "last", "never"] = "last"
+    """Sharded checkpoints: gather model.safetensors into every checkpoint, only the run's last one, or never."""
 
 
 class LogSection(BaseModel):
@@ -302,6 +307,37 @@ class RunConfig(BaseModel):
             raise ValueError("train.nan_policy skip is not available with parallel.strategy deepspeed; use stop")
         if strategy == "fsdp" and train.precision == "fp16":
             raise ValueError("parallel.strategy fsdp trains in bf16 or fp32; set train.precision bf16 (or fp32)")
+        self._check_tensor_parallel()
+
+    def _check_tensor_parallel(self) -> None:
+        tp, strategy = self.parallel.tp, self.parallel.strategy
+        if tp == 1:
+            return
+        if strategy == "deepspeed":
+            raise ValueError(
+                f"parallel.strategy deepspeed does not combine with parallel.tp {tp} (its engine does not take "
+                "tensor-parallel parameters); use parallel.strategy fsdp for FSDP × TP, or parallel.tp 1"
+            )
+        problem = divisibility_problem(self.model.args, tp)
+        if problem:
+            raise ValueError(problem)
+        if self.data.seq_len % tp:
+            raise ValueError(
+                f"data.seq_len ({self.data.seq_len}) must be a multiple of parallel.tp ({tp}): sequence parallelism "
+                "gives each tensor-parallel rank seq_len / tp tokens of every sequence"
+            )
+        if self.train.precision == "fp16":
+            raise ValueError(f"parallel.tp {tp} trains in bf16 or fp32; set train.precision bf16 (or fp32)")
+        if self.eval.sample_every:
+            raise ValueError(
+                f"eval.sample_every does not combine with parallel.tp {tp} (generation runs on a whole model); set "
+                "eval.sample_every 0 and generate from a checkpoint with dlx generate"
+            )
+        if self.train.z_loss:
+            raise ValueError(
+                f"train.z_loss does not combine with parallel.tp {tp} yet (the z-loss is computed on whole logits, "
+                "which tensor parallelism never gathers); set train.z_loss 0"
+            )
 
     def _check_observers(self) -> None:
         if self.eval.sample_every and self.data.path == SYNTHETIC:
@@ -318,7 +354,7 @@ class RunConfig(BaseModel):
 
     def resolved(self) -> dict[str, Any]:
         """Every section with defaults filled in and the model fully resolved, as written into the run folder."""
-        out = self.model_dump(mode="json")
+        out = self.model_dump(mode="json", by_alias=True)
         out["model"] = self.model.resolved()
         if self.data.mix is not None:  # data.path is not used: leave it out, so the file loads back as a recipe
             del out["data"]["path"]
@@ -344,7 +380,7 @@ def _allowed_keys(section: str) -> str:
     if section == "model":
         return f"model takes preset ({', '.join(PRESETS)}), init_from and the ModelArgs fields"
     fields = RunConfig.model_fields[section].annotation.model_fields  # type: ignore[union-attr]
-    return f"{section} keys are {', '.join(fields)}"
+    return f"{section} keys are {', '.join(info.alias or key for key, info in fields.items())}"
 
 
 def build_config(raw: dict[str, Any], resuming: bool = False) -> RunConfig:
@@ -365,7 +401,7 @@ def describe_keys() -> list[str]:
         model_cls = RunConfig.model_fields[section].annotation
         for key, info in model_cls.model_fields.items():  # type: ignore[union-attr]
             default = info.get_default(call_default_factory=True)
-            lines.append(f"  {key}: {json.dumps(default)}  # {info.description or ''}")
+            lines.append(f"  {info.alias or key}: {json.dumps(default)}  # {info.description or ''}")
         if section == "model":
             lines.append("  <any ModelArgs field>: overrides the preset  # see `dlx params --json` for the fields")
     return lines

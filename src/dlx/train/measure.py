@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -26,12 +27,12 @@ from dlx.metrics.gpu_monitor import open_gpu_counters
 from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.presets import resolve_model_args
-from dlx.parallel.distributed import DistEnv
+from dlx.parallel.distributed import env_from_torchrun
 from dlx.precision import Precision, build_precision
 from dlx.train.config import RunConfig, build_config
 from dlx.train.data import build_train_loader
 from dlx.train.header import plan_steps
-from dlx.train.run import build_model, build_run_strategy
+from dlx.train.run import build_run_strategy, meta_model
 from dlx.train.trainer import accumulate_gradients
 
 
@@ -48,7 +49,9 @@ def point_config(setup: BenchSetup, point: BenchPoint) -> RunConfig:
         "compile": setup.compile,
     }
     data = {"path": setup.data, "seq_len": point.seq_len, "micro_batch_size": point.micro_batch}
-    return build_config({"model": model, "data": data, "train": train, "log": {"progress": False}})
+    parallel = {"strategy": setup.strategy, "tp": setup.tp}
+    log = {"progress": False}
+    return build_config({"model": model, "data": data, "train": train, "log": log, "parallel": parallel})
 
 
 def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
@@ -56,12 +59,12 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
     config = point_config(setup, point)
     if setup.compile:  # a fresh start: Dynamo would otherwise turn dynamic after the previous point's shape
         torch._dynamo.reset()
-    device, env = setup.device, DistEnv()
+    device, env = setup.device, replace(env_from_torchrun(), tp=setup.tp)  # the group: `dlx bench` set it up
     precision = build_precision(point.precision, device)
-    loader = build_train_loader(config, device)
+    loader = build_train_loader(config, device, env.dp_rank, env.dp_size)
     try:
-        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.world_size)
-        strategy = build_run_strategy(build_model(config, device), config, device, env, precision, plan)
+        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
+        strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan)
 
         def step(timer: PhaseTimer) -> float:
             loss = accumulate_gradients(strategy.train_model, loader, plan.grad_accum, precision, timer, strategy)
@@ -77,9 +80,14 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
         dev.synchronize(device)  # the warm-up's last update belongs to the warm-up
         dev.reset_peak_memory(device)
         timings, gpu_columns, loss = timed_steps(step, setup.steps, device)
-        meter = ThroughputMeter(config.model.args, point.seq_len, device, precision.name)
+        meter = ThroughputMeter(config.model.args, point.seq_len, device, precision.name, env.world_size)
         record = meter.record(
-            step=setup.steps, loss=loss, lr=None, grad_norm=None, tokens=point.tokens_per_step, timings=timings
+            step=setup.steps,
+            loss=loss,
+            lr=None,
+            grad_norm=None,
+            tokens=point.tokens_per_step * env.dp_size,  # every replica's: tokens/s counts all ranks, TFLOPS per rank
+            timings=timings,
         )
         cast_s = weight_cast_seconds(strategy.model, precision, device) * plan.grad_accum
     finally:

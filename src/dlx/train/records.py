@@ -11,12 +11,13 @@ Per-source figures (data.mix only):
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from dlx.parallel import distributed
 from dlx.train import folder
 from dlx.train.data import build_eval_loader, build_source_eval_loaders
-from dlx.train.eval import evaluate, perplexity
+from dlx.train.eval import evaluate, perplexity, training_loss
 
 if TYPE_CHECKING:
     from dlx.train.run import Run
@@ -49,13 +50,14 @@ def evaluate_run(run: Run) -> dict[str, Any]:
     (`source_loss`, and `loss` their weighted mean); under torchrun the mean over ranks."""
     config, env = run.config, run.env
     if config.data.mix is None:
-        loaders = {"": build_eval_loader(config, run.device, env.rank, env.world_size)}
+        loaders = {"": build_eval_loader(config, run.device, env.dp_rank, env.dp_size)}
     else:
-        loaders = build_source_eval_loaders(config, run.device, env.rank, env.world_size)
-    results = {}
+        loaders = build_source_eval_loaders(config, run.device, env.dp_rank, env.dp_size)
+    results, loss_fn = {}, functools.partial(training_loss, run.strategy)
     try:
         for name, loader in loaders.items():
-            results[name] = evaluate(run.model, loader, config.eval.batches, run.precision, run.objective.model_inputs)
+            inputs = run.objective.model_inputs
+            results[name] = evaluate(run.model, loader, config.eval.batches, run.precision, inputs, loss_fn)
     finally:
         for loader in loaders.values():
             loader.close()

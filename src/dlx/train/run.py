@@ -20,11 +20,12 @@ from dlx.metrics.logger import EVAL_FILE, METRICS_FILE, MetricsLogger, read_json
 from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.profiler import StepProfiler
 from dlx.metrics.timing import PhaseTimer
-from dlx.model.io import empty_model
 from dlx.model.llama import Transformer
 from dlx.parallel.build import StepShape, build_strategy, check_strategy_installed
 from dlx.parallel.distributed import DistEnv, any_rank, main_decides
+from dlx.parallel.materialize import ShardFiller, materialize
 from dlx.parallel.strategy import Strategy
+from dlx.parallel.tensor import check_layout
 from dlx.precision import Precision, build_precision
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
@@ -74,6 +75,8 @@ class Run:
     objective: Objective = field(default_factory=Objective)
     """The z-loss (train.z_loss) and document ids for the model (data.document_mask), in the step and in eval."""
     last_checkpoint: Path | None = None
+    last_save: ckpt.PendingSave | None = None
+    """The latest save this run started; with checkpoint.async it may still be writing."""
     header: list[str] = field(default_factory=list)
     """The start-up header, repeated in report.md."""
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -90,6 +93,8 @@ class Run:
     def close(self) -> None:
         """Stop the loader's workers, the GPU sampler and a profile cut short; flush the logs; safe to call twice."""
         try:
+            if self.last_save is not None:
+                self.last_save.abandon()
             self.console.stop()
             self.loader.close()
             self.gpu.close()
@@ -104,15 +109,19 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_model(config: RunConfig, device: torch.device, init: InitSource | None = None) -> Transformer:
-    """Random weights from train.seed, initialised on the device directly (an 8B model never exists on the host); or
-    model.init_from's weights, copied into uninitialised storage on the device (no random init, no second copy)."""
+def meta_model(config: RunConfig) -> Transformer:
+    """On the meta device: shapes only. `build_run_strategy` shards it, then gives each rank its own shards (drawn
+    from train.seed, or read from model.init_from): no rank ever holds the whole model unless it trains it whole."""
     seed_everything(config.train.seed)
-    if init is None:
-        with torch.device(device):
-            return Transformer(config.model.args)
-    model = empty_model(config.model.args, device)
-    load_initial_weights(model, init)
+    with torch.device("meta"):
+        return Transformer(config.model.args)
+
+
+def build_model(config: RunConfig, device: torch.device, init: InitSource | None = None) -> Transformer:
+    """The whole model in this process: the weights every layout starts from (drawn from train.seed), or
+    model.init_from's, copied into uninitialised storage on the device (no random init, no second copy)."""
+    model = meta_model(config)
+    materialize(model, device, config.train.seed, initial_weights(init, device, config))
     return model
 
 
@@ -136,30 +145,44 @@ def resolve_initial_weights(
     return source
 
 
-def build_initialised_model(
-    config: RunConfig, device: torch.device, init: InitSource | None, env: DistEnv
-) -> Transformer:
-    """`build_model` on every rank; a rank that cannot read the weights stops all ranks with its one line."""
-    error: UserError | None = None
-    try:
-        model = build_model(config, device, init)
-    except UserError as e:
-        error = e
-    if any_rank(error is not None, device):
-        raise error or UserError(f"another rank could not read model.init_from {config.model.init_from}")
-    return model
+def initial_weights(init: InitSource | None, device: torch.device, config: RunConfig) -> ShardFiller | None:
+    """model.init_from's weights as what fills each rank's shards when the model is materialised (each rank reads only
+    the rows it holds); a rank that cannot read them stops all ranks with its one line. None: random weights."""
+    if init is None:
+        return None
+
+    def fill(model: Transformer) -> None:
+        error: UserError | None = None
+        try:
+            load_initial_weights(model, init)
+        except UserError as e:
+            error = e
+        if any_rank(error is not None, device):
+            raise error or UserError(f"another rank could not read model.init_from {config.model.init_from}")
+
+    return fill
 
 
 def build_run_strategy(
-    model: Transformer, config: RunConfig, device: torch.device, env: DistEnv, precision: Precision, plan: StepPlan
+    model: Transformer,
+    config: RunConfig,
+    device: torch.device,
+    env: DistEnv,
+    precision: Precision,
+    plan: StepPlan,
+    fill: ShardFiller | None = None,
 ) -> Strategy:
-    """The recipe's strategy around the model, with the recipe's optimizer on the wrapped parameters."""
+    """The recipe's strategy around the model, with the recipe's optimizer on the wrapped parameters; the meta-device
+    model's shards filled by `fill` (model.init_from), else drawn from train.seed."""
     shape = StepShape(plan.micro_batch_size, plan.grad_accum, config.train.grad_clip)
 
     def make_optimizer(wrapped: nn.Module) -> torch.optim.Optimizer:
         return build_optimizer(wrapped, config.train, device)
 
-    return build_strategy(model, config.parallel, config.train.compile, device, env, precision, make_optimizer, shape)
+    seed = config.train.seed
+    return build_strategy(
+        model, config.parallel, config.train.compile, device, env, precision, make_optimizer, shape, seed, fill
+    )
 
 
 def resolve_run_dir(config: RunConfig, name: str, run_dir: Path | None, resume: bool) -> Path:
@@ -194,18 +217,19 @@ def build_run(
     """Validate, build, restore (on --resume), and only then create the run folder. Rank 0 takes the decisions that
     touch the file system (which folder, which checkpoint) and every rank gets them, or the same one-line error."""
     data_info = inspect_dataset(config)
+    check_layout(config.parallel, env.world_size)
     run_dir = main_decides(lambda: resolve_run_dir(config, name, run_dir, resume))
     precision = build_precision(config.train.precision, device, engine_managed=config.parallel.strategy == "deepspeed")
-    loader = build_train_loader(config, device, env.rank, env.world_size)
+    loader = build_train_loader(config, device, env.dp_rank, env.dp_size)  # the TP ranks of a replica: one batch
     try:
-        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.world_size)
+        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
         console = RunConsole(plan.total_steps, 0, config.log.progress, is_main=env.is_main)
         loaded = find_checkpoint(run_dir, console, env) if resume else None
         init = resolve_initial_weights(config, data_info, loaded is not None, console)
         tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
         sampler = check_observers(config, plan.total_steps, tokenizer)
-        model = build_initialised_model(config, device, init, env)
-        strategy = build_run_strategy(model, config, device, env, precision, plan)
+        fill = initial_weights(init, device, config)
+        strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan, fill)
         scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
         state, last = restore(run_dir, resume, loaded, strategy, scheduler, loader, console)
         main_decides(lambda: create_run_dir(config, run_dir, data_info, init))
@@ -222,7 +246,7 @@ def build_run(
         run_dir=run_dir,
         device=device,
         precision=precision,
-        model=model,
+        model=strategy.model,
         train_model=strategy.train_model,
         strategy=strategy,
         optimizer=strategy.optimizer,

@@ -12,15 +12,15 @@ import torch
 from dlx import device as dev
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
-from dlx.model.io import WEIGHTS_FILE, load_model
-from dlx.train.checkpoint import find_resumable
+from dlx.model.io import WEIGHTS_FILE
+from dlx.train.checkpoint import DCP_METADATA, find_resumable, load_checkpoint_model
 from dlx.train.config import EvalSection
 from dlx.train.init_from import find_tokenizer_file
 
 
 def resolve_checkpoint(path: Path) -> Path:
     """A checkpoint (or any dlx model folder) itself, or the newest complete checkpoint of a run folder."""
-    if (path / WEIGHTS_FILE).is_file():
+    if (path / WEIGHTS_FILE).is_file() or (path / DCP_METADATA).is_file():
         return path
     if not path.is_dir():
         raise UserError(f"{path} does not exist; give a run folder or a checkpoint folder")
@@ -56,7 +56,7 @@ def sample_text(
     checkpoint = resolve_checkpoint(path)
     tokenizer = find_tokenizer(checkpoint)
     torch_device = dev.resolve_device(device)
-    model = load_model(checkpoint, torch_device)
+    model = load_checkpoint_model(checkpoint, torch_device)
     return continue_text(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed)
 
 

@@ -32,7 +32,7 @@ from dlx.precision import Precision
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
 from dlx.train.config import RunConfig
-from dlx.train.eval import next_token_loss
+from dlx.train.eval import training_loss
 from dlx.train.header import header_lines
 from dlx.train.objective import PLAIN, Objective
 from dlx.train.observe import log_samples, observed_columns, observer_header, report_files
@@ -73,7 +73,7 @@ def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, 
     check_optional_features(config)
     device = dev.resolve_device(config.train.device, distributed.env_from_torchrun().local_rank)
     needs_group = config.parallel.strategy in ("fsdp", "deepspeed")
-    env = distributed.init_distributed(device, needs_group, config.parallel.timeout_s)
+    env = distributed.init_distributed(device, needs_group, config.parallel.timeout_s, config.parallel.tp)
     every_rank_ends = False
     try:
         with GracefulStop() as stop:
@@ -164,6 +164,8 @@ def between_steps(run: Run, step: int) -> bool:
     due_eval = cfg.eval.every and step % cfg.eval.every == 0
     due_sample = run.sampler is not None and run.sampler.due(step)
     due_save = cfg.checkpoint.every and step % cfg.checkpoint.every == 0
+    if run.last_save is not None and run.env.is_main:
+        run.last_save.poll()  # a background save becomes a checkpoint as soon as it is complete
     if not (due_eval or due_sample or due_save):
         return False
     with run.timer.paused():
@@ -172,7 +174,7 @@ def between_steps(run: Run, step: int) -> bool:
         if due_sample:
             log_samples(run, step)
         if due_save:
-            save(run)
+            save(run, final=step == run.plan.total_steps)
     return distributed.any_rank(run.stop.requested, run.device)
 
 
@@ -197,7 +199,7 @@ def accumulate_gradients(
         with strategy.gradient_sync(last):
             with timer.phase("forward"), precision.autocast():
                 extra = objective.model_inputs(inputs)  # document ids, when data.document_mask is on
-                parts = next_token_loss(model, inputs, targets, objective.z_loss_weight, **extra)
+                parts = training_loss(strategy, model, inputs, targets, objective.z_loss_weight, **extra)
                 objective.record_z_loss(parts, accum)  # logged apart, when train.z_loss > 0
             with timer.phase("backward"):
                 strategy.backward(parts.loss / accum, last)  # cross-entropy + train.z_loss × z-loss
@@ -250,20 +252,42 @@ def run_eval(run: Run, step: int) -> None:
     run.console.print(eval_line(step, result))
 
 
-def save(run: Run) -> None:
-    state = run.state
-    state.loader = run.loader.state_dict()
-    run.last_checkpoint = ckpt.save_checkpoint(
-        run.run_dir, run.strategy, run.scheduler, run.precision.scaler, state, run.config.checkpoint.keep_last
+def save(run: Run, final: bool = False) -> None:
+    """Wait for the previous save, then start this one (`final`: the run's last, which gathers model.safetensors under
+    checkpoint.full_weights last); a background save is waited for by the next save or the end of the run."""
+    wait_for_save(run)
+    cfg = run.config.checkpoint
+    run.state.loader = run.loader.state_dict()
+    full_weights = cfg.full_weights == "every" or (cfg.full_weights == "last" and final)
+    run.last_save = ckpt.save_checkpoint(
+        run.run_dir,
+        run.strategy,
+        run.scheduler,
+        run.precision.scaler,
+        run.state,
+        cfg.keep_last,
+        full_weights,
+        background=cfg.async_save and not final,
     )
+    if run.last_save.future is None:
+        wait_for_save(run)
+
+
+def wait_for_save(run: Run) -> None:
+    if run.last_save is not None and not run.last_save.settled:
+        run.last_checkpoint = run.last_save.wait()
 
 
 def finish(run: Run) -> None:
     """Last evaluation and checkpoint (or the one an orderly stop needs), then the verdict and the report."""
     step = run.state.step
-    saved = run.last_checkpoint is not None and run.last_checkpoint.name == ckpt.checkpoint_dir(run.run_dir, step).name
-    if step > 0 and not saved:
-        save(run)
+    wait_for_save(run)
+    this_step = ckpt.checkpoint_dir(run.run_dir, step).name
+    at_step = run.last_checkpoint is not None and run.last_checkpoint.name == this_step
+    last = run.last_save
+    lacks_weights = last is not None and not last.state.full_weights and run.config.checkpoint.full_weights == "last"
+    if step > 0 and not (at_step and not lacks_weights):
+        save(run, final=True)
     if run.stopped_early:
         if run.env.is_main:
             folder.append_event(run.run_dir, event="stopped", step=step, signal=run.stop.signal_name)
