@@ -15,6 +15,7 @@ import torch
 
 from dlx.data.shards import Manifest, ShardInfo, read_manifest, sha256_file, write_manifest
 from dlx.errors import UserError
+from dlx.model.loss import whole_logits_loss
 from dlx.train.objective import Objective
 from dlx.train.recipe import load_recipe
 from dlx.train.trainer import pretrain
@@ -123,12 +124,13 @@ def test_z_loss_is_added_to_the_minimised_loss_and_logged_apart(tmp_path):
     report = (tmp_path / "z" / "report.md").read_text()
     assert f"- Final z-loss: {with_z.records[-1]['z_loss']:.4g} at step 3" in report
     assert "Final z-loss" not in (tmp_path / "plain" / "report.md").read_text()
-    logits = torch.randn(2, 3, 7)
+    logits, targets = torch.randn(2, 3, 7), torch.randint(0, 7, (2, 3))
     objective = Objective(z_loss_weight=0.5)
-    minimised = objective.add_z_loss(torch.tensor(1.0), logits, accum=2)
+    parts = whole_logits_loss(logits, targets, z_loss=0.5)
     z = logits.logsumexp(-1).square().mean()
-    torch.testing.assert_close(minimised, 1.0 + 0.5 * z / 2)
-    objective.add_z_loss(torch.tensor(1.0), 2 * logits, accum=2)
+    torch.testing.assert_close(parts.loss, parts.cross_entropy + 0.5 * z)  # what backward gets
+    objective.record_z_loss(parts, accum=2)
+    objective.record_z_loss(whole_logits_loss(2 * logits, targets, z_loss=0.5), accum=2)
     step_z = 0.5 * (z + (2 * logits).logsumexp(-1).square().mean()) / 2
     torch.testing.assert_close(objective.step_z_loss(), step_z)  # the two micro-steps of the step
 

@@ -95,10 +95,12 @@ def nan_at_step(monkeypatch, bad_step: int) -> None:
     """Make the loss NaN in the micro-steps of optimizer step `bad_step`."""
     real, calls = trainer.training_loss, {"n": 0}
 
-    def loss(strategy, logits, targets):
+    def loss(strategy, model, inputs, targets, *args, **kwargs):
         calls["n"] += 1
-        value = real(strategy, logits, targets)
-        return value * float("nan") if calls["n"] == bad_step else value
+        parts = real(strategy, model, inputs, targets, *args, **kwargs)
+        if calls["n"] != bad_step:
+            return parts
+        return parts._replace(loss=parts.loss * float("nan"), cross_entropy=parts.cross_entropy * float("nan"))
 
     monkeypatch.setattr(trainer, "training_loss", loss)
 

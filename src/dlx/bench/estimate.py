@@ -8,20 +8,26 @@ dp = world_size / tp data-parallel ranks: DDP replicates everything (and with tp
 buckets; with tp > 1 it is FSDP2's hybrid mode, which has none); DeepSpeed ZeRO stage 1 shards the optimizer state,
 stage 2 also the gradients, stage 3 also the weights; FSDP shards all three (like stage 3).
 
-Activations saved for backward, per token and per layer (p = bytes of the autocast dtype, d = dim, f = FFN hidden,
-k = n_kv_heads · head_dim), counted from what dlx's modules keep:
-    RMSNorm inputs (fp32 residual stream)      2 · 4d
-    normed inputs of the q/k/v and FFN matmuls  2 · p·d
-    q, k, v handed to attention                 p·(d + 2k)
-    fp32 copies of q and k inside RoPE          4·(d + k)
-    attention output (input of wo)              p·d
-    SwiGLU: w1 and w3 outputs, silu, product    4 · p·f
-Attention kernels that store the T×T score matrix (the CPU math path) add p·H·T per token per layer; flash and
-memory-efficient kernels store only a log-sum-exp. The logits add (p + 4 + 4)·vocab per token: the autocast logits, the
-fp32 copy cross-entropy makes, and its gradient. Full activation checkpointing keeps only each layer's fp32 input and
-recomputes one layer at a time; `selective` checkpoints every other layer.
-With tensor (and sequence) parallelism every term is divided by tp except the normed matmul inputs, which each rank
-gathers whole (B, T, dim) before its column-parallel matmuls; the logits are vocabulary shards (÷ tp).
+Activations saved for backward, per token and per layer (p = bytes of the compute dtype, d = dim, f = FFN hidden,
+k = n_kv_heads · head_dim, H = n_heads), counted from what dlx's modules keep (tests/test_plan.py checks the count
+against the tensors a block saves, on CPU):
+    RMSNorm inputs (fp32 residual stream) and 1/rms         2 · (4d + 4)
+    + the fp32 normalised product, where rms_norm is PyTorch's composite kernel (CPU)   2 · 4d
+    normed inputs of the q/k/v and FFN matmuls (one cast)   2 · p·d
+    q, k, v handed to attention                             p·(d + 2k); p·3d where k and v are repeated (`kv_repeated`)
+    attention output (input of wo) and its log-sum-exp      p·d + 4H
+    SwiGLU: w1 and w3 outputs, silu, product                4 · p·f
+RoPE keeps nothing (its tables are constants). Attention kernels that store the T×T score matrix (PyTorch's math
+path: an explicit mask, or `attention_matrix`) add p·H·T; flash kernels (CUDA, and CPU since PyTorch 2.2) store only
+the log-sum-exp. The loss (dlx.model.loss) keeps no logits: one chunk of at most 2²⁸ logits at a time, 8 bytes each
+(the logits, p; their fp32 log-softmax, turned into the gradient in place, 4; that gradient cast back to p bytes, which
+fp32 skips), plus the gradient of the final hidden states (p·d per token), the final norm's input (4d), and the output
+weight's fp32 gradient accumulator (4 · vocab · d). Full activation checkpointing keeps only each layer's fp32 input
+and recomputes one layer at a time; `selective` checkpoints every other layer.
+With tensor (and sequence) parallelism every activation term is divided by tp except the normed matmul inputs, which
+each rank gathers whole (B, T, dim) before its column-parallel matmuls; the loss then takes the whole logits as
+vocabulary shards instead of chunks: (p + 4 + 4)·vocab / tp per token (the autocast logits, the fp32 copy
+cross-entropy makes, its gradient).
 This is an estimate (allocator fragmentation, temporary buffers and CUDA context are not counted); `dlx bench` prints it
 beside the measurement.
 """
@@ -33,6 +39,7 @@ from dataclasses import dataclass, replace
 from dlx.errors import UserError
 from dlx.metrics.flops import FlopsPerToken, training_flops_per_token
 from dlx.model.args import ModelArgs
+from dlx.model.loss import CHUNK_LOGITS
 from dlx.model.stats import model_stats
 
 STRATEGIES = ("none", "ddp", "fsdp", "deepspeed")
@@ -57,7 +64,10 @@ class TrainingShape:
     """DeepSpeed ZeRO stage (strategy deepspeed): 1 shards the optimizer state, 2 also gradients, 3 also weights."""
     activation_checkpointing: str = "none"
     attention_matrix: bool = False
-    """True when the attention kernel stores the T×T scores (PyTorch's math path, used on CPU)."""
+    """True when the attention kernel stores the T×T scores (PyTorch's math path: an explicit attention mask)."""
+    device_type: str = "cuda"
+    """Whose kernels: `cuda` (fused rms_norm; k and v repeated in fp32, where SDPA's GQA kernel does not run) or `cpu`
+    (composite rms_norm; GQA in the flash kernel)."""
 
     @property
     def dp(self) -> int:
@@ -77,6 +87,12 @@ class TrainingShape:
         if self.zero_stage not in ZERO_STAGES:
             raise UserError(f"zero-stage must be 1, 2 or 3, got {self.zero_stage}")
         _check_choice("activation-checkpointing", self.activation_checkpointing, CHECKPOINTING)
+        _check_choice("device", self.device_type, ("cuda", "cpu"))
+
+    @property
+    def kv_repeated(self) -> bool:
+        """k and v copied to n_heads before attention: CUDA SDPA's GQA runs only in the half-precision flash kernel."""
+        return self.device_type == "cuda" and self.precision == "fp32"
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -136,11 +152,25 @@ def sharding_stage(shape: TrainingShape) -> int:
 
 def activation_bytes_per_token_per_layer(args: ModelArgs, shape: TrainingShape) -> float:
     p, tp = AUTOCAST_BYTES[shape.precision], shape.tp
-    d, f, k = args.dim, args.ffn_hidden_dim, args.kv_heads * args.head_dim
-    sharded = 2 * 4 * d + p * (d + 2 * k) + 4 * (d + k) + p * d + 4 * p * f
+    d, f, k, heads = args.dim, args.ffn_hidden_dim, args.kv_heads * args.head_dim, args.n_heads
+    norms = 2 * (4 * d + 4) + (2 * 4 * d if shape.device_type == "cpu" else 0)
+    qkv = p * 3 * d if shape.kv_repeated else p * (d + 2 * k)
+    sharded = norms + qkv + p * d + 4 * heads + 4 * p * f
     if shape.attention_matrix:
-        sharded += p * args.n_heads * shape.seq_len
+        sharded += p * heads * shape.seq_len
     return sharded / tp + 2 * p * d  # the normed matmul inputs are gathered whole on every TP rank
+
+
+def loss_bytes(args: ModelArgs, shape: TrainingShape) -> float:
+    """The loss's memory: without tensor parallelism one chunk's logits, the hidden-state gradient, the final norm's
+    input and the output weight's gradient accumulator; with it the whole logits' shards (see the module docstring)."""
+    p = AUTOCAST_BYTES[shape.precision]
+    tokens = shape.micro_batch * shape.seq_len
+    if shape.tp > 1:  # vocab-parallel cross-entropy on the whole logits' shards
+        return tokens * args.vocab_size * (p + 4 + 4) / shape.tp
+    chunk_tokens = min(tokens, max(1, CHUNK_LOGITS // args.vocab_size))
+    per_logit = p + 4 + (p if p < 4 else 0)
+    return chunk_tokens * args.vocab_size * per_logit + tokens * args.dim * (p + 4) + 4 * args.vocab_size * args.dim
 
 
 def _activation_bytes(args: ModelArgs, shape: TrainingShape) -> float:
@@ -158,15 +188,13 @@ def _activation_bytes(args: ModelArgs, shape: TrainingShape) -> float:
 def plan_memory(args: ModelArgs, shape: TrainingShape) -> MemoryPlan:
     n_params = model_stats(args).total
     weights, grads, optimizer = _state_bytes(params_per_rank(args, shape.tp), shape)
-    p = AUTOCAST_BYTES[shape.precision]
-    logits = shape.micro_batch * shape.seq_len * args.vocab_size * (p + 4 + 4) / shape.tp
     return MemoryPlan(
         params=n_params,
         weights_gb=weights / GB,
         grads_gb=grads / GB,
         optimizer_gb=optimizer / GB,
         activations_gb=_activation_bytes(args, shape) / GB,
-        logits_gb=logits / GB,
+        logits_gb=loss_bytes(args, shape) / GB,
         flops_per_token=training_flops_per_token(args, shape.seq_len),
         tokens_per_step=shape.micro_batch * shape.seq_len * shape.grad_accum * shape.dp,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import io
+import os
 import shlex
 import sys
 import tempfile
@@ -18,7 +19,9 @@ import typer
 BENCH_HELP = """Sweep seq len × micro-batch × grad accum × precision and measure each point as `dlx pretrain` trains:
 warm-up steps, then timed steps; it/s, tokens/s, forward / backward / optimizer time, peak memory, TFLOPS and MFU
 (both conventions), beside the estimate. Writes bench.csv, bench.md and bench.png into --out; a re-run skips the
-points already in bench.csv. Points that cannot fit are marked OOM.
+points already in bench.csv. Points that cannot fit are marked OOM. With --compile each point is compiled afresh
+(Dynamo reset before it). On CUDA the allocator runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True unless
+that variable (or PYTORCH_ALLOC_CONF) is set.
 """
 
 
@@ -46,7 +49,7 @@ def bench(
     tp: Annotated[int, typer.Option(help="Under torchrun: tensor-parallel ranks per replica (parallel.tp).")] = 1,
 ) -> None:
     from dlx.bench.points import BenchSetup, expand_points, parse_positive_ints, parse_precisions
-    from dlx.device import resolve_device
+    from dlx.device import prefer_expandable_segments, resolve_device
     from dlx.errors import UserError
     from dlx.parallel.distributed import env_from_torchrun
     from dlx.precision import resolve_precision
@@ -55,6 +58,7 @@ def bench(
         raise UserError(f"--steps must be at least 1 and --warmup at least 0, got {steps} and {warmup}")
     if strategy not in ("none", "ddp", "fsdp") or tp < 1:
         raise UserError(f"--strategy must be none, ddp or fsdp and --tp at least 1, got {strategy!r} and {tp}")
+    prefer_expandable_segments()  # before the first CUDA allocation
     world_size = env_from_torchrun().world_size
     torch_device = resolve_device(device, env_from_torchrun().local_rank)
     seq_lens = parse_positive_ints("--seq-len", seq_len)
@@ -132,7 +136,10 @@ def sweep(setup: Any, points: list, budget: Any, out_dir: Path) -> None:
     from dlx.train.measure import measure_point
 
     rows = run_sweep(setup, points, out_dir, budget, say=print, measure=measure_point)
-    atomic_write_text(out_dir / TABLE_NAME, markdown_table(rows, environment_lines(setup.device)) + "\n")
+    header = environment_lines(setup.device)
+    if setup.compile:
+        header.append("- torch.compile: each point compiled afresh (torch._dynamo.reset() before it), static shapes")
+    atomic_write_text(out_dir / TABLE_NAME, markdown_table(rows, header) + "\n")
     plot = plot_sweep(out_dir / PLOT_NAME, rows)
     written = [out_dir / CSV_NAME, out_dir / TABLE_NAME, *([plot] if plot else [])]
     print("wrote " + ", ".join(str(path) for path in written))
@@ -173,8 +180,9 @@ def environment_lines(device: Any) -> list[str]:
     import torch
 
     import dlx
-    from dlx.device import device_name, peak_memory_method
+    from dlx.device import ALLOC_CONF_VARIABLES, device_name, peak_memory_method
 
+    allocator = [f"{name}={os.environ[name]}" for name in ALLOC_CONF_VARIABLES if os.environ.get(name)]
     return [
         f"# dlx bench, {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
         "",
@@ -182,6 +190,7 @@ def environment_lines(device: Any) -> list[str]:
         f"- dlx {dlx.__version__}, python {platform.python_version()}, torch {torch.__version__}",
         f"- device: {device_name(device)}",
         f"- peak memory: {peak_memory_method(device)}",
+        *([f"- CUDA allocator: {', '.join(allocator) or 'default settings'}"] if device.type == "cuda" else []),
     ]
 
 

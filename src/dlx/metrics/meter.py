@@ -9,6 +9,7 @@ The trainer only feeds it numbers (torchtitan's split). For one optimizer step, 
                      above 1 reported as it is, with a warning, never clipped)
     data_wait_pct  = 100 · data_wait_s / step_s
     other_s        = step_s − Σ phases (≥ 0): time spent in no phase (zero_grad, scheduler, logging, Python)
+    peak_mem_gb    = the device's peak since the previous record (`record` resets the counter after reading it)
 
 N, L, H, Q, T and both conventions are defined in `dlx.metrics.flops`; the peak comes from `dlx.metrics.peak`.
 """
@@ -100,6 +101,7 @@ class ThroughputMeter:
             "mfu_dense": mfu(tflops_dense, self.peak),
             "peak_mem_gb": device_mod.peak_memory_gb(self.device),
         }
+        device_mod.reset_peak_memory(self.device)  # the next record holds its own window's peak
         warning = mfu_warning(rec["mfu"])
         if warning is not None:
             rec["warning"] = warning
@@ -122,7 +124,7 @@ class ThroughputMeter:
             lines.append(f"MFU omitted: {self.peak.source}")
         else:
             lines.append(f"MFU = TFLOPS ÷ peak {self.peak.tflops:.4g} TFLOPS ({self.precision}; {self.peak.source})")
-        lines.append(f"Peak memory: {device_mod.peak_memory_method(self.device)}")
+        lines.append(f"Peak memory: {device_mod.peak_memory_method(self.device)}; reset after every record")
         return lines
 
     def format_line(self, record: dict[str, Any]) -> str:

@@ -36,6 +36,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from dlx import device as dev
 from dlx.atomic import make_temp_dir, publish_dir
 from dlx.errors import UserError
 from dlx.faults import pause_point
@@ -124,13 +125,15 @@ def _numpy_rng_state() -> dict[str, Any]:
     }
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], say=print) -> None:
+    """Every generator back to the saved state; CUDA's as far as the visible GPUs allow (`say` tells what did not)."""
     torch.set_rng_state(state["torch"])
     random.setstate(_as_tuples(state["python"]))
     n = state["numpy"]
     np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    note = dev.restore_cuda_rng_states(state.get("cuda", []))
+    if note:
+        say(f"resume: {note}")
 
 
 def _as_tuples(value: Any) -> Any:
@@ -387,6 +390,7 @@ def apply_checkpoint(
     strategy: Strategy,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler | None,
+    say=print,
 ) -> TrainerState:
     """Put a checkpoint read by `read_checkpoint` into the live objects and restore the random generators."""
     check_format(loaded.state.format, loaded.state.world_size, strategy, strategy.env.world_size, loaded.path)
@@ -403,7 +407,7 @@ def apply_checkpoint(
     scheduler.load_state_dict(loaded.train_state["scheduler"])
     if scaler is not None and loaded.train_state.get("scaler"):
         scaler.load_state_dict(loaded.train_state["scaler"])
-    set_rng_state(loaded.train_state["rng"])
+    set_rng_state(loaded.train_state["rng"], say)
     return loaded.state
 
 

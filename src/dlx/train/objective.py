@@ -1,10 +1,10 @@
 """What the step minimises, and what the model gets besides the tokens.
 
-- Loss: the next-token cross-entropy (`next_token_loss`), plus `train.z_loss` × the z-loss (`z_loss`: the mean squared
-  log-partition of the logits, as in PaLM and OLMo) when that weight is above 0. It keeps the softmax normaliser near
-  1, against the logit drift that makes bf16 training diverge. The logged `loss` stays the cross-entropy alone
-  (comparable across runs and with the validation loss); `z_loss` is logged beside it: the weighted term as added to
-  the minimised loss, for the record's step.
+- Loss: the next-token cross-entropy (`next_token_loss`), plus `train.z_loss` × the z-loss (the mean squared
+  log-partition of the logits, as in PaLM and OLMo; computed with the chunked loss, dlx.model.loss) when that weight is
+  above 0. It keeps the softmax normaliser near 1, against the logit drift that makes bf16 training diverge. The logged
+  `loss` stays the cross-entropy alone (comparable across runs and with the validation loss); `z_loss` is logged
+  beside it: the weighted term as added to the minimised loss, for the record's step.
 - Document masking (`data.document_mask`): per-token document ids from the eos_id boundaries of each window, for
   `Transformer(..., document_ids=...)`, in training and in evaluation alike.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from dlx.data.loader.documents import document_ids
-from dlx.train.eval import z_loss
+from dlx.model.loss import LossParts
 
 
 class Objective:
@@ -31,16 +31,15 @@ class Objective:
             return {}
         return {"document_ids": document_ids(inputs, self.document_eos)}
 
-    def add_z_loss(self, loss: torch.Tensor, logits: torch.Tensor, accum: int) -> torch.Tensor:
-        """What backward gets for one of `accum` micro-steps: `loss` (already divided by accum), plus the weighted
-        z-loss of `logits` (B, T, vocab) divided the same way; `loss` itself when the weight is 0."""
+    def record_z_loss(self, parts: LossParts, accum: int) -> None:
+        """Add one of `accum` micro-steps' weighted z-loss (weight × z / accum, as it is in the minimised loss) to the
+        step's; nothing when the weight is 0."""
         if not self.z_loss_weight:
-            return loss
-        term = self.z_loss_weight * z_loss(logits) / accum
+            return
+        term = self.z_loss_weight * parts.z_loss.detach() / accum
         first = self._micro_step == 0
-        self._step_z = term.detach() if first else self._step_z + term.detach()
+        self._step_z = term if first else self._step_z + term
         self._micro_step = (self._micro_step + 1) % accum
-        return loss + term
 
     def step_z_loss(self) -> torch.Tensor | None:
         """The weighted z-loss of the last complete step (a device tensor), or None when it is off."""

@@ -288,7 +288,7 @@ def restore(
     if loaded is None:
         console.warn(f"--resume: {run_dir} holds no complete checkpoint; starting it again from step 0")
         return ckpt.TrainerState(), None
-    state = ckpt.apply_checkpoint(loaded, strategy, scheduler, strategy.precision.scaler)
+    state = ckpt.apply_checkpoint(loaded, strategy, scheduler, strategy.precision.scaler, say=console.warn)
     if state.loader is not None:
         loader.load_state_dict(state.loader)
     console.print(

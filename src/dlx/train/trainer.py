@@ -3,7 +3,8 @@ optimizer; each phase is a named span of the PhaseTimer, so every logged record 
 
 Per step the host waits for the device once, for the loss value: the NaN policy must decide before the update is
 applied. Under torchrun that wait is one all-reduce (the `communication` phase) that also agrees on stopping, so every
-rank takes the same decision. The PhaseTimer synchronizes once more at the end of the step on CUDA.
+rank takes the same decision. `end_step` does not wait: the host queues the next step while the device applies the
+update; the PhaseTimer synchronizes once per logged window, to read its timings.
 
 What differs between one process, DDP, FSDP and DeepSpeed (gradient sync, the update, checkpoints) is behind
 `run.strategy` (dlx.parallel.strategy); the loop is the same for all.
@@ -111,7 +112,6 @@ def train(run: Run, resume: bool) -> None:
 
 def train_loop(run: Run) -> None:
     """Optimizer steps from where the run stands to the plan's last step; stops early on a signal (to any rank)."""
-    window = TimingWindow()
     for step in range(run.state.step + 1, run.plan.total_steps + 1):
         with run.profiler.step(step):  # torch.profiler over the profile.* steps; nothing otherwise
             loss = accumulate_gradients(
@@ -122,13 +122,12 @@ def train_loop(run: Run) -> None:
             with run.timer.phase("optimizer"):
                 grad_norm = run.strategy.optimizer_step() if math.isfinite(loss_value) else None
                 run.scheduler.step()
-            window.add(run.timer.end_step())
+            run.timer.end_step()
         run.state.step, run.state.tokens_seen = step, run.state.tokens_seen + run.plan.tokens_per_step
         if grad_norm is None:
             handle_non_finite(run, step, loss_value)
         if step % run.config.log.every == 0 or step in (1, run.plan.total_steps):  # step 1: the starting loss
-            log_step(run, step, loss_value, lr, grad_norm, window.mean())
-            window = TimingWindow()
+            log_step(run, step, loss_value, lr, grad_norm, run.timer.window())
         else:
             run.console.advance(step, None)
         stopped_between = between_steps(run, step)
@@ -191,21 +190,21 @@ def accumulate_gradients(
     """`accum` micro-steps; returns the step's mean loss (detached). Each micro-loss is divided by `accum`, so the
     summed gradients equal those of one batch `accum` times larger (the micro-batches have equal sizes). Under DDP
     and FSDP, gradients are synchronised only in the last micro-step's backward (`strategy.gradient_sync`).
-    `objective`: document ids for the model, and the z-loss added to what backward gets (dlx.train.objective)."""
+    `objective`: document ids for the model, the z-loss weight, and the z-loss term's record (dlx.train.objective)."""
     total = None
     for index in range(accum):
         last = index == accum - 1
         with timer.phase("data_wait"):
             inputs, targets = next(batches)
         with strategy.gradient_sync(last):
-            with timer.phase("forward"):
-                with precision.autocast():
-                    logits = model(inputs, **objective.model_inputs(inputs))  # (B, T, vocab)
-                loss = training_loss(strategy, logits, targets) / accum
-                minimised = objective.add_z_loss(loss, logits, accum)  # loss itself unless train.z_loss > 0
+            with timer.phase("forward"), precision.autocast():
+                extra = objective.model_inputs(inputs)  # document ids, when data.document_mask is on
+                parts = training_loss(strategy, model, inputs, targets, objective.z_loss_weight, **extra)
+                objective.record_z_loss(parts, accum)  # logged apart, when train.z_loss > 0
             with timer.phase("backward"):
-                strategy.backward(minimised, last)
-        total = loss.detach() if total is None else total + loss.detach()
+                strategy.backward(parts.loss / accum, last)  # cross-entropy + train.z_loss × z-loss
+        loss = parts.cross_entropy / accum  # what is logged and checked: the cross-entropy alone
+        total = loss if total is None else total + loss
     return total
 
 
@@ -224,22 +223,6 @@ def handle_non_finite(run: Run, step: int, loss_value: float) -> None:
         f"loss is {loss_value} at step {step}; last good checkpoint: {last}. Lower train.lr or raise "
         "train.warmup_ratio and resume with --resume, or set train.nan_policy skip"
     )
-
-
-class TimingWindow:
-    """Phase timings averaged over the steps between two logged records, so a record describes its whole window."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.count = 0
-
-    def add(self, timings: dict[str, float]) -> None:
-        for key, value in timings.items():
-            self.sums[key] = self.sums.get(key, 0.0) + value
-        self.count += 1
-
-    def mean(self) -> dict[str, float]:
-        return {key: value / self.count for key, value in self.sums.items()}
 
 
 def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tensor | None, timings: dict) -> None:
