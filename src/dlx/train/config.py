@@ -73,6 +73,8 @@ class DataSection(BaseModel):
     """Batches the loader keeps ready ahead of the step."""
     shuffle: bool = True
     """Visit the training windows in a seeded random order each epoch."""
+    verify: bool = True
+    """Check each shard's SHA-256 the first time the loader maps it (in its workers); a mismatch stops the run."""
 
 
 class TrainSection(BaseModel):

@@ -155,6 +155,7 @@ def build_train_loader(config: RunConfig, device: torch.device, rank: int = 0, w
         shuffle=data.shuffle,
         loop=True,
         device=device,
+        verify=data.verify,
     )
 
 
@@ -181,4 +182,5 @@ def build_eval_loader(config: RunConfig, device: torch.device, rank: int = 0, wo
         shuffle=False,
         loop=False,
         device=device,
+        verify=data.verify,
     )

@@ -3,7 +3,7 @@
 Modules, in the order data flows: `inputs` (files, folders, globs → ordered files), `units` (files → work units),
 `readers` and `parquet` (units → documents), `scan` (first pass: counts, bad input, val threshold, tokenizer sample),
 `tokenizer` (load or train), `encoders` (the tiktoken fast path, HF fallback), `worker` (per-unit work in a worker
-process), `pool` (the worker processes), `writer` (fixed-size shards), `encode` (second pass, commits, resume),
+process of `dlx.data.pool`), `writer` (fixed-size shards), `encode` (second pass, commits, resume),
 `outdir` (the --out folder's state and lock), `progress` (the bar), `pipeline` (prepare_dataset itself).
 """
 

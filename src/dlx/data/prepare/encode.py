@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from dlx.data.pool import InlinePool, WorkerPool
 from dlx.data.prepare.inputs import InputFile
 from dlx.data.prepare.outdir import WORK_DIR, clear_work, remove_strays
-from dlx.data.prepare.pool import InlinePool, WorkerPool
 from dlx.data.prepare.progress import PrepareProgress
 from dlx.data.prepare.units import plan_units
 from dlx.data.prepare.worker import SPLITS, EncodeSetup, UnitTokens, encode_unit, setup_encoder, spool_path

@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 from dlx.atomic import atomic_write_text
+from dlx.data.pool import InlinePool, WorkerPool, make_pool
 from dlx.data.prepare.encode import encode_corpus, initial_resume_state, spool_dir
 from dlx.data.prepare.encoders import choose_encoder
 from dlx.data.prepare.inputs import InputFile, fingerprint, resolve_inputs, stdlib_folder, stdlib_inputs
 from dlx.data.prepare.options import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, PrepareOptions, build_options
 from dlx.data.prepare.outdir import clear_fresh, existing_dataset, locked
-from dlx.data.prepare.pool import InlinePool, WorkerPool, make_pool
 from dlx.data.prepare.progress import PrepareProgress
 from dlx.data.prepare.readers import read_unit
 from dlx.data.prepare.scan import CHECK_SAMPLE_CHARS, ScanSummary, scan_corpus

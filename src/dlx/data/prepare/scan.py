@@ -11,9 +11,9 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
+from dlx.data.pool import InlinePool, WorkerPool
 from dlx.data.prepare.inputs import InputFile
 from dlx.data.prepare.options import PrepareOptions
-from dlx.data.prepare.pool import InlinePool, WorkerPool
 from dlx.data.prepare.progress import PrepareProgress
 from dlx.data.prepare.units import plan_units
 from dlx.data.prepare.worker import MAX_REPORTED, ScanRequest, ScanResult, scan_unit
