@@ -26,9 +26,6 @@ class RMSNorm(nn.Module):
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).type_as(x)
         return normed * self.weight
 
-    def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
-
 
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
