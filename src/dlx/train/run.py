@@ -39,14 +39,9 @@ class Run:
     config: RunConfig
     run_dir: Path
     device: torch.device
-    precision: Precision
-    model: Transformer
-    """The bare model (under FSDP: sharded in place); checkpoints and sampling use it."""
-    train_model: nn.Module
-    """What the step calls: the model after `dlx.parallel.wrap.parallelize` (or the DeepSpeed engine)."""
     strategy: Strategy
-    """What differs between one process, DDP, FSDP and DeepSpeed: gradient sync, the update, checkpoints."""
-    optimizer: torch.optim.Optimizer
+    """What differs between one process, DDP, FSDP and DeepSpeed: gradient sync, the update, checkpoints. It holds
+    the model (bare and wrapped), the optimizer, the precision and this rank's place in the world."""
     scheduler: torch.optim.lr_scheduler.LRScheduler
     loader: Any
     """TokenLoader or SyntheticLoader (dlx.train.data)."""
@@ -58,8 +53,6 @@ class Run:
     console: RunConsole
     stop: GracefulStop
     data_info: DatasetInfo
-    env: DistEnv = field(default_factory=DistEnv)
-    """This rank and the world size (rank 0 of 1 without torchrun)."""
     last_checkpoint: Path | None = None
     header: list[str] = field(default_factory=list)
     """The start-up header, repeated in report.md."""
@@ -69,6 +62,25 @@ class Run:
     """The bottleneck verdict, once the run has finished (rank 0)."""
     stopped_early: bool = False
     """A signal reached some rank and all ranks stopped after the same step."""
+
+    @property
+    def model(self) -> Transformer:
+        """The bare model (under FSDP: sharded in place); checkpoints and sampling use it."""
+        return self.strategy.model
+
+    @property
+    def train_model(self) -> nn.Module:
+        """What the step calls: the model after `dlx.parallel.wrap.parallelize` (or the DeepSpeed engine)."""
+        return self.strategy.train_model
+
+    @property
+    def precision(self) -> Precision:
+        return self.strategy.precision
+
+    @property
+    def env(self) -> DistEnv:
+        """This rank and the world size (rank 0 of 1 without torchrun)."""
+        return self.strategy.env
 
     def close(self) -> None:
         """Stop the loader's workers and flush the logs; safe to call twice."""
@@ -158,11 +170,7 @@ def build_run(
         config=config,
         run_dir=run_dir,
         device=device,
-        precision=precision,
-        model=model,
-        train_model=strategy.train_model,
         strategy=strategy,
-        optimizer=strategy.optimizer,
         scheduler=scheduler,
         loader=loader,
         plan=plan,
@@ -173,7 +181,6 @@ def build_run(
         console=console,
         stop=stop,
         data_info=data_info,
-        env=env,
         last_checkpoint=last,
         # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
         records=read_jsonl(run_dir / METRICS_FILE),
