@@ -20,8 +20,8 @@ from dlx.parallel.distributed import DistEnv
 from dlx.precision import build_precision
 from dlx.train.config import RunConfig, build_config
 from dlx.train.data import build_train_loader
-from dlx.train.header import plan_steps
 from dlx.train.run import build_model, build_run_strategy
+from dlx.train.step_plan import plan_steps
 from dlx.train.trainer import TimingWindow, accumulate_gradients
 
 

@@ -28,10 +28,10 @@ from dlx.train import folder
 from dlx.train.config import RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
-from dlx.train.header import StepPlan, plan_steps
 from dlx.train.optim import build_optimizer, build_scheduler
 from dlx.train.recipe import write_resolved
 from dlx.train.signals import GracefulStop
+from dlx.train.step_plan import StepPlan, plan_steps
 
 
 @dataclass

@@ -33,9 +33,9 @@ from dlx.train import folder
 from dlx.train.config import RunConfig
 from dlx.train.data import build_eval_loader
 from dlx.train.eval import evaluate, next_token_loss, perplexity
-from dlx.train.header import header_lines
 from dlx.train.run import Run, build_run
 from dlx.train.signals import GracefulStop
+from dlx.train.step_plan import header_lines
 
 
 class NonFiniteLoss(UserError):
