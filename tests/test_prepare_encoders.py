@@ -8,7 +8,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from dlx.data.prepare import encoders, prepare_dataset
 from dlx.data.prepare.encoders import PROBES, HFEncoder, TiktokenEncoder, choose_encoder
-from test_prepare_helpers import decoded_documents, llama3_like_tokenizer, make_documents, tiny_tokenizer, write_jsonl
+from prepare_helpers import decoded_documents, llama3_like_tokenizer, make_documents, tiny_tokenizer, write_jsonl
 
 __all__ = ["llama3_like_tokenizer", "tiny_tokenizer"]
 

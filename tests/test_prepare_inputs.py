@@ -14,7 +14,7 @@ from dlx.data.prepare import prepare_dataset, readers
 from dlx.data.prepare.inputs import InputFile, file_kind, resolve_inputs
 from dlx.data.prepare.readers import BadRecord, read_file, read_unit
 from dlx.data.prepare.units import plan_units
-from test_prepare_helpers import all_documents, decoded_documents, make_documents, tiny_tokenizer, write_jsonl
+from prepare_helpers import all_documents, decoded_documents, make_documents, tiny_tokenizer, write_jsonl
 
 __all__ = ["tiny_tokenizer"]  # the fixture, imported for its name
 
