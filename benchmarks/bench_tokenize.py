@@ -1,4 +1,4 @@
-"""Tokenization throughput per core (issue 3): Hugging Face `encode_batch` against dlx prepare's tiktoken fast path.
+"""Tokenization throughput per core: Hugging Face `encode_batch` against dlx prepare's tiktoken fast path.
 
 Corpus (~20 MB, nothing downloaded): the interpreter's standard library sources (code), the English docstrings
 extracted from them (prose), and synthesized Chinese text (common words and punctuation), shuffled together into

@@ -1,4 +1,4 @@
-"""The fault matrix (issue 8): run the test of every cell, record pass/fail per cell in BENCHMARKS.md ("Fault matrix").
+"""The fault matrix: run the test of every cell, record pass/fail per cell in BENCHMARKS.md ("Fault matrix").
 
 Runs `pytest -m faults tests` (the matrix's own suite, tests/test_faults*.py) and then the cells whose tests live
 elsewhere (named in CELLS), each run with --junitxml, every process on one CPU thread. A cell's result is its test's

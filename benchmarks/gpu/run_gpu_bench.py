@@ -1,4 +1,4 @@
-"""GPU throughput and MFU (issue 7): `dlx bench` for `llama3.2-1b` and `small-125m` at seq 1024 and 2048, bf16, with
+"""GPU throughput and MFU: `dlx bench` for `llama3.2-1b` and `small-125m` at seq 1024 and 2048, bf16, with
 and without `--compile`, and the tables (with MFU in both conventions) appended to BENCHMARKS.md, section "GPU".
 
 Each model × compile setting is one `dlx bench` sweep into runs/gpu-bench/ (a re-run skips points already measured, so

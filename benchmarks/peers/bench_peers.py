@@ -1,4 +1,4 @@
-"""Peers (issue 7): the same model and synthetic tokens trained by a bare PyTorch loop, by `dlx pretrain` and by HF
+"""Peers: the same model and synthetic tokens trained by a bare PyTorch loop, by `dlx pretrain` and by HF
 Trainer with transformers.LlamaForCausalLM, in fp32 and in bf16 autocast, in one run, as a ratio table.
 
 See peers/contenders.py for what each loop does. All six (three loops × two precisions) take turns round by round, the
