@@ -14,7 +14,7 @@ __all__ = ["llama3_like_tokenizer", "tiny_tokenizer"]
 
 
 def _hf_reference(json_text: str, texts: list[str]) -> list[list[int]]:
-    """What the issue compares against: encode_batch, special-looking text encoded as text."""
+    """The reference the fast path must equal: encode_batch, special-looking text encoded as text."""
     tok = Tokenizer.from_str(json_text)
     tok.encode_special_tokens = True
     return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]

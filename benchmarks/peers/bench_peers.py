@@ -44,7 +44,7 @@ def speed_table(results: dict[str, list[float]]) -> list[str]:
 
 
 def ratio_table(results: dict[str, list[float]], precisions: list[str], auto: str) -> list[str]:
-    """The issue's three comparisons, per precision where it applies, each against its target. dlx's default is what
+    """The three comparisons, per precision where it applies, each against its target. dlx's default is what
     `auto` gives on this CPU; where that is fp32, bf16 passed explicitly is compared too."""
     checks = []
     for precision in precisions:
