@@ -16,12 +16,10 @@ import torch
 from dlx.data.loader.feed import InProcessFeed, ReaderJob, WorkerFeed
 from dlx.data.loader.order import Cursor, Order, advance, make_state, read_state, schedule, settle
 from dlx.data.loader.windows import SplitSpec, count_windows
-from dlx.data.shards import Manifest, open_shard, read_manifest
+from dlx.data.shards import SPLITS, Manifest, open_shard, read_manifest
 from dlx.device import HostToDevice
 from dlx.errors import UserError
 from dlx.faults import pause_point
-
-SPLITS = ("train", "val")
 
 
 class TokenLoader:
