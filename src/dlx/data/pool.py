@@ -98,7 +98,7 @@ class _Worker:
         child_fds = [task_r, result_w] + ([shared_fd] if shared_fd is not None else [])
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", _WORKER_COMMAND, *map(str, child_fds)],
+                [sys.executable, "-c", _WORKER_COMMAND, str(os.getpid()), *map(str, child_fds)],
                 pass_fds=child_fds,
                 stdin=subprocess.DEVNULL,
                 env=_child_env(),
@@ -315,10 +315,9 @@ def shared_memory() -> mmap.mmap:
 
 
 def _watch_parent(parent_pid: int) -> None:
-    while True:
+    while os.getppid() == parent_pid:
         time.sleep(WATCHDOG_S)
-        if os.getppid() != parent_pid:
-            os._exit(1)  # the caller is gone: nobody will read our results
+    os._exit(1)  # the caller is gone (maybe before we started): nobody will read our results
 
 
 def _serve(tasks: Connection, results: Connection) -> None:
@@ -343,8 +342,8 @@ def worker_main(argv: list[str]) -> None:
     """A worker's life: serve tasks from the pipe named in `argv` until the caller closes it or goes away."""
     global _shared_block
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle; it then stops us
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-    task_fd, result_fd, *shared_fd = map(int, argv)
+    parent_pid, task_fd, result_fd, *shared_fd = map(int, argv)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     if shared_fd:
         _shared_block = mmap.mmap(shared_fd[0], 0)
     _serve(Connection(task_fd, writable=False), Connection(result_fd, readable=False))
