@@ -52,8 +52,8 @@ def prepare_dataset(
     A second call with the same inputs and options does no work; a call after an interrupted one continues it and
     ends with the same bytes as an uninterrupted run. `workers` (default: all cores) changes the speed, never the
     output. Concurrent calls on one `out` (every rank of a job, say) queue on a lock: the first prepares, the others
-    then find the finished dataset. Workers are spawned, so a calling script needs the usual
-    `if __name__ == "__main__":` guard.
+    then find the finished dataset. Workers are fresh interpreters (`dlx.data.pool`) that do not import the calling
+    script.
     """
     opts = build_options(
         inputs,
