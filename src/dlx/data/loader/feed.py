@@ -111,7 +111,7 @@ class BatchReader:
         if self._verifier is not None and self._verifier.failure:
             raise UserError(self._verifier.failure)
         if self._unchecked:
-            for name in self.windows.shards_of(ids) & self._unchecked.keys():
+            for name in sorted(self.windows.shards_of(ids) & self._unchecked.keys()):
                 verify_shard(self.job.split.folder, name, self._unchecked.pop(name))
         self.windows.fill(ids, out)
         if int(out.max()) >= self.job.vocab_size:  # microseconds; a damaged shard must not reach the model
