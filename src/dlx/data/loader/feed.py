@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -180,7 +180,8 @@ class WorkerFeed:
         self._pool = WorkerPool(num_workers, shared_bytes=int(np.prod(shape)) * 8, name="loader worker")
         self._slots = np.ndarray(shape, dtype=np.int64, buffer=self._pool.shared)
         for worker in range(num_workers):
-            self._pool.submit(worker, open_reader, _for_worker(job, worker, num_workers, self._n_slots))
+            share = replace(job, n_slots=self._n_slots, worker=worker, num_workers=num_workers)
+            self._pool.submit(worker, open_reader, share)
         self._opening = set(range(num_workers))  # workers whose open_reader reply is still to be received
         self._cursors = schedule(job.order, start, loop)
         self._sent = self._received = 0
@@ -212,7 +213,3 @@ class WorkerFeed:
     def close(self) -> None:
         self._slots = None
         self._pool.close()
-
-
-def _for_worker(job: ReaderJob, worker: int, num_workers: int, n_slots: int) -> ReaderJob:
-    return ReaderJob(job.split, job.order, job.seq_len, job.vocab_size, job.checksums, n_slots, worker, num_workers)
