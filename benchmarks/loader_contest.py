@@ -136,6 +136,24 @@ def startup_seconds(contender: str, folder: Path, num_workers: int = 1) -> float
         return time.perf_counter() - start
 
 
+def trainer_cpu_us(contender: str, folder: Path, batches: int = 200, repeats: int = 5) -> float:
+    """CPU time the trainer's own thread spends in `next(loader)` per batch (µs, median of `repeats` runs of
+    `batches`), each batch asked for after a 2 ms pause in which the worker refills: the work that holds the GIL."""
+    runs = []
+    with make_loader(contender, folder, seq_len=256, micro_batch_size=8, num_workers=1, prefetch=4) as loader:
+        for _ in itertools.islice(loader, 50):
+            pass
+        for _ in range(repeats):
+            cpu = 0.0
+            for _ in range(batches):
+                time.sleep(0.002)
+                start = time.thread_time()
+                next(loader)
+                cpu += time.thread_time() - start
+            runs.append(cpu / batches * 1e6)
+    return statistics.median(runs)
+
+
 def worker_memory_mb(contender: str, folder: Path, batches: int = 200) -> float:
     """Unique memory (USS: pages no other process shares) of one worker after `batches` batches, in MB."""
     with make_loader(contender, folder, seq_len=256, micro_batch_size=8, num_workers=1) as loader:
