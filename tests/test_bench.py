@@ -252,6 +252,7 @@ def test_table_says_when_mfu_exceeds_100_percent():
         it_per_s=1.0,
         tokens_per_s=16.0,
         step_s=1.0,
+        data_wait_s=0.0025,
         forward_s=0.3,
         backward_s=0.6,
         optimizer_s=0.1,
@@ -265,8 +266,13 @@ def test_table_says_when_mfu_exceeds_100_percent():
         peak_source="probe",
     )
     table = markdown_table([row], ["# head"])
-    assert "| bf16 | 16 | 1 | 1 | 1 | 16 | 1000 (300 / 600 / 100) | 0.5 (0.1) | 0.003 | 320.0% (300.0%) |" in table
+    start = "| bf16 | 16 | 1 | 1 | 1 | 16 | 1000 (300 / 600 / 100) | 2.5 |"
+    assert f"{start} n/a / n/a | n/a / n/a | 0.5 (0.1) | 0.003 | 320.0% (300.0%) |" in table
+    assert "GPU columns n/a: NVML samples NVIDIA GPUs only" in table
     assert "MFU above 100 % (bf16)" in table
+    counters = {"gpu_util_pct": 97.4, "mem_util_pct": 41.0, "tensor_active_pct": 33.3, "dram_active_pct": 52.6}
+    with_gpu = markdown_table([{**row, **counters}], ["# head"])
+    assert f"{start} 97 / 41 | 33 / 53 | 0.5 (0.1) |" in with_gpu and "GPU columns n/a" not in with_gpu
     assert "MFU above 100 %" not in markdown_table([{**row, "mfu": 0.5}], ["# head"])
 
 

@@ -68,6 +68,14 @@ def peak_memory_method(device: torch.device) -> str:
     )
 
 
+def nvml_index(device: torch.device) -> int:
+    """The NVML index of a CUDA device: NVML counts every GPU of the machine, CUDA only those in CUDA_VISIBLE_DEVICES
+    (by index or UUID), renumbered from 0."""
+    if device.type != "cuda":
+        raise ValueError(f"NVML samples CUDA devices, not {device}")
+    return torch.cuda._get_nvml_device_index(device)  # the mapping torch.cuda.utilization uses
+
+
 def timing_event(device: torch.device) -> torch.cuda.Event:
     """A CUDA event that records a timestamp on the current stream when `.record()` is called (CUDA only)."""
     if device.type != "cuda":

@@ -21,7 +21,9 @@ import torch
 
 from dlx import device as device_mod
 from dlx.metrics.flops import CONVENTIONS, matmul_params, training_flops_per_token
+from dlx.metrics.gpu_monitor import format_columns
 from dlx.metrics.peak import Peak, mfu, mfu_warning, peak_for
+from dlx.metrics.profiler import PROFILED_KEY
 from dlx.metrics.timing import STANDARD_PHASES
 from dlx.model.args import ModelArgs
 
@@ -137,8 +139,13 @@ class ThroughputMeter:
             f"step {_ms(record['step_s'])} ms: {phases} · other {_ms(record['other_s'])}",
             f"mem {record['peak_mem_gb']:.2f} GB",
         ]
+        gpu = format_columns(record)
+        if gpu:
+            parts.insert(-1, gpu)  # beside the step's phases, data wait among them
         if "warning" in record:
             parts.append("! MFU > 100%")
+        if record.get(PROFILED_KEY):
+            parts.append(f"profiled steps {record[PROFILED_KEY]}: left out of the summary")
         return " | ".join(parts)
 
 

@@ -1,6 +1,7 @@
 """report.md for a run: how the numbers are counted, a summary table, the phase shares, the verdict, and plots.
 
-Throughput statistics leave out the first `skip_first` records (warm-up), as the verdict does; loss uses them all.
+Throughput statistics leave out the first `skip_first` records (warm-up) and those of profiled steps, as the verdict
+does; loss uses them all.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from dlx.atomic import atomic_write_text
 from dlx.metrics import flops, plots
+from dlx.metrics.profiler import profile_report_section, unprofiled
 from dlx.metrics.verdict import LOW_MFU, THRESHOLDS, Verdict
 
 REPORT_FILE = "report.md"
@@ -41,7 +43,7 @@ def write_report(
     """Write run_dir/report.md with loss.png, throughput.png and phases.png beside it; return the report's path."""
     run_dir = Path(run_dir)
     evals = [{"step": r["step"], "loss": r.get("loss", r.get("eval_loss"))} for r in eval_records]
-    used = list(records[skip_first:]) if len(records) > skip_first else list(records)
+    used = unprofiled(list(records[skip_first:]) if len(records) > skip_first else list(records))
     if records:
         plots.plot_loss(run_dir / "loss.png", records, evals)
         plots.plot_throughput(run_dir / "throughput.png", records)
@@ -53,6 +55,7 @@ def write_report(
         _phases(verdict),
         _losses(records, evals),
         _verdict(verdict),
+        profile_report_section(run_dir),
         _figures() if records else [],
     ]
     text = "\n\n".join("\n".join(lines) for lines in sections if lines) + "\n"
@@ -78,7 +81,7 @@ def _summary(records: list[dict[str, Any]], skipped: int) -> list[str]:
     lines = [
         "## Summary",
         "",
-        f"Over {len(records)} logged steps ({skipped} warm-up record(s) left out).",
+        f"Over {len(records)} logged steps ({skipped} warm-up or profiled record(s) left out).",
         "",
         "| metric | median | mean | min | max |",
         "|---|---:|---:|---:|---:|",

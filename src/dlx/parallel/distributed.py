@@ -105,6 +105,12 @@ def main_decides(fn: Callable[[], T]) -> T:
     return value
 
 
+def barrier() -> None:
+    """Every rank waits here for the others (a no-op in one process)."""
+    if group_active() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def all_reduce(values: list[float], op: str, device: torch.device) -> list[float]:
     """Sum, mean or max of each value across ranks in one collective; the values themselves without a group."""
     if not group_active() or dist.get_world_size() == 1:

@@ -135,6 +135,31 @@ class EvalSection(BaseModel):
     """Evaluate on the validation split every this many optimizer steps (and at the end); 0 turns eval off."""
     batches: int = Field(20, gt=0, le=1 << 20)
     """Micro-batches per evaluation (fewer if the validation split is smaller)."""
+    # Samples during training (dlx.train.sample), through the code `dlx generate` runs.
+    sample_every: int = Field(0, ge=0)
+    """Continue each of eval.sample_prompts every this many optimizer steps, printed and in samples.jsonl; 0: off."""
+    sample_prompts: list[str] = Field(default_factory=list, max_length=64)
+    """Prompts to continue with the dataset's tokenizer (needed when eval.sample_every > 0)."""
+    sample_tokens: int = Field(64, gt=0, le=1 << 16)
+    """Tokens generated after each prompt (fewer at model.max_seq_len or the end-of-document token)."""
+    sample_temperature: float = Field(0.8, ge=0, le=100)
+    """0: greedy decoding; above 0: sampling at this temperature, seeded by eval.sample_seed (as `dlx generate`)."""
+    sample_top_k: int | None = Field(50, gt=0)
+    """Sample among the k likeliest tokens (null: among all) when eval.sample_temperature > 0."""
+    sample_seed: int = Field(0, ge=0, lt=2**63)
+    """Seed of the sampler's own generator, the same at every sampling step; training's random state is untouched."""
+
+    @model_validator(mode="after")
+    def _check_samples(self) -> EvalSection:
+        if self.sample_every and not self.sample_prompts:
+            raise ValueError(
+                f"eval.sample_every is {self.sample_every} but eval.sample_prompts is empty; give prompts, "
+                "e.g. --eval.sample_prompts '[\"def \"]', or set eval.sample_every 0"
+            )
+        empty = [i for i, prompt in enumerate(self.sample_prompts) if not prompt]
+        if empty:
+            raise ValueError(f"eval.sample_prompts[{empty[0]}] is an empty string; give some text to continue")
+        return self
 
 
 class CheckpointSection(BaseModel):
@@ -155,9 +180,33 @@ class LogSection(BaseModel):
     """Also write TensorBoard event files into the run folder (needs `pip install tensorboard`)."""
     progress: bool = True
     """Show a progress bar with loss, tokens/s, MFU and ETA (only on a terminal)."""
+    # GPU counters and Weights & Biases (dlx.metrics.gpu_monitor, dlx.metrics.wandb_sink).
+    nvml: bool = True
+    """On CUDA, GPU and memory-controller utilisation (and on Hopper+ tensor/DRAM activity) per record via NVML."""
+    wandb: bool = False
+    """Also log to Weights & Biases from rank 0 (dlx[wandb]); refused before step 1 without it or credentials."""
+    wandb_project: str = Field("dlx", min_length=1, max_length=128)
+    """The W&B project the run is logged to."""
+    wandb_name: str | None = Field(None, min_length=1, max_length=128)
+    """The W&B run's display name; null: the run folder's name."""
 
 
-SECTIONS = ("model", "data", "train", "eval", "checkpoint", "log", "parallel")
+class ProfileSection(BaseModel):
+    model_config = _STRICT
+
+    start: int = Field(3, gt=0)
+    """First optimizer step that torch.profiler records (after warm-up steps, whose timings are not typical)."""
+    steps: int = Field(0, ge=0, le=1000)
+    """Optimizer steps to record from profile.start, a trace per rank in RUN/profile/; 0: the profiler is off."""
+    with_stack: bool = True
+    """Record the Python stack of every op in the trace: which line ran it (on the demo: a 26 % larger trace)."""
+    top_ops: int = Field(15, gt=0, le=1000)
+    """Rows of the table of ops by self time (console, report.md and RUN/profile/)."""
+    memory_snapshot: bool = True
+    """On CUDA, also record the allocator's history over the profiled steps: snapshot, timeline and flame graph."""
+
+
+SECTIONS = ("model", "data", "train", "eval", "checkpoint", "log", "parallel", "profile")
 
 
 class RunConfig(BaseModel):
@@ -179,6 +228,8 @@ class RunConfig(BaseModel):
     """Metrics records, console lines, progress bar, TensorBoard."""
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     """How the ranks under torchrun share the work (DDP, FSDP2, DeepSpeed), activation checkpointing."""
+    profile: ProfileSection = Field(default_factory=ProfileSection)
+    """torch.profiler around chosen optimizer steps: traces, the top ops by self time, CUDA memory snapshots."""
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -191,6 +242,7 @@ class RunConfig(BaseModel):
         if self.data.path == SYNTHETIC and self.train.max_steps is None:
             raise ValueError("synthetic data has no epochs: set train.max_steps (or data.path to a prepared dataset)")
         self._check_parallel()
+        self._check_observers()
         return self
 
     def _check_parallel(self) -> None:
@@ -199,6 +251,19 @@ class RunConfig(BaseModel):
             raise ValueError("train.nan_policy skip is not available with parallel.strategy deepspeed; use stop")
         if strategy == "fsdp" and train.precision == "fp16":
             raise ValueError("parallel.strategy fsdp trains in bf16 or fp32; set train.precision bf16 (or fp32)")
+
+    def _check_observers(self) -> None:
+        if self.eval.sample_every and self.data.path == SYNTHETIC:
+            raise ValueError(
+                "eval.sample_every needs a tokenizer and synthetic data has none; set data.path to a prepared "
+                "dataset or eval.sample_every 0"
+            )
+        last = self.profile.start + self.profile.steps - 1
+        if self.profile.steps and self.train.max_steps is not None and last > self.train.max_steps:
+            raise ValueError(
+                f"profile.start {self.profile.start} + profile.steps {self.profile.steps} run past "
+                f"train.max_steps {self.train.max_steps}; profile steps {self.profile.start}..{last} must exist"
+            )
 
     def resolved(self) -> dict[str, Any]:
         """Every section with defaults filled in and the model fully resolved, as written into the run folder."""

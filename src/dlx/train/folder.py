@@ -46,9 +46,25 @@ RESUMABLE_CHANGES = {
     ("data", "micro_batch_size"),
     ("train", "grad_accum"),
     ("train", "global_batch_size"),
+    ("eval", "sample_every"),
+    ("eval", "sample_prompts"),
+    ("eval", "sample_tokens"),
+    ("eval", "sample_temperature"),
+    ("eval", "sample_top_k"),
+    ("eval", "sample_seed"),
+    ("log", "nvml"),
+    ("log", "wandb"),
+    ("log", "wandb_project"),
+    ("log", "wandb_name"),
+    ("profile", "start"),
+    ("profile", "steps"),
+    ("profile", "with_stack"),
+    ("profile", "top_ops"),
+    ("profile", "memory_snapshot"),
 }
-"""Keys a resumed run may change: how long it runs, what it records, and how ranks share it (a run may resume on
-another number of ranks with the batch split differently; the checkpoint says which strategies can read it)."""
+"""Keys a resumed run may change: how long it runs, what it records (samples, profiles and W&B included), and how ranks
+share it (a run may resume on another number of ranks with the batch split differently; the checkpoint says which
+strategies can read it)."""
 
 
 def new_run_dir(name: str, run_dir: Path | None) -> Path:

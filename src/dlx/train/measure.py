@@ -4,7 +4,8 @@
 
 A point is: `warmup` untimed optimizer steps (kernel selection, allocator growth, torch.compile), then the peak-memory
 counter is reset and `steps` timed steps follow; phase times are averaged over them. What the step loop does besides
-(the learning-rate schedule, logging, the NaN policy) is left out: microseconds per step.
+(the learning-rate schedule, logging, the NaN policy) is left out: microseconds per step. On CUDA, NVML's GPU
+counters (dlx.metrics.gpu_monitor) cover the timed steps.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from dlx import device as dev
 from dlx.bench.points import BenchPoint, BenchSetup
+from dlx.metrics.gpu_monitor import open_gpu_counters
 from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.presets import resolve_model_args
@@ -64,13 +66,19 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
             warmup_timer.end_step()
         dev.reset_peak_memory(device)
         timer, window = PhaseTimer(device), TimingWindow()  # a fresh clock: the first timed step starts at its data
-        for _ in range(setup.steps):
-            loss = step(timer)
-            window.add(timer.end_step())
+        gpu = open_gpu_counters(device)  # NVML over the timed steps alone (no GPU keys on a CPU)
+        try:
+            for _ in range(setup.steps):
+                loss = step(timer)
+                window.add(timer.end_step())
+            gpu_columns = gpu.window()
+        finally:
+            gpu.close()
     finally:
         loader.close()
     meter = ThroughputMeter(config.model.args, point.seq_len, device, precision.name)
     timings = window.mean()
-    return meter.record(
+    record = meter.record(
         step=setup.steps, loss=loss, lr=None, grad_norm=None, tokens=point.tokens_per_step, timings=timings
     )
+    return {**record, **gpu_columns}

@@ -15,8 +15,10 @@ from torch import nn
 
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
+from dlx.metrics.gpu_monitor import NoGpuCounters, NvmlCounters, open_gpu_counters
 from dlx.metrics.logger import EVAL_FILE, METRICS_FILE, MetricsLogger, read_jsonl
 from dlx.metrics.meter import ThroughputMeter
+from dlx.metrics.profiler import StepProfiler
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.llama import Transformer
 from dlx.parallel.build import StepShape, build_strategy, check_strategy_installed
@@ -28,8 +30,10 @@ from dlx.train import folder
 from dlx.train.config import RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
+from dlx.train.observe import build_profiler, check_observers, check_wandb_installed, open_wandb
 from dlx.train.optim import build_optimizer, build_scheduler
 from dlx.train.recipe import write_resolved
+from dlx.train.sample import TrainingSampler
 from dlx.train.signals import GracefulStop
 from dlx.train.step_plan import StepPlan, plan_steps
 
@@ -53,6 +57,10 @@ class Run:
     console: RunConsole
     stop: GracefulStop
     data_info: DatasetInfo
+    profiler: StepProfiler
+    """torch.profiler around the `profile.*` steps (nothing outside them)."""
+    gpu: NvmlCounters | NoGpuCounters
+    """GPU utilisation per logged record (NVML), or why there is none."""
     last_checkpoint: Path | None = None
     header: list[str] = field(default_factory=list)
     """The start-up header, repeated in report.md."""
@@ -62,6 +70,8 @@ class Run:
     """The bottleneck verdict, once the run has finished (rank 0)."""
     stopped_early: bool = False
     """A signal reached some rank and all ranks stopped after the same step."""
+    sampler: TrainingSampler | None = None
+    """Text generated every `eval.sample_every` steps; None when off."""
 
     @property
     def model(self) -> Transformer:
@@ -83,10 +93,12 @@ class Run:
         return self.strategy.env
 
     def close(self) -> None:
-        """Stop the loader's workers and flush the logs; safe to call twice."""
+        """Stop the loader's workers, the GPU sampler and a profile cut short; flush the logs; safe to call twice."""
         try:
             self.console.stop()
             self.loader.close()
+            self.gpu.close()
+            self.profiler.close()
         finally:
             self.logger.close()
 
@@ -127,6 +139,7 @@ def resolve_run_dir(config: RunConfig, name: str, run_dir: Path | None, resume: 
 
 def check_optional_features(config: RunConfig) -> None:
     check_strategy_installed(config.parallel)
+    check_wandb_installed(config)
     if config.log.tensorboard:
         try:
             import torch.utils.tensorboard  # noqa: F401
@@ -153,6 +166,7 @@ def build_run(
     loader = build_train_loader(config, device, env.rank, env.world_size)
     try:
         plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.world_size)
+        sampler = check_observers(config, plan.total_steps, data_info.tokenizer)
         model = build_model(config, device)
         strategy = build_run_strategy(model, config, device, env, precision, plan)
         scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
@@ -163,9 +177,10 @@ def build_run(
         loader.close()
         raise
     console.progress.update(console.task, completed=state.step)
-    logger = MetricsLogger(
-        run_dir, config.log.tensorboard, is_main=env.is_main, resume_step=state.step if resume else None
-    )
+    resume_step = state.step if resume else None
+    wandb = open_wandb(config, run_dir, env, console)
+    logger = MetricsLogger(run_dir, config.log.tensorboard, is_main=env.is_main, resume_step=resume_step, wandb=wandb)
+    timer = PhaseTimer(device)
     return Run(
         config=config,
         run_dir=run_dir,
@@ -175,7 +190,7 @@ def build_run(
         loader=loader,
         plan=plan,
         state=state,
-        timer=PhaseTimer(device),
+        timer=timer,
         meter=ThroughputMeter(config.model.args, config.data.seq_len, device, precision.name, env.world_size),
         logger=logger,
         console=console,
@@ -185,6 +200,9 @@ def build_run(
         # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
         records=read_jsonl(run_dir / METRICS_FILE),
         eval_records=read_jsonl(run_dir / EVAL_FILE),
+        profiler=build_profiler(config, run_dir, env, device, timer, console),
+        gpu=open_gpu_counters(device, config.log.nvml),
+        sampler=sampler,
     )
 
 

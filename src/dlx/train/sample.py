@@ -1,8 +1,11 @@
-"""`dlx generate`: a trained model and its run's tokenizer, from a run folder or one checkpoint folder."""
+"""`dlx generate`: a trained model and its run's tokenizer, from a run folder or one checkpoint folder; and the same
+generation during training (`eval.sample_every`, `eval.sample_prompts`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -11,6 +14,7 @@ from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
 from dlx.model.io import WEIGHTS_FILE, load_model
 from dlx.train.checkpoint import find_resumable
+from dlx.train.config import EvalSection
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -93,3 +97,76 @@ def _eos_id(tokenizer) -> int | None:
         if token_id is not None:
             return token_id
     return None
+
+
+@dataclass(frozen=True)
+class TrainingSampler:
+    """What `eval.sample_*` asks for, with the run's tokenizer loaded once."""
+
+    tokenizer: Any
+    prompts: list[str]
+    every: int
+    max_new_tokens: int
+    temperature: float
+    top_k: int | None
+    seed: int
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+
+def build_sampler(config: EvalSection, tokenizer_path: Path | None, data_path: str) -> TrainingSampler | None:
+    """None when eval.sample_every is 0; a UserError (before the run folder exists) when the prompts cannot be
+    encoded: no tokenizer with the dataset, or a prompt that encodes to no tokens."""
+    if not config.sample_every:
+        return None
+    if tokenizer_path is None:
+        raise UserError(
+            f"eval.sample_every needs the dataset's {TOKENIZER_FILE} and data.path {data_path} has none; "
+            "prepare the dataset with its tokenizer or set eval.sample_every 0"
+        )
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    for index, prompt in enumerate(config.sample_prompts):
+        if not tokenizer.encode(prompt).ids:
+            raise UserError(f"eval.sample_prompts[{index}] ({prompt!r}) encodes to no tokens; give some text")
+    return TrainingSampler(
+        tokenizer,
+        list(config.sample_prompts),
+        config.sample_every,
+        config.sample_tokens,
+        config.sample_temperature,
+        config.sample_top_k,
+        config.sample_seed,
+    )
+
+
+def sample_during_training(model: torch.nn.Module, sampler: TrainingSampler, step: int) -> list[dict[str, Any]]:
+    """One record per prompt: its continuation by `continue_text`, the code `dlx generate` runs. Training goes on
+    as if nothing had happened: the model's train/eval mode is restored, and only the sampler's own seeded generator
+    draws random numbers (torch's global generators are untouched). Under FSDP and ZeRO-3 every rank must call this
+    (the forward gathers the shards); the records are the same on every rank."""
+    was_training = model.training
+    settings = {"temperature": sampler.temperature, "top_k": sampler.top_k, "seed": sampler.seed}
+    try:
+        return [
+            {
+                "step": step,
+                "prompt": prompt,
+                "text": continue_text(
+                    model,
+                    sampler.tokenizer,
+                    prompt,
+                    sampler.max_new_tokens,
+                    sampler.temperature,
+                    sampler.top_k,
+                    None,
+                    sampler.seed,
+                ),
+                **settings,
+            }
+            for prompt in sampler.prompts
+        ]
+    finally:
+        model.train(was_training)

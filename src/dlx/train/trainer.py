@@ -33,6 +33,7 @@ from dlx.train import folder
 from dlx.train.config import RunConfig
 from dlx.train.data import build_eval_loader
 from dlx.train.eval import evaluate, next_token_loss, perplexity
+from dlx.train.observe import log_samples, observed_columns, observer_header, report_files
 from dlx.train.run import Run, build_run
 from dlx.train.signals import GracefulStop
 from dlx.train.step_plan import header_lines
@@ -111,15 +112,16 @@ def train_loop(run: Run) -> None:
     """Optimizer steps from where the run stands to the plan's last step; stops early on a signal (to any rank)."""
     window = TimingWindow()
     for step in range(run.state.step + 1, run.plan.total_steps + 1):
-        loss = accumulate_gradients(
-            run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer, run.strategy
-        )
-        lr = run.scheduler.get_last_lr()[0]
-        loss_value, stop_requested = agree_on_step(run, loss)  # NaN policy and stop: the same on every rank
-        with run.timer.phase("optimizer"):
-            grad_norm = run.strategy.optimizer_step() if math.isfinite(loss_value) else None
-            run.scheduler.step()
-        window.add(run.timer.end_step())
+        with run.profiler.step(step):  # torch.profiler over the profile.* steps; nothing otherwise
+            loss = accumulate_gradients(
+                run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer, run.strategy
+            )
+            lr = run.scheduler.get_last_lr()[0]
+            loss_value, stop_requested = agree_on_step(run, loss)  # NaN policy and stop: the same on every rank
+            with run.timer.phase("optimizer"):
+                grad_norm = run.strategy.optimizer_step() if math.isfinite(loss_value) else None
+                run.scheduler.step()
+            window.add(run.timer.end_step())
         run.state.step, run.state.tokens_seen = step, run.state.tokens_seen + run.plan.tokens_per_step
         if grad_norm is None:
             handle_non_finite(run, step, loss_value)
@@ -156,16 +158,19 @@ def name_the_stop(run: Run) -> None:
 
 
 def between_steps(run: Run, step: int) -> bool:
-    """Evaluation and checkpoints when due, with the step clock paused: they are not step time. Returns whether a stop
-    was requested (on any rank) while they ran, so that a signal during an evaluation stops at this step."""
+    """Evaluation, samples and checkpoints when due, with the step clock paused: they are not step time. Returns
+    whether a stop was requested (on any rank) while they ran, so that a signal during an evaluation stops here."""
     cfg = run.config
     due_eval = cfg.eval.every and step % cfg.eval.every == 0
+    due_sample = run.sampler is not None and run.sampler.due(step)
     due_save = cfg.checkpoint.every and step % cfg.checkpoint.every == 0
-    if not (due_eval or due_save):
+    if not (due_eval or due_sample or due_save):
         return False
     with run.timer.paused():
         if due_eval:
             run_eval(run, step)
+        if due_sample:
+            log_samples(run, step)
         if due_save:
             save(run)
     return distributed.any_rank(run.stop.requested, run.device)
@@ -241,6 +246,7 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
     if run.env.is_distributed and record.get("peak_mem_gb") is not None:
         record["peak_mem_gb"] = distributed.all_reduce([record["peak_mem_gb"]], "max", run.device)[0]
     record["epoch"] = run.loader.epoch
+    record.update(observed_columns(run))  # GPU counters, profiled steps
     run.logger.log(record)
     run.records.append(record)
     run.console.print(run.meter.format_line(record))
@@ -293,6 +299,7 @@ def finish(run: Run) -> None:
         run.verdict = bottleneck_verdict(run.records)
         run.console.print(str(run.verdict))
         write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records)
+        run.logger.finish_run(step, run.verdict, report_files(run.run_dir))
     run.console.print(f"run folder: {run.run_dir} (report.md, metrics.jsonl, checkpoints/)")
 
 
@@ -302,6 +309,7 @@ def print_header(run: Run) -> None:
     # ds_numel: a ZeRO-3 parameter's full size (its local tensor is empty); a DTensor's numel is already the full one
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in run.model.parameters() if p.requires_grad)
     run.header = header_lines(run.plan, trainable, run.precision.name, device_name(run.device)) + run.meter.header()
+    run.header += observer_header(run)
     for line in run.header:
         run.console.print(line)
     run.console.print(f"run folder: {run.run_dir}")
