@@ -262,7 +262,7 @@ def failures_and_resume(folder: Path) -> dict[str, dict]:
     cases["2 workers → 1"] = ((1, 2), (1, 1))
     return {
         c: {
-            "killed": contest.killed_worker(c, folder),
+            "killed": contest.isolated("killed_worker", c, folder),
             "failing": contest.failing_worker(c, folder),
             **{name: contest.resume_exact(c, folder, *worlds) for name, worlds in cases.items()},
         }
@@ -346,14 +346,15 @@ def shutdown_table(results: dict[tuple[str, str], list[dict]]) -> list[str]:
 def failures_table(results: dict[str, dict]) -> list[str]:
     resume = [k for k in next(iter(results.values())) if k not in ("killed", "failing")]
     rows = [
-        "| contender | worker SIGKILLed: error after, s | names the pid | failing worker: traceback reaches the "
-        f"trainer | exact resume: {' / '.join(resume)} |",
+        "| contender | worker SIGKILLed: error after, s (raised in) | names the pid | failing worker: traceback "
+        f"reaches the trainer | exact resume: {' / '.join(resume)} |",
         "|---|---|---|---|---|",
     ]
     for contender, r in results.items():
         killed, seconds = r["killed"], r["killed"]["seconds"]
+        after = "none" if seconds is None else f"{seconds:.3f} (in {killed['where']})"
         rows.append(
-            f"| {contender} | {'none' if seconds is None else f'{seconds:.3f}'} | {killed.get('names_pid', False)} "
+            f"| {contender} | {after} | {killed['names_pid']} "
             f"| {r['failing']['traceback']} | {' / '.join('yes' if r[k] else 'NO' for k in resume)} |"
         )
     rows += ["", "The trainer's error when a worker was killed:", ""]
@@ -382,6 +383,8 @@ def main() -> None:
     header = environment(WATCHED)
     with tempfile.TemporaryDirectory(prefix="dlx-bench-loader-") as tmp:
         folder, counting = random_dataset(Path(tmp) / "random"), counting_dataset(Path(tmp) / "counting")
+        ends = shutdown(counting, args.signal_repeats)
+        faults = failures_and_resume(counting)
         speeds, step_ms = gil_tax(folder, args.turns, args.busy_rounds)
         cpu_us = {c: contest.trainer_cpu_us(c, folder) for c in CONTENDERS}
         flow, first = throughput(folder, args.rounds, args.train_steps), startup(folder, args.rounds)
@@ -389,8 +392,6 @@ def main() -> None:
         waits = demo_wait(Path(tmp) / "stdlib", vocab, args.demo_rounds, args.demo_steps)
         hash_mb_s = hash_rate_mb_s(folder)
         demo_mb = sum(p.stat().st_size for p in (Path(tmp) / "stdlib").glob("*.bin")) / 1e6
-        ends = shutdown(counting, args.signal_repeats)
-        faults = failures_and_resume(counting)
     tables = {
         f"(a) GIL tax: MLP training step ({statistics.median(step_ms):.1f} ms median) fed each way, turns of 5 steps; "
         "bar ≥ 0.97": gil_table(speeds, cpu_us),

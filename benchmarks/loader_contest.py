@@ -8,6 +8,7 @@ turns them into tables.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import select
 import signal
@@ -164,20 +165,40 @@ def worker_memory_mb(contender: str, folder: Path, batches: int = 200) -> float:
 
 
 def killed_worker(contender: str, folder: Path) -> dict:
-    """SIGKILL one worker while the trainer reads; seconds until the trainer gets an error, and the error's text."""
-    with make_loader(contender, folder, seq_len=16, micro_batch_size=2, num_workers=2, prefetch=2) as loader:
+    """SIGKILL one worker while the trainer reads; seconds until the trainer gets an error, where it surfaced, and
+    the error's text. Run in a process of its own (`isolated`): torch's DataLoader raises from a SIGCHLD handler,
+    wherever the trainer happens to be (in `next`, or in `close`), and its handler stays installed afterwards."""
+    loader = make_loader(contender, folder, seq_len=16, micro_batch_size=2, num_workers=2, prefetch=2)
+    where, start, victim = "the loop reading batches", time.monotonic(), -1
+    try:
         next(loader)
         victim = loader.worker_pids[1]
         os.kill(victim, signal.SIGKILL)
         start = time.monotonic()
-        try:
-            while time.monotonic() - start < 30:
-                next(loader)
-                time.sleep(0.001)
-            return {"seconds": None, "message": "no error in 30 s"}
-        except Exception as e:  # what each contender raises is what is measured
-            message = str(e).strip().splitlines()[0]
-            return {"seconds": time.monotonic() - start, "message": message, "names_pid": str(victim) in str(e)}
+        while time.monotonic() - start < 30:
+            next(loader)
+            time.sleep(0.001)
+        where = "close()"
+        loader.close()
+        return {"seconds": None, "where": "nowhere", "message": "no error in 30 s", "names_pid": False}
+    except Exception as e:  # what each contender raises, and where, is what is measured
+        message = str(e).strip().splitlines()[0]
+        seconds = time.monotonic() - start
+        return {"seconds": seconds, "where": where, "message": message, "names_pid": str(victim) in message}
+
+
+def isolated(check: str, contender: str, folder: Path) -> dict:
+    """`check(contender, folder)` of this module run in a fresh process (its signal handlers die with it)."""
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(HERE)!r}); import loader_contest; "
+        f"print(json.dumps(loader_contest.{check}({contender!r}, __import__('pathlib').Path({str(folder)!r}))))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        crash = result.stderr.strip()[-300:]
+        return {"seconds": None, "where": "the check crashed", "message": crash, "names_pid": False}
+    return json.loads(lines[-1])
 
 
 def failing_worker(contender: str, folder: Path) -> dict:
