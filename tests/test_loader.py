@@ -191,6 +191,14 @@ def test_a_changed_shard_stops_the_first_batch_that_reads_it(dataset: Path):
     assert len(take(loader(dataset, shuffle=False, verify=False), 31)) == 31  # verify=False reads it as it is
 
 
+def test_a_shard_removed_after_the_loader_opened_it_is_named(dataset: Path):
+    it = loader(dataset, shuffle=False)
+    (dataset / "train-00000.bin").unlink()
+    with pytest.raises(UserError, match=r"cannot read shard train-00000\.bin \(No such file or directory\)") as error:
+        next(it)
+    assert f"dlx data verify {dataset.resolve()}" in str(error.value) and "\n" not in str(error.value)
+
+
 def test_each_shard_is_hashed_once_per_process_and_only_when_read(dataset: Path, monkeypatch):
     from dlx.data import shards
 

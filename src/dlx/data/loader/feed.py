@@ -61,12 +61,17 @@ def verify_shard(shard: str, sha256: str) -> None:
     """UserError unless the shard's SHA-256 is the manifest's (once per process per unchanged file)."""
     path = Path(shard)
     folder, name = path.parent, path.name
-    key = _shard_key(path, sha256)
-    if key in _verified:
-        return
     from dlx.data.shards import sha256_file  # imports pydantic: kept off a worker's start
 
-    if sha256_file(path) != sha256:
+    try:
+        key = _shard_key(path, sha256)
+        matches = key in _verified or sha256_file(path) == sha256
+    except OSError as e:
+        raise UserError(
+            f"dataset {folder}: cannot read shard {name} ({e.strerror}); run `dlx data verify {folder}` and "
+            "`dlx prepare` again if it is missing"
+        ) from None
+    if not matches:
         raise UserError(
             f"dataset {folder}: shard {name} does not match the checksum in its manifest (the file changed after "
             f"`dlx prepare` wrote it); run `dlx data verify {folder}` to list every damaged file, then `dlx prepare` "
@@ -76,7 +81,8 @@ def verify_shard(shard: str, sha256: str) -> None:
 
 
 class _BackgroundVerifier:
-    """Verifies some shards in a daemon thread (hashlib releases the GIL); `failure` holds the first mismatch."""
+    """Verifies some shards in a daemon thread (hashlib releases the GIL); `failure` holds the first mismatch or
+unreadable shard."""
 
     def __init__(self, shards: list[tuple[str, str]]):
         self.failure: str | None = None

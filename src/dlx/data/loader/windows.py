@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dlx.errors import UserError
+
 
 @dataclass(frozen=True)
 class SplitSpec:
@@ -44,11 +46,7 @@ class TokenWindows:
         dtype = np.dtype(spec.dtype).newbyteorder("<")
         # Pages load lazily on first touch, so mapping every shard up front costs only address space. Plain ndarray
         # views of the maps: slicing an np.memmap costs several times more (its subclass hooks run on every slice).
-        self._shards = [
-            np.memmap(Path(spec.folder) / name, dtype=dtype, mode="r", shape=(tokens,)).view(np.ndarray)
-            for name, tokens in spec.shards
-            if tokens > 0
-        ]
+        self._shards = [_map(Path(spec.folder) / name, dtype, tokens) for name, tokens in spec.shards if tokens > 0]
         self._names = [name for name, tokens in spec.shards if tokens > 0]
         sizes = [len(s) for s in self._shards]
         self._starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
@@ -101,3 +99,15 @@ class TokenWindows:
             self._scratch[row] = self._read(begin, shard)
         out[0] = self._scratch[:, :-1]
         out[1] = self._scratch[:, 1:]
+
+
+def _map(path: Path, dtype: np.dtype, tokens: int) -> np.ndarray:
+    """A read-only view of a shard's tokens; UserError naming the shard when it cannot be opened."""
+    try:
+        return np.memmap(path, dtype=dtype, mode="r", shape=(tokens,)).view(np.ndarray)
+    except (OSError, ValueError) as e:  # missing, unreadable, or shorter than the manifest says
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise UserError(
+            f"dataset {path.parent}: cannot read shard {path.name} ({reason}); run `dlx data verify {path.parent}` "
+            "and `dlx prepare` again if it is missing"
+        ) from None
