@@ -82,7 +82,7 @@ def verify_shard(shard: str, sha256: str) -> None:
 
 class _BackgroundVerifier:
     """Verifies some shards in a daemon thread (hashlib releases the GIL); `failure` holds the first mismatch or
-unreadable shard."""
+    unreadable shard."""
 
     def __init__(self, shards: list[tuple[str, str]]):
         self.failure: str | None = None
