@@ -24,7 +24,7 @@ from torch import nn
 from dlx.errors import UserError
 from dlx.metrics.report import write_report
 from dlx.metrics.timing import PhaseTimer
-from dlx.metrics.verdict import bottleneck_verdict
+from dlx.metrics.verdict import Hardware, bottleneck_verdict
 from dlx.parallel import distributed
 from dlx.parallel.strategy import Strategy
 from dlx.precision import Precision
@@ -124,10 +124,10 @@ def train_loop(run: Run) -> None:
         if grad_norm is None:
             handle_non_finite(run, step, loss_value)
         if step % run.config.log.every == 0 or step in (1, run.plan.total_steps):  # step 1: the starting loss
-            log_step(run, step, loss_value, lr, grad_norm, window.mean())
+            log_step(run, step, loss_value, lr, grad_norm, window)
             window = TimingWindow()
         else:
-            run.console.advance(step, None)
+            run.console.advance(step, None, loss_value)
         stopped_between = between_steps(run, step)
         if stop_requested or stopped_between:
             run.stopped_early = True
@@ -216,23 +216,32 @@ def handle_non_finite(run: Run, step: int, loss_value: float) -> None:
 
 
 class TimingWindow:
-    """Phase timings averaged over the steps between two logged records, so a record describes its whole window."""
+    """Phase timings averaged over the steps between two logged records, so a record describes its whole window,
+    and the spread of its step times (for the verdict's confidence)."""
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
         self.count = 0
+        self.step_squares = 0.0
 
     def add(self, timings: dict[str, float]) -> None:
         for key, value in timings.items():
             self.sums[key] = self.sums.get(key, 0.0) + value
+        self.step_squares += timings["step_s"] ** 2
         self.count += 1
 
     def mean(self) -> dict[str, float]:
         return {key: value / self.count for key, value in self.sums.items()}
 
+    def spread(self) -> dict[str, float]:
+        """`window_steps` and `step_s_std` (population standard deviation of the window's step times)."""
+        mean = self.sums["step_s"] / self.count
+        return {"window_steps": self.count, "step_s_std": math.sqrt(max(self.step_squares / self.count - mean**2, 0))}
 
-def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tensor | None, timings: dict) -> None:
+
+def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tensor | None, window: TimingWindow) -> None:
     """Under torchrun the record holds every rank's mean phase times and the largest peak memory of any rank."""
+    timings = window.mean()
     names = sorted(timings)
     timings = dict(zip(names, distributed.all_reduce([timings[n] for n in names], "mean", run.device), strict=True))
     record = run.meter.record(
@@ -241,6 +250,7 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
     if run.env.is_distributed and record.get("peak_mem_gb") is not None:
         record["peak_mem_gb"] = distributed.all_reduce([record["peak_mem_gb"]], "max", run.device)[0]
     record["epoch"] = run.loader.epoch
+    record.update(window.spread())
     run.logger.log(record)
     run.records.append(record)
     run.console.print(run.meter.format_line(record))
@@ -290,10 +300,16 @@ def finish(run: Run) -> None:
     elif run.config.eval.every and not (run.eval_records and run.eval_records[-1]["step"] == step):
         run_eval(run, step)
     if run.records and run.env.is_main:
-        run.verdict = bottleneck_verdict(run.records)
+        run.verdict = bottleneck_verdict(run.records, hardware=hardware(run))
         run.console.print(str(run.verdict))
         write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records)
     run.console.print(f"run folder: {run.run_dir} (report.md, metrics.jsonl, checkpoints/)")
+
+
+def hardware(run: Run) -> Hardware:
+    from dlx.device import supports_native_bf16
+
+    return Hardware(run.device.type, run.precision.name, supports_native_bf16(run.device))
 
 
 def print_header(run: Run) -> None:
