@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -39,20 +40,43 @@ def prepare(
 
     if val_fraction is not None and val_documents is not None:
         raise UserError("give --val-fraction or --val-documents, not both")
-    prepare_dataset(
-        inputs or None,
-        out,
-        corpus=corpus,
-        tokenizer=tokenizer,
-        train_tokenizer=train_tokenizer,
-        text_field=text_field,
-        val_fraction=val_fraction,
-        val_documents=val_documents,
-        shard_tokens=shard_tokens,
-        workers=workers,
-        strict=strict,
-        add_bos=bos,
-        progress=not no_progress,
+    try:
+        prepare_dataset(
+            inputs or None,
+            out,
+            corpus=corpus,
+            tokenizer=tokenizer,
+            train_tokenizer=train_tokenizer,
+            text_field=text_field,
+            val_fraction=val_fraction,
+            val_documents=val_documents,
+            shard_tokens=shard_tokens,
+            workers=workers,
+            strict=strict,
+            add_bos=bos,
+            progress=not no_progress,
+        )
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (which prepare raises as KeyboardInterrupt("signal 15"))
+        number = int(str(stop).split()[-1]) if str(stop).startswith("signal ") else int(signal.SIGINT)
+        print(interrupted_note(out, signal.Signals(number).name), file=sys.stderr)
+        raise typer.Exit(128 + number) from None
+
+
+def interrupted_note(out: Path, signal_name: str) -> str:
+    """What a stopped `dlx prepare` kept in --out, and how to continue."""
+    from dlx.data.shards import MANIFEST_FILE, read_manifest
+
+    if not (out / MANIFEST_FILE).is_file():
+        return (
+            f"stopped by {signal_name} before the first shard was written: {out} holds nothing to keep; run the same "
+            "command to start again"
+        )
+    manifest = read_manifest(out)
+    tokens = sum(s.tokens for s in manifest.shards)
+    return (
+        f"stopped by {signal_name}: {out} keeps {len(manifest.shards)} finished shard(s) ({tokens:,} tokens) and the "
+        "position reached; run the same command again to continue from there (the result is byte-identical to an "
+        "uninterrupted run)"
     )
 
 

@@ -30,6 +30,7 @@ from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
 from dlx.train.header import StepPlan, plan_steps
 from dlx.train.optim import build_optimizer, build_scheduler
+from dlx.train.preflight import Preflight, run_preflight
 from dlx.train.recipe import write_resolved
 from dlx.train.signals import GracefulStop
 
@@ -60,6 +61,8 @@ class Run:
     data_info: DatasetInfo
     env: DistEnv = field(default_factory=DistEnv)
     """This rank and the world size (rank 0 of 1 without torchrun)."""
+    preflight: Preflight | None = None
+    """What was checked before step 1 (dlx.train.preflight), printed in the header."""
     last_checkpoint: Path | None = None
     header: list[str] = field(default_factory=list)
     """The start-up header, repeated in report.md."""
@@ -137,6 +140,7 @@ def build_run(
     touch the file system (which folder, which checkpoint) and every rank gets them, or the same one-line error."""
     data_info = inspect_dataset(config)
     run_dir = main_decides(lambda: resolve_run_dir(config, name, run_dir, resume))
+    checked = main_decides(lambda: run_preflight(config, run_dir, resume, env.world_size))
     precision = build_precision(config.train.precision, device, engine_managed=config.parallel.strategy == "deepspeed")
     loader = build_train_loader(config, device, env.rank, env.world_size)
     try:
@@ -174,6 +178,7 @@ def build_run(
         stop=stop,
         data_info=data_info,
         env=env,
+        preflight=checked,
         last_checkpoint=last,
         # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
         records=read_jsonl(run_dir / METRICS_FILE),
@@ -194,7 +199,7 @@ def restore(
         return ckpt.TrainerState(), None
     loaded = find_checkpoint(run_dir, console, strategy.env)
     if loaded is None:
-        console.warn(f"--resume: {run_dir} holds no complete checkpoint; starting it again from step 0")
+        console.warn(folder.no_checkpoint_note(run_dir))
         return ckpt.TrainerState(), None
     state = ckpt.apply_checkpoint(loaded, strategy, scheduler, strategy.precision.scaler)
     if state.loader is not None:

@@ -318,6 +318,7 @@ def print_header(run: Run) -> None:
     # ds_numel: a ZeRO-3 parameter's full size (its local tensor is empty); a DTensor's numel is already the full one
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in run.model.parameters() if p.requires_grad)
     run.header = header_lines(run.plan, trainable, run.precision.name, device_name(run.device)) + run.meter.header()
+    run.header += run.preflight.lines() if run.preflight else []
     for line in run.header:
         run.console.print(line)
     run.console.print(f"run folder: {run.run_dir}")
