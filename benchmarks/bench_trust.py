@@ -1,10 +1,11 @@
 """Trust (issue 15): the embedded demo's MFU and verdict on the machine as it is and with busy processes at start-up,
 the demo's wall time, and what preflight costs for the demo and for the 1B recipe's dataset size.
 
-The demo runs as a user runs it: `dlx pretrain` with no arguments in an empty folder, under `/usr/bin/time -v`. The
-"busy start-up" run starts one spinning process per core together with the demo (its dataset is then already
-prepared: a link to the first run's), for --busy-seconds, which covers start-up (the CPU matmul probe, building the
-model) and the first steps. The load average is sampled every 5 s during each run.
+Two runs of the demo's recipe (`dlx pretrain recipes/demo.yaml`, `--train.max_steps` --steps, on the stdlib dataset
+prepared once beforehand): on the machine as it is, then with one spinning process per core started together with
+it for --busy-seconds, which covers start-up (the CPU matmul probe, building the model) and the first steps. With
+--demo-wall, also the demo as a user runs it: `dlx pretrain` with no arguments in an empty folder (preparing its
+dataset), under `/usr/bin/time -v`. The load average is sampled every 5 s during each run.
 
 Preflight for the 1B recipe is timed on a replica of its dataset's layout: the recipe's data section with 250 train
 shards of 100M uint32 tokens (25B tokens, 20 per parameter of llama3.2-1b) and one validation shard, as sparse files
@@ -25,12 +26,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from dlx.data.shards import Manifest, ShardInfo, read_manifest, write_manifest
 from dlx.metrics.verdict import bottleneck_verdict
 from dlx.train.config import build_config
-from dlx.train.demo import DEMO_DATA, demo_recipe
+from dlx.train.demo import DEMO_DATA, demo_recipe, prepare_demo_data
 from dlx.train.preflight import checkpoint_bytes, run_preflight
 from dlx.train.recipe import load_recipe
 from peers.record import ROOT, environment, record_section
@@ -62,8 +64,10 @@ class LoadSampler:
         self._thread.join()
 
 
-def run_demo(folder: Path, busy_seconds: float) -> dict:
-    """`dlx pretrain` in `folder` (with `busy_seconds` of one spinning process per core started beside it)."""
+def run_demo(folder: Path, busy_seconds: float, steps: int | None) -> dict:
+    """`dlx pretrain` in `folder` (the demo recipe for `steps` steps, or the whole demo with None), with
+    `busy_seconds` of one spinning process per core started beside it."""
+    recipe = [] if steps is None else [str(ROOT / "recipes" / "demo.yaml"), "--train.max_steps", str(steps)]
     burners = [
         subprocess.Popen([sys.executable, "-c", SPIN.format(seconds=busy_seconds)])
         for _ in range(os.cpu_count() or 1)
@@ -72,7 +76,7 @@ def run_demo(folder: Path, busy_seconds: float) -> dict:
     try:
         with LoadSampler() as load:
             proc = subprocess.run(
-                ["/usr/bin/time", "-v", sys.executable, "-m", "dlx", "pretrain"],
+                ["/usr/bin/time", "-v", sys.executable, "-m", "dlx", "pretrain", *recipe],
                 cwd=folder,
                 capture_output=True,
                 text=True,
@@ -90,7 +94,7 @@ def run_demo(folder: Path, busy_seconds: float) -> dict:
 
 
 def summarise(folder: Path, out: str, err: str, load: list[float]) -> dict:
-    run_dir = next((folder / "runs").glob("demo-*"))
+    run_dir = next((folder / "runs").glob("demo*"))
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     verdict = bottleneck_verdict(records)
@@ -112,7 +116,8 @@ def summarise(folder: Path, out: str, err: str, load: list[float]) -> dict:
         "verdict": f"{verdict.kind}{'' if verdict.confident else ' (tentative)'}",
         "step_cv": verdict.evidence["step_cv"],
         "reason": verdict.reason,
-        "losses": f"{records[0]['loss']:.3f} → {records[-1]['loss']:.3f}; val {evals[-1]['loss']:.3f}",
+        "losses": f"{records[0]['loss']:.3f} → {records[-1]['loss']:.3f} (step {records[-1]['step']}); "
+        f"val {evals[-1]['loss']:.3f}",
         "preflight": next((line for line in out.splitlines() if line.startswith("Preflight passed")), "n/a"),
     }
 
@@ -189,7 +194,7 @@ def demo_rows(results: dict[str, dict]) -> list[str]:
         "step_ms": "median step (ms)",
         "verdict": "verdict",
         "step_cv": "step-time CV (threshold 15 %)",
-        "losses": "train loss step 1 → 400; final validation loss",
+        "losses": "train loss step 1 → last; final validation loss",
         "rss_gb": "peak RSS (GB)",
     }
     for key, label in labels.items():
@@ -214,6 +219,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--busy-seconds", type=float, default=60.0, help="How long the busy processes spin.")
     parser.add_argument("--repeats", type=int, default=20, help="Preflight runs per dataset.")
+    parser.add_argument("--steps", type=int, default=100, help="Optimizer steps of each recipe run.")
+    parser.add_argument("--demo-wall", action="store_true", help="Also time the whole demo in an empty folder.")
     parser.add_argument("--no-record", action="store_true", help="Print only; do not append to BENCHMARKS.md.")
     parser.add_argument("--preflight-only", action="store_true", help="Only the preflight table (implies --no-record).")
     args = parser.parse_args()
@@ -221,26 +228,29 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="dlx-bench-trust-") as tmp_name:
         tmp = Path(tmp_name)
         if args.preflight_only:
-            from dlx.train.demo import prepare_demo_data
-
             prepare_demo_data(tmp / DEMO_DATA)
             print("\n".join(preflight_rows(tmp / DEMO_DATA, tmp, args.repeats)))
             return
-        (tmp / "as-is").mkdir()
-        (tmp / "busy").mkdir()
-        results = {"machine as it is (other helpers' load)": run_demo(tmp / "as-is", 0)}
-        (tmp / "busy" / "data").symlink_to(tmp / "as-is" / "data")
-        results[f"+ {os.cpu_count()} spinning processes, first {args.busy_seconds:.0f} s"] = run_demo(
-            tmp / "busy", args.busy_seconds
-        )
-        preflight = preflight_rows(tmp / "as-is" / DEMO_DATA, tmp, args.repeats)
+        started = time.perf_counter()
+        prepare_demo_data(tmp / DEMO_DATA)
+        prepare_s = time.perf_counter() - started
+        results = {}
+        for name, busy in (("machine as it is", 0.0), (f"+ {os.cpu_count()} spinning processes", args.busy_seconds)):
+            folder = tmp / f"run-{len(results)}"
+            (folder / "data").mkdir(parents=True)
+            (folder / DEMO_DATA).symlink_to(tmp / DEMO_DATA)
+            results[name] = run_demo(folder, busy, args.steps)
+        if args.demo_wall:
+            (tmp / "demo").mkdir()
+            results["`dlx pretrain` (the whole demo, empty folder)"] = run_demo(tmp / "demo", 0.0, None)
+        preflight = preflight_rows(tmp / DEMO_DATA, tmp, args.repeats)
     lines = [
         f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
         "",
         *header,
         "",
-        "The embedded demo (`dlx pretrain`, no arguments, in an empty folder; the second run reuses the first's "
-        "prepared dataset):",
+        f"The demo's recipe, {args.steps} steps (`recipes/demo.yaml`, dataset prepared beforehand in "
+        f"{prepare_s:.0f} s); the spinning processes ran for the first {args.busy_seconds:.0f} s:",
         "",
         *demo_rows(results),
         "",
