@@ -122,6 +122,31 @@ def summarise(folder: Path, out: str, err: str, load: list[float]) -> dict:
     }
 
 
+WAIT_POLICIES = {"default (unset)": None, "OMP_WAIT_POLICY=PASSIVE": "PASSIVE"}
+
+
+def wait_policy_rows(tmp: Path, rounds: int) -> list[str]:
+    """The demo's step (bf16 autocast where native, seq 256, micro-batch 8) under `dlx bench`, OpenMP's wait policy
+    default against PASSIVE (idle threads sleep instead of spinning), interleaved round by round."""
+    steps: dict[str, list[float]] = {name: [] for name in WAIT_POLICIES}
+    loads = []
+    for index in range(rounds):
+        for name, policy in WAIT_POLICIES.items():
+            env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+            env.update({"OMP_WAIT_POLICY": policy} if policy else {})
+            out = tmp / f"policy-{index}-{policy}"
+            cmd = [sys.executable, "-m", "dlx", "bench", "--model", "demo", "--seq-len", "256", "--micro-batch", "8"]
+            cmd += ["--precision", "auto", "--steps", "2", "--warmup", "1", "--out", str(out)]
+            loads.append(os.getloadavg()[0])
+            subprocess.run(cmd, check=True, capture_output=True, env=env)
+            rows = (out / "bench.csv").read_text().splitlines()
+            header, values = rows[0].split(","), rows[1].split(",")
+            steps[name].append(1e3 * float(values[header.index("step_s")]))
+    table = ["| OpenMP wait policy | step ms per round | median |", "|---|---|---:|"]
+    table += [f"| {n} | {', '.join(f'{v:.0f}' for v in s)} | {statistics.median(s):.0f} |" for n, s in steps.items()]
+    return [*table, "", f"1-min load average at each start: {min(loads):.1f}–{max(loads):.1f}."]
+
+
 def one_b_replica(folder: Path) -> Path:
     """The 1B recipe's dataset layout as sparse files: stat-able at their exact sizes, taking no disk."""
     folder.mkdir(parents=True)
@@ -221,6 +246,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20, help="Preflight runs per dataset.")
     parser.add_argument("--steps", type=int, default=100, help="Optimizer steps of each recipe run.")
     parser.add_argument("--demo-wall", action="store_true", help="Also time the whole demo in an empty folder.")
+    parser.add_argument("--policy-rounds", type=int, default=3, help="Rounds of the OpenMP wait-policy comparison.")
     parser.add_argument("--no-record", action="store_true", help="Print only; do not append to BENCHMARKS.md.")
     parser.add_argument("--preflight-only", action="store_true", help="Only the preflight table (implies --no-record).")
     args = parser.parse_args()
@@ -244,6 +270,7 @@ def main() -> None:
             (tmp / "demo").mkdir()
             results["`dlx pretrain` (the whole demo, empty folder)"] = run_demo(tmp / "demo", 0.0, None)
         preflight = preflight_rows(tmp / DEMO_DATA, tmp, args.repeats)
+        policies = wait_policy_rows(tmp, args.policy_rounds) if args.policy_rounds else []
     lines = [
         f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
         "",
@@ -261,6 +288,8 @@ def main() -> None:
         "- per-shard checksum verification in the loader's workers (issue 15, Build 3): measured by "
         "benchmarks/bench_loader.py; figure pending from that change",
     ]
+    if policies:
+        lines += ["", "A demo step (`dlx bench --model demo`, 2 timed steps after 1 warm-up) by OpenMP wait policy:", "", *policies]
     print("\n".join(lines))
     if not args.no_record:
         record_section("Trust", TRUST_INTRO, lines)
