@@ -289,7 +289,12 @@ def main() -> None:
         "benchmarks/bench_loader.py; figure pending from that change",
     ]
     if policies:
-        lines += ["", "A demo step (`dlx bench --model demo`, 2 timed steps after 1 warm-up) by OpenMP wait policy:", "", *policies]
+        lines += [
+            "",
+            "A demo step (`dlx bench --model demo`, 2 timed steps after 1 warm-up) by OpenMP wait policy:",
+            "",
+            *policies,
+        ]
     print("\n".join(lines))
     if not args.no_record:
         record_section("Trust", TRUST_INTRO, lines)

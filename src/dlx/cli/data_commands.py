@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -40,26 +42,37 @@ def prepare(
 
     if val_fraction is not None and val_documents is not None:
         raise UserError("give --val-fraction or --val-documents, not both")
-    try:
-        prepare_dataset(
-            inputs or None,
-            out,
-            corpus=corpus,
-            tokenizer=tokenizer,
-            train_tokenizer=train_tokenizer,
-            text_field=text_field,
-            val_fraction=val_fraction,
-            val_documents=val_documents,
-            shard_tokens=shard_tokens,
-            workers=workers,
-            strict=strict,
-            add_bos=bos,
-            progress=not no_progress,
-        )
-    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (which prepare raises as KeyboardInterrupt("signal 15"))
-        number = int(str(stop).split()[-1]) if str(stop).startswith("signal ") else int(signal.SIGINT)
-        print(interrupted_note(out, signal.Signals(number).name), file=sys.stderr)
-        raise typer.Exit(128 + number) from None
+    prepare_dataset(
+        inputs or None,
+        out,
+        corpus=corpus,
+        tokenizer=tokenizer,
+        train_tokenizer=train_tokenizer,
+        text_field=text_field,
+        val_fraction=val_fraction,
+        val_documents=val_documents,
+        shard_tokens=shard_tokens,
+        workers=workers,
+        strict=strict,
+        add_bos=bos,
+        progress=not no_progress,
+    )
+
+
+def says_what_it_kept(command: Callable[..., None]) -> Callable[..., None]:
+    """The command, saying on Ctrl-C or SIGTERM (which prepare raises as KeyboardInterrupt("signal 15")) what --out
+    kept and how to continue, then exiting with 128 + the signal number."""
+
+    @functools.wraps(command)
+    def run(**options: Any) -> None:
+        try:
+            command(**options)
+        except KeyboardInterrupt as stop:
+            number = int(str(stop).split()[-1]) if str(stop).startswith("signal ") else int(signal.SIGINT)
+            print(interrupted_note(options["out"], signal.Signals(number).name), file=sys.stderr)
+            raise typer.Exit(128 + number) from None
+
+    return run
 
 
 def interrupted_note(out: Path, signal_name: str) -> str:
@@ -116,5 +129,5 @@ def verify(folder: Annotated[Path, typer.Argument(help="A prepared dataset folde
 
 
 def register(app: typer.Typer) -> None:
-    app.command("prepare")(prepare)
+    app.command("prepare")(says_what_it_kept(prepare))
     app.add_typer(data_app, name="data")
