@@ -37,10 +37,8 @@ def write_report(
     header_lines: Sequence[str],
     eval_records: Sequence[dict[str, Any]] = (),
     skip_first: int = 1,
-    mixture_lines: Sequence[str] = (),
 ) -> Path:
-    """Write run_dir/report.md with loss.png, throughput.png and phases.png beside it; return the report's path.
-    `mixture_lines`: markdown for a data mixture (per-source figures), placed under the losses when given."""
+    """Write run_dir/report.md with loss.png, throughput.png and phases.png beside it; return the report's path."""
     run_dir = Path(run_dir)
     evals = [{"step": r["step"], "loss": r.get("loss", r.get("eval_loss"))} for r in eval_records]
     used = list(records[skip_first:]) if len(records) > skip_first else list(records)
@@ -53,7 +51,7 @@ def write_report(
         _conventions(),
         _summary(used, len(records) - len(used)) if used else ["## Summary", "", "No steps were logged."],
         _phases(verdict),
-        _losses(records, evals, mixture_lines),
+        _losses(records, evals),
         _verdict(verdict),
         _figures() if records else [],
     ]
