@@ -68,15 +68,6 @@ def test_report_from_logged_run(tmp_path: Path) -> None:
     assert f"| 0.6767 (step 8) | {ema:.4f} |" in text
 
 
-def test_report_has_a_place_for_the_data_mixture(tmp_path: Path) -> None:
-    fake_run(tmp_path, n_steps=2)
-    records = read_jsonl(tmp_path / "metrics.jsonl")
-    lines = ["| source | validation loss |", "|---|---:|", "| web | 3.1 |"]
-    text = write_report(tmp_path, records, bottleneck_verdict(records), [], mixture_lines=lines).read_text()
-    assert "## Loss" in text and "### Data mixture\n\n| source | validation loss |\n|---|---:|\n| web | 3.1 |" in text
-    assert "### Data mixture" not in write_report(tmp_path, records, bottleneck_verdict(records), []).read_text()
-
-
 def test_report_without_peak_or_eval(tmp_path: Path) -> None:
     records = [
         {

@@ -106,8 +106,9 @@ def _phases(verdict: Verdict) -> list[str]:
     return lines
 
 
-def _losses(records: Sequence[dict[str, Any]], evals: list[dict[str, Any]], mixture_lines: Sequence[str]) -> list[str]:
-    """Train loss (logged steps and their EMA, as loss.png draws them) and validation loss, first / last / best."""
+def _losses(records: Sequence[dict[str, Any]], evals: list[dict[str, Any]]) -> list[str]:
+    """Train loss (logged steps and their EMA, as loss.png draws them) and validation loss, first / last / best.
+    A data mixture's per-source figures (data.mix) belong in the section right after this one."""
     lines = ["## Loss", "", "| loss | first | last | best | last, smoothed |", "|---|---:|---:|---:|---:|"]
     train = [r for r in records if _finite(r.get("loss"))]
     if train:
@@ -123,8 +124,6 @@ def _losses(records: Sequence[dict[str, Any]], evals: list[dict[str, Any]], mixt
     else:
         lines.append("| validation | not evaluated (eval.every 0) | | | |")
     lines.append(f"\nThe smoothed column is the EMA (weight {plots.PLOT_SMOOTHING}) over the logged steps.")
-    if mixture_lines:
-        lines += ["", "### Data mixture", "", *mixture_lines]
     return lines
 
 
