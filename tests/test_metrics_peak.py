@@ -166,6 +166,20 @@ def test_this_cpu_has_a_theoretical_peak_above_what_it_attains() -> None:
     assert cpu_peak.compute_cores() <= torch.get_num_threads()
 
 
+def test_the_peak_follows_torchs_thread_count() -> None:
+    """The cores are the threads torch computes with: a cached one-thread peak must not serve a two-thread run."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = peak_for(torch.device("cpu"), "fp32")
+        assert one.source.startswith("CPU theoretical: 1 core × ")
+        torch.set_num_threads(2)
+        two = peak_for(torch.device("cpu"), "fp32")
+        assert two.source.startswith(f"CPU theoretical: {cpu_peak.compute_cores()} core")
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_mfu_above_100_percent_is_called_a_bug() -> None:
     assert mfu_warning(1.0) is None and mfu_warning(None) is None
     assert "exceeds 100%, which the peak (a ceiling) rules out" in mfu_warning(1.2)  # type: ignore[operator]

@@ -138,10 +138,15 @@ def compute_cores() -> int:
     return max(1, min(torch.get_num_threads(), usable))
 
 
-@functools.cache
 def measure_matmul_tflops(precision: str, size: int = 1024, repeats: int = 20) -> float:
     """Best achieved TFLOPS of a (size × size) @ (size × size) matmul in the precision's dtype, on torch's threads
-    (about 0.3 s in fp32 on 2 cores). What the machine attains now, not its peak: a busy neighbour lowers it."""
+    (about 0.3 s in fp32 on 2 cores), once per process and thread count. What the machine attains now, not its peak:
+    a busy neighbour lowers it."""
+    return _measure_matmul(precision, size, repeats, torch.get_num_threads())
+
+
+@functools.cache
+def _measure_matmul(precision: str, size: int, repeats: int, threads: int) -> float:
     a = torch.randn(size, size).to(DTYPES[precision])
     b = torch.randn(size, size).to(DTYPES[precision])
     torch.mm(a, b)  # warm-up: thread pool start, kernel selection
@@ -153,9 +158,14 @@ def measure_matmul_tflops(precision: str, size: int = 1024, repeats: int = 20) -
     return 2 * size**3 / best / 1e12
 
 
-@functools.cache
 def cpu_peak(precision: str) -> Peak:
-    """The theoretical peak for the precision on this CPU, with the formula filled in as its source (once a process)."""
+    """The theoretical peak for the precision on this CPU, with the formula filled in as its source (once per process
+    and torch thread count: the cores are the threads torch computes with)."""
+    return _cpu_peak(precision, torch.get_num_threads())
+
+
+@functools.cache
+def _cpu_peak(precision: str, threads: int) -> Peak:
     info = device_mod.cpu_info()
     return theoretical_peak(info, max_clock_ghz(info), compute_cores(), precision, measure_matmul_tflops)
 
@@ -180,8 +190,9 @@ def theoretical_peak(
     if proven > ghz:
         ghz, clock_source = proven, f"raised from {ghz:.2f} GHz ({clock_source}) to what the matmul attained"
     kind = precision if native else f"fp32 ({precision} emulated)"
+    plural = "" if cores == 1 else "s"
     source = (
-        f"CPU theoretical: {cores} cores × {ghz:.2f} GHz × {per_cycle} {kind} FLOPs/cycle [{units.name}; "
+        f"CPU theoretical: {cores} core{plural} × {ghz:.2f} GHz × {per_cycle} {kind} FLOPs/cycle [{units.name}; "
         f"{info.get('model name', 'CPU').strip()}; clock: {clock_source}]"
     )
     return Peak(cores * ghz * per_cycle / 1e3, source, attainable)
