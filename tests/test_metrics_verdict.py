@@ -93,7 +93,11 @@ def test_skip_first_and_str() -> None:
     assert bottleneck_verdict(records[:1]).evidence["steps"] == 1  # too few to skip: all are used
     text = str(bottleneck_verdict(records))
     assert text.startswith("Bottleneck: compute-bound:") and text.count("\n") == 3
-    assert "Confidence: step times vary by 0%" in text
+    assert "Confidence: step times vary by 0%" in text and "over 5 steps (5 logged records)" in text
+    windows = [record(step=0), *[{**record(step=10 * i), "window_steps": 10, "step_s_std": 0.0} for i in (1, 2)]]
+    assert bottleneck_verdict(windows).evidence["steps"] == 20 and "over 20 steps (2 logged records)" in str(
+        bottleneck_verdict(windows)
+    )
     with pytest.raises(ValueError, match="no step records"):
         bottleneck_verdict([])
 

@@ -57,8 +57,9 @@ class Verdict:
     suggestion: str
     """One concrete thing to try first."""
     evidence: dict[str, float | None] = field(default_factory=dict)
-    """<phase>_pct shares (other_pct included), median_step_s, median_tokens_per_s, median_mfu(_dense), steps,
-    step_cv (coefficient of variation of the per-step times)."""
+    """<phase>_pct shares (other_pct included), median_step_s, median_tokens_per_s, median_mfu(_dense) over the
+    records judged, records, steps (the optimizer steps those records average), step_cv (coefficient of variation of
+    the per-step times)."""
 
     @property
     def confident(self) -> bool:
@@ -81,7 +82,8 @@ class Verdict:
             mfu += f" (dense {100 * ev['median_mfu_dense']:.1f}%)"
         return (
             f"{shares}; median step {1e3 * ev['median_step_s']:.1f} ms, "
-            f"{ev['median_tokens_per_s']:,.0f} tokens/s, {mfu}, over {ev['steps']:.0f} steps"
+            f"{ev['median_tokens_per_s']:,.0f} tokens/s, {mfu}, over {ev['steps']:.0f} steps "
+            f"({ev['records']:.0f} logged records)"
         )
 
     def __str__(self) -> str:
@@ -125,7 +127,8 @@ def _evidence(records: list[dict[str, Any]]) -> dict[str, float | None]:
     evidence["median_tokens_per_s"] = statistics.median(float(rec["tokens_per_s"]) for rec in records)
     evidence["median_mfu"] = _median([rec.get("mfu") for rec in records])
     evidence["median_mfu_dense"] = _median([rec.get("mfu_dense") for rec in records])
-    evidence["steps"] = float(len(records))
+    evidence["records"] = float(len(records))
+    evidence["steps"] = float(sum(rec.get("window_steps") or 1 for rec in records))
     evidence["step_cv"] = step_time_cv(records)
     return evidence
 
