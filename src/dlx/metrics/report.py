@@ -108,7 +108,7 @@ def _phases(verdict: Verdict) -> list[str]:
 
 def _losses(records: Sequence[dict[str, Any]], evals: list[dict[str, Any]]) -> list[str]:
     """Train loss (logged steps and their EMA, as loss.png draws them) and validation loss, first / last / best.
-    A data mixture's per-source figures (data.mix) belong in the section right after this one."""
+    A data mixture's per-source figures belong in the section right after this one."""
     lines = ["## Loss", "", "| loss | first | last | best | last, smoothed |", "|---|---:|---:|---:|---:|"]
     train = [r for r in records if _finite(r.get("loss"))]
     if train:
