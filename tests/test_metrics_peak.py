@@ -62,6 +62,21 @@ def test_other_parts_get_no_peak(device_name) -> None:
     assert peak.tflops is None and "not in dlx's peak table" in peak.source
 
 
+def test_peak_for_a_cuda_device_reads_its_name(monkeypatch) -> None:
+    """Through the device module, as a run on a GPU does (the name query is the only CUDA call)."""
+    from dlx import device
+
+    monkeypatch.setattr(device, "device_name", lambda d: "NVIDIA L40S")
+    assert peak_for(torch.device("cuda", 0), "bf16").tflops == 362.05
+    assert peak_for(torch.device("cuda", 0), "fp32").tflops == 91.6  # plain fp32 unless TF32 is allowed
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert peak_for(torch.device("cuda", 0), "fp32").tflops == 183.0
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
 def test_substrings_no_longer_match_and_variants_differ() -> None:
     """The old substring table gave an L40S the L4's 121 TFLOPS (MFU ~3x too high) and an H100 NVL the SXM figure."""
     assert gpu_peak("NVIDIA L40S", "bf16").tflops == 362.05
