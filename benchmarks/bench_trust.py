@@ -17,6 +17,7 @@ Run:  .venv/bin/python benchmarks/bench_trust.py      (appends to BENCHMARKS.md;
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
 import json
 import os
@@ -139,9 +140,9 @@ def wait_policy_rows(tmp: Path, rounds: int) -> list[str]:
             cmd += ["--precision", "auto", "--steps", "2", "--warmup", "1", "--out", str(out)]
             loads.append(os.getloadavg()[0])
             subprocess.run(cmd, check=True, capture_output=True, env=env)
-            rows = (out / "bench.csv").read_text().splitlines()
-            header, values = rows[0].split(","), rows[1].split(",")
-            steps[name].append(1e3 * float(values[header.index("step_s")]))
+            with open(out / "bench.csv", newline="") as f:
+                row = next(csv.DictReader(f))  # quoted fields hold commas: "CPU (2 threads, torch uses 2)"
+            steps[name].append(1e3 * float(row["step_s"]))
     table = ["| OpenMP wait policy | step ms per round | median |", "|---|---|---:|"]
     table += [f"| {n} | {', '.join(f'{v:.0f}' for v in s)} | {statistics.median(s):.0f} |" for n, s in steps.items()]
     return [*table, "", f"1-min load average at each start: {min(loads):.1f}–{max(loads):.1f}."]
@@ -249,6 +250,7 @@ def main() -> None:
     parser.add_argument("--policy-rounds", type=int, default=3, help="Rounds of the OpenMP wait-policy comparison.")
     parser.add_argument("--no-record", action="store_true", help="Print only; do not append to BENCHMARKS.md.")
     parser.add_argument("--preflight-only", action="store_true", help="Only the preflight table (implies --no-record).")
+    parser.add_argument("--policy-only", action="store_true", help="Only the OpenMP wait-policy comparison.")
     args = parser.parse_args()
     header = environment(["src/dlx", "benchmarks"])
     with tempfile.TemporaryDirectory(prefix="dlx-bench-trust-") as tmp_name:
@@ -256,6 +258,14 @@ def main() -> None:
         if args.preflight_only:
             prepare_demo_data(tmp / DEMO_DATA)
             print("\n".join(preflight_rows(tmp / DEMO_DATA, tmp, args.repeats)))
+            return
+        if args.policy_only:
+            policies = wait_policy_rows(tmp, args.policy_rounds)
+            lines = [f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}", "", *header, "", *POLICY_HEAD]
+            lines += ["", *policies]
+            print("\n".join(lines))
+            if not args.no_record:
+                record_section("Trust", TRUST_INTRO, lines)
             return
         started = time.perf_counter()
         prepare_demo_data(tmp / DEMO_DATA)
@@ -289,17 +299,13 @@ def main() -> None:
         "benchmarks/bench_loader.py; figure pending from that change",
     ]
     if policies:
-        lines += [
-            "",
-            "A demo step (`dlx bench --model demo`, 2 timed steps after 1 warm-up) by OpenMP wait policy:",
-            "",
-            *policies,
-        ]
+        lines += ["", *POLICY_HEAD, "", *policies]
     print("\n".join(lines))
     if not args.no_record:
         record_section("Trust", TRUST_INTRO, lines)
 
 
+POLICY_HEAD = ["A demo step (`dlx bench --model demo`, 2 timed steps after 1 warm-up) by OpenMP wait policy:"]
 TRUST_INTRO = (
     "Every number and message true (issue 15): MFU against the device's theoretical peak (on a CPU: cores × clock × "
     "FLOPs per cycle), so it cannot exceed 100 %; the verdict's confidence; what preflight costs. "
