@@ -43,7 +43,7 @@ from tokenizers import Tokenizer
 
 from dlx.data.prepare import prepare_dataset
 from dlx.data.prepare.encoders import TiktokenEncoder
-from dlx.data.prepare.inputs import stdlib_inputs
+from dlx.data.prepare.inputs import InputList
 from dlx.data.prepare.tokenizer import train_bpe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,7 +100,7 @@ def chinese_documents(total_bytes: int, rng: random.Random) -> list[str]:
 
 
 def build_corpus(code_mb: float, english_mb: float, chinese_mb: float) -> list[str]:
-    paths = [Path(f.path) for f in stdlib_inputs()]
+    paths = [Path(f.path) for f in InputList(corpus="stdlib").measure()]
     code, size = [], 0
     for p in paths:
         if size >= code_mb * 1e6:

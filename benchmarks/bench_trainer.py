@@ -25,15 +25,18 @@ from peers.contenders import BARE, BATCH, DLX, HF, SEQ, TOKENS_PER_STEP, build, 
 from peers.record import environment, record_section
 
 
-def timer_cost_per_step(repeats: int = 20_000) -> float:
-    """Seconds the PhaseTimer adds to one step: 4 phases entered (one micro-step) and end_step, on the CPU."""
+def timer_cost_per_step(repeats: int = 20_000, log_every: int = 10) -> float:
+    """Seconds the PhaseTimer adds to one step: 4 phases entered (one micro-step), end_step, and a window read every
+    `log_every` steps (the loop's default log.every), on the CPU."""
     timer = PhaseTimer(torch.device("cpu"))
     start = time.perf_counter()
-    for _ in range(repeats):
+    for index in range(repeats):
         for name in ("data_wait", "forward", "backward", "optimizer"):
             with timer.phase(name):
                 pass
         timer.end_step()
+        if index % log_every == 0:
+            timer.window()
     return (time.perf_counter() - start) / repeats
 
 

@@ -51,7 +51,8 @@ def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 
 
 def test_sweep_writes_csv_table_plot_marks_oom_and_rerun_skips(tmp_path):
-    # micro-batch 4096 at seq 32 needs ~2.2 GB by the estimate: over the 1 GB budget, marked, never run.
+    # micro-batch 8192 needs ~1.7 GB at seq 16 and ~3.4 GB at seq 32 by the estimate: over the 1 GB budget, marked,
+    # never run.
     argv = [
         "bench",
         "--model",
@@ -59,7 +60,7 @@ def test_sweep_writes_csv_table_plot_marks_oom_and_rerun_skips(tmp_path):
         "--seq-len",
         "16,32",
         "--micro-batch",
-        "1,2,4096",
+        "1,2,8192",
         "--precision",
         "fp32",
         "--steps",
@@ -79,10 +80,10 @@ def test_sweep_writes_csv_table_plot_marks_oom_and_rerun_skips(tmp_path):
     assert status == {
         (16, 1): "ok",
         (16, 2): "ok",
-        (16, 4096): "oom_estimate",
+        (16, 8192): "oom_estimate",
         (32, 1): "ok",
         (32, 2): "ok",
-        (32, 4096): "oom_estimate",
+        (32, 8192): "oom_estimate",
     }
     for row in rows:
         if row["status"] == "ok":
@@ -95,7 +96,7 @@ def test_sweep_writes_csv_table_plot_marks_oom_and_rerun_skips(tmp_path):
             assert row["it_per_s"] == "" and float(row["est_mem_gb"]) > 1.0
     assert "estimate" in first.output and "OOM (estimate" in first.output
     table = (tmp_path / "bench.md").read_text()
-    assert "| fp32 | 32 | 4096 | 1 | OOM (est.) |" in table and "MFU (dense)" in table
+    assert "| fp32 | 32 | 8192 | 1 | OOM (est.) |" in table and "MFU (dense)" in table
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
     before = (tmp_path / "bench.csv").read_text()
@@ -158,7 +159,7 @@ def test_find_max_batch_on_cpu_comes_from_the_estimator(tmp_path):
     args = resolve_model_args("debug")
     for precision in ("fp32", "bf16"):
         for seq_len in (32, 64):
-            shape = TrainingShape(seq_len, 1, precision=precision, attention_matrix=True)  # CPU: math attention
+            shape = TrainingShape(seq_len, 1, precision=precision, device_type="cpu")  # the CPU's kernels
             expected = max_micro_batch(args, shape, 0.5)
             assert 0 < expected < 4096
             assert f"| {precision} | {seq_len} |  | {expected} |" in result.output
@@ -252,9 +253,12 @@ def test_table_says_when_mfu_exceeds_100_percent():
         it_per_s=1.0,
         tokens_per_s=16.0,
         step_s=1.0,
+        data_wait_s=0.0025,
         forward_s=0.3,
         backward_s=0.6,
         optimizer_s=0.1,
+        optimizer_pct=10.0,
+        weight_cast_pct=1.5,
         peak_mem_gb=0.5,
         est_mem_gb=0.1,
         tflops=0.003,
@@ -265,8 +269,13 @@ def test_table_says_when_mfu_exceeds_100_percent():
         peak_source="probe",
     )
     table = markdown_table([row], ["# head"])
-    assert "| bf16 | 16 | 1 | 1 | 1 | 16 | 1000 (300 / 600 / 100) | 0.5 (0.1) | 0.003 | 320.0% (300.0%) |" in table
+    start = "| bf16 | 16 | 1 | 1 | 1 | 16 | 1000 (300 / 600 / 100) | 11.5 (10.0 + 1.5) | 2.5 |"
+    assert f"{start} n/a / n/a | n/a / n/a | 0.5 (0.1) | 0.003 | 320.0% (300.0%) |" in table
+    assert "GPU columns n/a: NVML samples NVIDIA GPUs only" in table
     assert "MFU above 100 % (bf16)" in table
+    counters = {"gpu_util_pct": 97.4, "mem_util_pct": 41.0, "tensor_active_pct": 33.3, "dram_active_pct": 52.6}
+    with_gpu = markdown_table([{**row, **counters}], ["# head"])
+    assert f"{start} 97 / 41 | 33 / 53 | 0.5 (0.1) |" in with_gpu and "GPU columns n/a" not in with_gpu
     assert "MFU above 100 %" not in markdown_table([{**row, "mfu": 0.5}], ["# head"])
 
 

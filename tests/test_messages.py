@@ -22,8 +22,9 @@ FILE_SUFFIXES = {"safetensors", "json", "jsonl", "yaml", "yml", "py", "md", "png
 
 
 def key_pattern() -> re.Pattern[str]:
-    """`section.key` as a whole word: not inside a dotted name (`dlx.train.config`, `model.layers.{}.mlp`) or a path."""
-    return re.compile(rf"(?<![\w./])({'|'.join(SECTIONS)})\.([A-Za-z_]\w*)(?![\w(/-]|\.[\w{{])")
+    """`section.key` as a whole word: not inside a dotted name (`dlx.train.config`, `model.layers.{}.mlp`) or a path.
+    `section.prefix_*` names the keys that start with the prefix."""
+    return re.compile(rf"(?<![\w./])({'|'.join(SECTIONS)})\.([A-Za-z_]\w*\*?)(?![\w(/-]|\.[\w{{])")
 
 
 def dlx(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
@@ -81,13 +82,21 @@ def named_keys() -> dict[str, list[str]]:
     return found
 
 
+def names_a_key(named: str, keys: set[str]) -> bool:
+    """`eval.every` is a key; `eval.sample_*` names at least one (eval.sample_every, ...)."""
+    if named.endswith("*"):
+        return any(key.startswith(named[:-1]) for key in keys)
+    return named in keys
+
+
 def test_every_key_a_message_names_exists(capsys, monkeypatch) -> None:
     found, keys = named_keys(), recipe_keys(capsys, monkeypatch)
-    missing = {key: where for key, where in found.items() if key not in keys}
+    missing = {key: where for key, where in found.items() if not names_a_key(key, keys)}
     assert not missing, f"messages name keys that `dlx pretrain --keys` does not list: {missing}"
     # The scan sees the keys it should (advice, errors, README overrides), so an empty result cannot pass unseen:
     assert {"data.num_workers", "data.prefetch", "eval.every", "train.lr", "data.micro_batch_size"} <= set(found)
     assert len(found) >= 25
+    assert "eval.sample_*" in found and not names_a_key("eval.no_such_*", keys)
 
 
 def test_the_scan_finds_a_wrong_key_and_ignores_file_and_dotted_names() -> None:

@@ -28,7 +28,8 @@ def fake_run(run_dir: Path, n_steps: int = 8) -> ThroughputMeter:
             for phase in ("data_wait", "forward", "backward", "optimizer"):
                 with timer.phase(phase):
                     pass
-            timings = timer.end_step()
+            timer.end_step()
+            timings = timer.window()
             timings["step_s"] = max(timings["step_s"], 1e-3)
             loss = 5.0 * math.exp(-step / 4)
             logger.log(meter.record(step=step, loss=loss, lr=1e-3, grad_norm=1.0, tokens=256, timings=timings))

@@ -82,11 +82,16 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
 
 
 def torchrun(
-    args: list[str], cwd: Path, script: Path = TESTS / "parallel_entry.py", timeout: float = 300, **env: str
+    args: list[str],
+    cwd: Path,
+    script: Path = TESTS / "parallel_entry.py",
+    timeout: float = 300,
+    nproc: int = 2,
+    **env: str,
 ) -> tuple[subprocess.CompletedProcess, list[psutil.Process]]:
-    """`torchrun --standalone --nproc_per_node 2 SCRIPT ARGS`; returns its result and every process seen in its tree
-    while it ran (polled), so that a test can check that none outlived it."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    """`torchrun --standalone --nproc_per_node NPROC SCRIPT ARGS`; returns its result and every process seen in its
+    tree while it ran (polled), so that a test can check that none outlived it."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
     command = [*launcher, str(script), *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **env}
     proc = subprocess.Popen(

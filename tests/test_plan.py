@@ -16,7 +16,9 @@ def test_state_bytes_follow_the_documented_rule():
     assert plain.weights_gb == pytest.approx(158_016 * 4 / 1e9)
     assert plain.grads_gb == pytest.approx(158_016 * 4 / 1e9)
     assert plain.optimizer_gb == pytest.approx(158_016 * 8 / 1e9)
-    assert plain.logits_gb == pytest.approx(2 * 32 * 512 * 12 / 1e9)
+    # one chunk (all 64 tokens): fp32 logits and their log-softmax; the hidden gradient and final norm input; the
+    # output weight's gradient
+    assert plain.logits_gb == pytest.approx((64 * 512 * 8 + 64 * 64 * 8 + 4 * 512 * 64) / 1e9)
     for strategy, stage in (("fsdp", 2), ("deepspeed", 3)):
         sharded = plan_memory(
             args, TrainingShape(32, 2, precision="fp32", strategy=strategy, zero_stage=stage, world_size=4)
@@ -34,12 +36,16 @@ def test_state_bytes_follow_the_documented_rule():
 
 
 def test_activation_terms_and_checkpointing():
-    args = resolve_model_args("debug")  # d=64, f=176, kv dim 32
+    args = resolve_model_args("debug")  # d=64, f=176, kv dim 32, 4 heads
     shape = TrainingShape(seq_len=16, micro_batch=1, precision="bf16")
-    d, f, k = 64, 176, 32
+    d, f, k, h = 64, 176, 32, 4
+    expected = 2 * (4 * d + 4) + 4 * d + 2 * (d + 2 * k) + 2 * d + 4 * h + 8 * f
+    assert activation_bytes_per_token_per_layer(args, shape) == expected
+    cpu = TrainingShape(seq_len=16, micro_batch=1, precision="bf16", device_type="cpu")
+    assert activation_bytes_per_token_per_layer(args, cpu) == expected + 2 * 4 * d  # composite rms_norm
+    fp32 = TrainingShape(seq_len=16, micro_batch=1, precision="fp32")  # CUDA fp32: k and v repeated
     assert (
-        activation_bytes_per_token_per_layer(args, shape)
-        == 8 * d + 4 * d + 2 * (d + 2 * k) + 4 * (d + k) + 2 * d + 8 * f
+        activation_bytes_per_token_per_layer(args, fp32) == 2 * (4 * d + 4) + 8 * d + 4 * 3 * d + 4 * d + 4 * h + 16 * f
     )
     full = plan_memory(args, TrainingShape(16, 1, activation_checkpointing="full"))
     none = plan_memory(args, shape)
@@ -65,6 +71,8 @@ def test_max_micro_batch_is_the_largest_that_fits():
         ({"precision": "fp8"}, "unknown precision 'fp8'"),
         ({"strategy": "zero3"}, "unknown strategy 'zero3'"),
         ({"strategy": "deepspeed", "zero_stage": 4}, "zero-stage must be 1, 2 or 3"),
+        ({"tp": 2, "world_size": 3}, r"--world-size 3 must be a multiple of --tp 2"),
+        ({"tp": 2, "world_size": 4, "strategy": "deepspeed"}, "deepspeed does not combine with --tp"),
     ],
 )
 def test_bad_values_are_one_line_errors(kwargs, message):
@@ -108,3 +116,69 @@ def test_plan_cli_predicts_step_time_per_rank_under_sharding():
     expected = summary["flops_per_token_attention"] * tokens / (989.4e12 * 0.5 * 8)
     assert summary["predicted_step_s"] == pytest.approx(expected)
     assert summary["weights_gb"] == pytest.approx(1_235_814_400 * 6 / 8 / 1e9)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_activation_count_equals_what_a_block_saves_on_cpu(precision):
+    """The bytes of every distinct storage a block keeps for backward (its weights, autocast's weight copies and the
+    RoPE tables aside), per token, are exactly the estimate's count for CPU kernels."""
+    import torch
+
+    from dlx.model.llama import TransformerBlock
+    from dlx.model.rope import rope_tables
+
+    args = resolve_model_args("debug")
+    block, tokens = TransformerBlock(args), 3 * 16  # 48 rows: no weight has a 48, so weight copies are told apart
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[precision]
+    cos, sin = (table[:16].to(dtype) for table in rope_tables(args))
+    weight_shapes = {shape for p in block.parameters() for shape in (p.shape, p.shape[::-1])}
+    constants = {t.untyped_storage().data_ptr() for t in (*block.parameters(), cos, sin)}
+    saved: dict[int, int] = {}
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in constants and tensor.shape not in weight_shapes:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    x = torch.randn(3, 16, args.dim, requires_grad=True)
+    autocast = torch.autocast("cpu", dtype=dtype, enabled=precision != "fp32")
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), autocast:
+        block(x, cos, sin)
+    shape = TrainingShape(seq_len=16, micro_batch=3, precision=precision, device_type="cpu")
+    assert sum(saved.values()) / tokens == activation_bytes_per_token_per_layer(args, shape)
+
+
+def test_tensor_parallelism_divides_what_it_shards():
+    """tp divides the matmul weights, the embedding, the logits and the activations but the gathered matmul inputs;
+    the norm weights stay whole; the data-parallel ranks are world size ÷ tp."""
+    args = resolve_model_args("debug")  # 158,016 parameters, 5 · 64 of them norm weights
+    norms, p, d, f, h = 5 * 64, 4, 64, 176, 4
+    plain = plan_memory(args, TrainingShape(32, 2, precision="fp32"))
+    for tp in (2, 4):
+        shape = TrainingShape(32, 2, precision="fp32", world_size=tp, tp=tp)
+        sharded = plan_memory(args, shape)
+        assert sharded.weights_gb == pytest.approx(((158_016 - norms) / tp + norms) * 4 / 1e9)
+        assert sharded.logits_gb * tp == pytest.approx(2 * 32 * 512 * 12 / 1e9)  # the whole logits' vocab shards
+        assert sharded.tokens_per_step == plain.tokens_per_step  # one replica
+        per_token = (2 * (4 * d + 4) + p * 3 * d + p * d + 4 * h + 4 * p * f) / tp + 2 * p * d  # CUDA fp32
+        assert activation_bytes_per_token_per_layer(args, shape) == pytest.approx(per_token)
+    fsdp_tp = plan_memory(args, TrainingShape(32, 2, precision="fp32", strategy="fsdp", world_size=8, tp=2))
+    assert fsdp_tp.optimizer_gb == pytest.approx(((158_016 - norms) / 2 + norms) * 8 / 4 / 1e9)
+    assert fsdp_tp.tokens_per_step == 4 * plain.tokens_per_step
+    ddp_tp = plan_memory(args, TrainingShape(32, 2, precision="fp32", strategy="ddp", world_size=4, tp=2))
+    assert ddp_tp.grads_gb == pytest.approx(((158_016 - norms) / 2 + norms) * 4 / 1e9)  # FSDP2 hybrid: no buckets
+
+
+def test_plan_cli_refuses_a_tp_that_does_not_divide_the_heads():
+    from typer.testing import CliRunner
+
+    from dlx.cli.app import _register_commands, app
+
+    if not app.registered_commands:
+        _register_commands()
+    result = CliRunner().invoke(app, ["plan", "llama3-8b", "--tp", "3"])
+    assert isinstance(result.exception, UserError)  # `dlx` prints it as one line and exits 2
+    assert str(result.exception) == "--tp 3 must divide the model's n_heads (32); pick a tp that does (e.g. 1, 2, 4, 8)"
+    result = CliRunner().invoke(app, ["plan", "llama3-8b", "--tp", "8", "--json"])  # world size defaults to tp
+    assert result.exit_code == 0 and json.loads(result.output)["tokens_per_step"] == 2048, result.output

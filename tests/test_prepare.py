@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dlx.data.prepare import encode, load_tokenizer, prepare_dataset
-from dlx.data.prepare.inputs import resolve_inputs, stdlib_folder, stdlib_inputs
+from dlx.data.prepare.inputs import InputList, stdlib_folder
 from dlx.data.prepare.units import plan_units
 from dlx.data.shards import read_manifest, verify_shards
 from test_prepare_helpers import (
@@ -206,7 +206,7 @@ def test_crash_between_shard_and_manifest_resumes_from_the_last_commit(tmp_path,
     with pytest.raises(KeyboardInterrupt):
         prepare_dataset([str(tmp_path / "a.jsonl")], tmp_path / "out", **args)
     resume = read_manifest(tmp_path / "out").source["resume"]
-    n_units = len(list(plan_units(resolve_inputs([str(tmp_path / "a.jsonl")])[0], resume["unit_bytes"])))
+    n_units = len(list(plan_units(InputList((str(tmp_path / "a.jsonl"),)).measure(), resume["unit_bytes"])))
     assert 0 < resume["next_unit"] < calls["encode"] < n_units
     calls["encode"] = 0
     monkeypatch.setattr(encode, "_commit", real_commit)
@@ -217,7 +217,7 @@ def test_crash_between_shard_and_manifest_resumes_from_the_last_commit(tmp_path,
 
 
 def test_stdlib_corpus_is_the_interpreters_own_sources(tmp_path, tiny_tokenizer):
-    files = stdlib_inputs()
+    files = list(InputList(corpus="stdlib").measure())
     root = str(stdlib_folder())
     rel = [f.path[len(root) + 1 :] for f in files]
     assert len(files) > 300 and all(r.endswith(".py") for r in rel)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import random
+import tracemalloc
+import zlib
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -11,9 +15,10 @@ import pytest
 import zstandard
 
 from dlx.data.prepare import prepare_dataset, readers
-from dlx.data.prepare.inputs import InputFile, file_kind, resolve_inputs
+from dlx.data.prepare.inputs import InputFile, InputList, file_kind
 from dlx.data.prepare.readers import BadRecord, read_file, read_unit
 from dlx.data.prepare.units import plan_units
+from dlx.errors import UserError
 from test_prepare_helpers import all_documents, decoded_documents, make_documents, tiny_tokenizer, write_jsonl
 
 __all__ = ["tiny_tokenizer"]  # the fixture, imported for its name
@@ -203,19 +208,149 @@ def test_corrupt_and_unreadable_files_are_one_bad_record(tmp_path):
     assert "no 'text' column" in bad.reason
 
 
-def test_resolve_inputs_orders_dedupes_and_filters(tmp_path):
+def test_input_list_orders_dedupes_and_filters(tmp_path):
     (tmp_path / "b").mkdir()
     for name in ["b/2.jsonl", "b/1.py", "b/skip.bin", "a.txt"]:
         (tmp_path / name).write_text("x")
-    files, ignored = resolve_inputs([str(tmp_path / "b"), str(tmp_path / "a.txt"), str(tmp_path / "b" / "1.py")])
-    assert [f.path.removeprefix(str(tmp_path)) for f in files] == ["/b/1.py", "/b/2.jsonl", "/a.txt"]
-    assert ignored == 1
+    inputs = InputList((str(tmp_path / "b"), str(tmp_path / "a.txt"), str(tmp_path / "b" / "1.py"))).measure()
+    assert [f.path.removeprefix(str(tmp_path)) for f in inputs] == ["/b/1.py", "/b/2.jsonl", "/a.txt"]
+    assert (inputs.files, inputs.ignored) == (3, 1)
     assert file_kind("x.JSONL.ZST", False) == ("jsonl", "zst") and file_kind("x.unknown", False) is None
 
 
 @pytest.mark.parametrize("spec", ["missing.jsonl", "nothing/*.jsonl"])
 def test_missing_inputs_are_user_errors(tmp_path, spec):
-    from dlx.errors import UserError
-
     with pytest.raises(UserError, match="input"):
-        resolve_inputs([str(tmp_path / spec)])
+        InputList((str(tmp_path / spec),)).measure()
+
+
+def _frames(data: bytes, frame_bytes: int, content_size: bool = True) -> list[bytes]:
+    compressor = zstandard.ZstdCompressor(level=1, write_content_size=content_size)
+    return [compressor.compress(data[i : i + frame_bytes]) for i in range(0, len(data), frame_bytes)]
+
+
+def _skippable(magic: int, payload: bytes) -> bytes:
+    return magic.to_bytes(4, "little") + len(payload).to_bytes(4, "little") + payload
+
+
+def _bgzf(data: bytes, member_bytes: int) -> bytes:
+    """BGZF as `bgzip` writes it: gzip members of at most member_bytes, each header holding the member's size, and
+    the empty end-of-file member."""
+    members = []
+    for chunk in [data[i : i + member_bytes] for i in range(0, len(data), member_bytes)] + [b""]:
+        deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+        body = deflate.compress(chunk) + deflate.flush()
+        size = (18 + len(body) + 8 - 1).to_bytes(2, "little")
+        header = b"\x1f\x8b\x08\x04\0\0\0\0\0\xff\x06\0BC\x02\0" + size
+        members.append(header + body + zlib.crc32(chunk).to_bytes(4, "little") + len(chunk).to_bytes(4, "little"))
+    return b"".join(members)
+
+
+def _compressed_layouts(data: bytes) -> dict[str, tuple[str, bytes, bool]]:
+    """The same data compressed in each layout: (suffix, bytes, whether it can be cut into pieces)."""
+    plain = _frames(data, 700)
+    unsized = _frames(data, 700, content_size=False)
+    seek_table = b"".join(len(f).to_bytes(4, "little") + (0).to_bytes(4, "little") for f in unsized)
+    footer = len(unsized).to_bytes(4, "little") + b"\0" + (0x8F92EAB1).to_bytes(4, "little")
+    pzstd = b"".join(_skippable(0x184D2A50, len(f).to_bytes(4, "little")) + f for f in plain)
+    return {
+        "zstd frames one after another": (".zst", b"".join(plain), True),
+        "pzstd (a skippable frame with each frame's size)": (".zst", pzstd, True),
+        "zstd seekable format": (".zst", b"".join(unsized) + _skippable(0x184D2A5E, seek_table + footer), True),
+        "an empty frame in the middle": (".zst", b"".join([*plain[:3], zstandard.compress(b""), *plain[3:]]), True),
+        "zstd frames without sizes or seek table": (".zst", b"".join(unsized), False),
+        "one zstd frame": (".zst", zstandard.compress(data), False),
+        "BGZF members": (".gz", _bgzf(data, 700), True),
+        "gzip members without sizes": (
+            ".gz",
+            b"".join(gzip.compress(data[i : i + 700]) for i in range(0, len(data), 700)),
+            False,
+        ),
+    }
+
+
+def test_multi_frame_compressed_jsonl_is_cut_into_units_and_each_line_read_once(tmp_path):
+    docs = [f"doc {i} " + random.Random(i).randbytes(i * 37 % 250).hex() for i in range(120)]
+    docs[50] = "long " + random.Random(0).randbytes(1500).hex()  # a line longer than several frames
+    data = "".join(json.dumps({"text": d}) + "\n" for d in docs).encode()
+    for name, (suffix, raw, cuttable) in _compressed_layouts(data).items():
+        path = tmp_path / f"big.jsonl{suffix}"
+        path.write_bytes(raw)
+        units = list(plan_units([_input(path)], 1000))
+        assert (len(units) > 3) == cuttable, (name, len(units))
+        assert sum(u.nbytes for u in units) == path.stat().st_size and units[-1].files_completed == 1
+        assert [t for u in units for t in _texts(read_unit(u, "text"))] == docs, name
+
+
+def test_zst_frame_units_report_bad_lines_by_frame_and_line(tmp_path):
+    lines = [json.dumps({"text": f"doc {i} " + random.Random(i).randbytes(40).hex()}) for i in range(100)]
+    lines[70] = "{oops"
+    path = tmp_path / "big.jsonl.zst"
+    path.write_bytes(b"".join(_frames(("\n".join(lines) + "\n").encode(), 1000)))
+    units = list(plan_units([_input(path)], 2000))
+    bad = [(u.start, i) for u in units for i in read_unit(u, "text") if isinstance(i, BadRecord)]
+    [(start, record)] = bad
+    assert start > 0 and record.where().startswith(f"{path}:zstd frames from byte {start}, line ")
+    rest = zstandard.ZstdDecompressor().stream_reader(path.read_bytes()[start:], read_across_frames=True).read()
+    assert rest.split(b"\n")[record.line - 1] == b"{oops"
+
+
+def test_parquet_is_cut_by_row_groups_and_rows_keep_their_numbers(tmp_path):
+    texts = [f"row {i} " + "w" * 200 for i in range(300)]
+    texts[157] = None
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"text": texts, "n": list(range(300))}), path, row_group_size=25, compression="none")
+    units = list(plan_units([_input(path)], 8000))
+    assert len(units) > 4 and sum(u.nbytes for u in units) == path.stat().st_size
+    items = [i for u in units for i in read_unit(u, "text")]
+    assert _texts(items) == [t for t in texts if t is not None]
+    [bad] = [i for i in items if isinstance(i, BadRecord)]
+    assert bad.where() == f"{path}:row 158" and "not a string" in bad.reason
+    pq.write_table(pa.table({"body": texts[:100]}), path, row_group_size=10, compression="none")
+    reports = [i for u in plan_units([_input(path)], 2000) for i in read_unit(u, "text")]
+    assert [b.reason.split(" (")[0] for b in reports] == ["no 'text' column"], "one report, not one per piece"
+
+
+def test_many_small_files_are_streamed_not_listed(tmp_path):
+    for folder in range(80):
+        (tmp_path / f"d{folder:02d}").mkdir()
+        for i in range(100):
+            (tmp_path / f"d{folder:02d}" / f"{i:03d}.txt").write_text(f"document {folder} {i}")
+    inputs = InputList((str(tmp_path),)).measure()
+    listed = list(inputs)
+    assert inputs.files == len(listed) == 8000 and sum(f.size for f in listed) == inputs.bytes
+    tracemalloc.start()
+    try:
+        units = [len(u.files) for u in plan_units(inputs, 64 << 10)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    tracemalloc.start()
+    try:
+        held = list(inputs)
+        as_list = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert units == [1024] * 7 + [832] and held == listed, "small files grouped, at most 1,024 to a unit"
+    assert peak < as_list / 2, f"planning held {peak:,} bytes at peak; the file list alone takes {as_list:,}"
+
+
+def test_overlapping_inputs_read_each_file_once_in_first_seen_order(tmp_path):
+    (tmp_path / "c" / "sub").mkdir(parents=True)
+    for name in ["c/1.txt", "c/sub/2.txt", "c/3.jsonl", "other.txt"]:
+        (tmp_path / name).write_text("x")
+    specs = (str(tmp_path / "c" / "sub" / "2.txt"), str(tmp_path / "c"), str(tmp_path / "**" / "*.txt"))
+    paths = [f.path.removeprefix(str(tmp_path)) for f in InputList(specs).measure()]
+    assert paths == ["/c/sub/2.txt", "/c/1.txt", "/c/3.jsonl", "/other.txt"]
+    recursive = InputList((str(tmp_path / "*"),)).measure()  # matches the folder c and, inside the walk, its files
+    assert [f.path.removeprefix(str(tmp_path)) for f in recursive] == [
+        "/c/1.txt",
+        "/c/3.jsonl",
+        "/c/sub/2.txt",
+        "/other.txt",
+    ]
+    inputs = InputList((str(tmp_path / "other.txt"),)).measure()
+    (tmp_path / "other.txt").write_text("changed")
+    os.utime(tmp_path / "other.txt", ns=(1, 1))
+    with pytest.raises(UserError, match="changed while prepare ran"):
+        list(inputs)

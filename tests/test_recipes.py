@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from dlx.train.demo import DEMO_RECIPE, demo_recipe
 from dlx.train.recipe import load_recipe, read_recipe_file
+from hf_helpers import LLAMA32_1B_CONFIG
 
 RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
 
@@ -17,8 +19,12 @@ def test_there_are_recipes():
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
-def test_recipe_loads(path):
-    config = load_recipe(path, [])
+def test_recipe_loads(path, tmp_path):
+    overrides = []
+    if (read_recipe_file(path).get("model") or {}).get("init_from"):  # the shape comes from the weights' config.json
+        (tmp_path / "config.json").write_text(json.dumps(LLAMA32_1B_CONFIG))
+        overrides = ["--model.init_from", str(tmp_path)]
+    config = load_recipe(path, overrides)
     assert config.data.seq_len <= config.model.args.max_seq_len
 
 
@@ -26,3 +32,19 @@ def test_demo_recipe_file_is_the_embedded_demo():
     path = next(p for p in RECIPES if p.name == "demo.yaml")
     assert read_recipe_file(path) == DEMO_RECIPE
     assert load_recipe(path, []).resolved() == load_recipe(None, [], base=demo_recipe(8192)).resolved()
+
+
+def test_stdlib_corpora_splits_a_module_into_code_and_prose(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("stdlib_corpora", RECIPES[0].parent / "stdlib_corpora.py")
+    corpora = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(corpora)
+    source = (
+        '"""Module doc."""\nimport os  # kept\n\n\nclass A:\n    """Class\n    doc."""\n\n    def f(self):\n'
+        '        """Method doc."""\n        return os.sep\n'
+    )
+    code, prose = corpora.split_module(source)
+    assert code == "import os  # kept\n\n\nclass A:\n\n    def f(self):\n        return os.sep\n"
+    assert prose == "Module doc.\n\nClass\ndoc.\n\nMethod doc."
+    assert "mixture.yaml" in {p.name for p in RECIPES}

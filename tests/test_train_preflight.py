@@ -143,3 +143,54 @@ def test_the_checkpoint_estimate_is_within_5_percent_of_a_real_checkpoint(tmp_pa
     assert abs(written - estimate) / written < 0.05, (written, estimate)
     state = json.loads((result.last_checkpoint / "trainer_state.json").read_text())
     assert set(state["files"]) >= {"model.safetensors", "train_state.pt"}
+
+
+def mixture(tmp_path: Path, *extra: str):
+    first, second = make_dataset(tmp_path / "first"), make_dataset(tmp_path / "second")
+    config = load_recipe(None, [*TINY, "--data.mix", f"{first}=1,{second}=3", "--data.num_workers", "0", *extra])
+    return config, first, second
+
+
+def test_a_mixture_checks_every_source(tmp_path):
+    config, _, _ = mixture(tmp_path, "--train.max_steps", "2", "--eval.every", "2")
+    line = run_preflight(config, tmp_path / "run", resume=False, world_size=1).lines()[0]
+    for part in [
+        "dataset: 4 shards present at their sizes in 2 data.mix sources",
+        "tokenizer: each matches its manifest in 2 data.mix sources",
+        "eval batch(es) in 2 data.mix sources",
+    ]:
+        assert part in line, part
+
+
+def test_a_mixture_source_with_a_missing_shard_or_a_tiny_validation_split_is_named(tmp_path):
+    config, first, second = mixture(tmp_path, "--train.max_steps", "2", "--eval.every", "2")
+    shrink_val(first, 20)
+    with pytest.raises(UserError) as error:
+        run_preflight(config, tmp_path / "run", resume=False, world_size=1)
+    assert str(error.value).startswith(f"eval.every is 2 but the validation split of data.mix source {first} has 20 ")
+    (second / "train-00000.bin").unlink()
+    with pytest.raises(UserError, match=f"data.mix source {second}: shard train-00000.bin is missing"):
+        run_preflight(config, tmp_path / "run", resume=False, world_size=1)
+
+
+def test_a_mixture_run_states_its_sources_in_the_header(tmp_path, capsys):
+    config, _, _ = mixture(tmp_path, "--train.max_steps", "1", "--eval.every", "0")
+    pretrain(config, "t", tmp_path / "run")
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("Preflight passed in "))
+    assert "in 2 data.mix sources" in line
+
+
+@pytest.mark.parametrize(
+    ("layout", "per_parameter"),
+    [
+        ([], 12),  # model.safetensors + AdamW moments in train_state.pt
+        (["--parallel.strategy", "fsdp"], 16),  # DCP weights and moments, model.safetensors at the last
+        (["--parallel.strategy", "fsdp", "--checkpoint.full_weights", "never"], 12),
+        (["--parallel.tp", "2"], 16),
+        (["--parallel.strategy", "deepspeed"], 16),
+        (["--train.optimizer", "sgd"], 4),
+    ],
+)
+def test_the_checkpoint_estimate_follows_the_layout(layout, per_parameter):
+    config = load_recipe(None, [*TINY, "--train.max_steps", "1", *layout])
+    assert checkpoint_bytes(config) == per_parameter * parameter_count(config.model.args)

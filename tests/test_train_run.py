@@ -96,14 +96,16 @@ def test_the_loss_falls_on_synthetic_data(tmp_path):
 
 def nan_at_step(monkeypatch, bad_step: int) -> None:
     """Make the loss NaN in the micro-steps of optimizer step `bad_step`."""
-    real, calls = trainer.next_token_loss, {"n": 0}
+    real, calls = trainer.training_loss, {"n": 0}
 
-    def loss(logits, targets):
+    def loss(strategy, model, inputs, targets, *args, **kwargs):
         calls["n"] += 1
-        value = real(logits, targets)
-        return value * float("nan") if calls["n"] == bad_step else value
+        parts = real(strategy, model, inputs, targets, *args, **kwargs)
+        if calls["n"] != bad_step:
+            return parts
+        return parts._replace(loss=parts.loss * float("nan"), cross_entropy=parts.cross_entropy * float("nan"))
 
-    monkeypatch.setattr(trainer, "next_token_loss", loss)
+    monkeypatch.setattr(trainer, "training_loss", loss)
 
 
 def test_nan_loss_stops_naming_the_step_and_the_last_good_checkpoint(tmp_path, monkeypatch):

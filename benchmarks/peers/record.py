@@ -40,9 +40,8 @@ def versions() -> str:
 
 def environment(watched: list[str]) -> list[str]:
     """The exact command, code version (flagged when files under `watched` differ from it), versions and hardware."""
-    git = ["git", "-C", str(ROOT)]
-    sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run([*git, "status", "--porcelain", "--", *watched], capture_output=True, text=True).stdout
+    sha = _git("rev-parse", "--short", "HEAD") or os.environ.get("DLX_GIT_SHA", "unknown (no git; set DLX_GIT_SHA)")
+    dirty = _git("status", "--porcelain", "--", *watched)
     executable = Path(sys.executable)
     python = str(executable.relative_to(ROOT)) if executable.is_relative_to(ROOT) else executable.name
     threads = os.environ.get("OMP_NUM_THREADS")
@@ -55,6 +54,15 @@ def environment(watched: list[str]) -> list[str]:
         f"- hardware: {cpu_name()}, {os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}; "
         f"load average before the run {load} (the machine is shared)",
     ]
+
+
+def _git(*args: str) -> str:
+    """git's output in the repository, or "" where git is missing or the tree is not a repository (a device copy)."""
+    try:
+        result = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+    except OSError:
+        return ""
+    return result.stdout.strip() if result.returncode == 0 else ""
 
 
 def record_section(section: str, intro: str, lines: list[str], path: Path = BENCHMARKS_MD) -> None:

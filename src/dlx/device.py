@@ -33,6 +33,21 @@ def device_name(device: torch.device) -> str:
     return f"CPU ({psutil.cpu_count(logical=True)} threads, torch uses {torch.get_num_threads()})"
 
 
+ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
+
+
+def prefer_expandable_segments() -> str:
+    """Let the CUDA caching allocator grow segments in place (`expandable_segments:True`), which avoids the
+    fragmentation that makes a sweep's later, larger shapes run out early; a value the user set wins. Takes effect
+    only before the first CUDA allocation. Returns the setting in force, as `NAME=value`."""
+    for name in ALLOC_CONF_VARIABLES:
+        if os.environ.get(name):
+            return f"{name}={os.environ[name]}"
+    os.environ[ALLOC_CONF_VARIABLES[0]] = EXPANDABLE_SEGMENTS
+    return f"{ALLOC_CONF_VARIABLES[0]}={EXPANDABLE_SEGMENTS}"
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued kernels; a no-op on CPU, where every op has finished when it returns."""
     if device.type == "cuda":
@@ -47,6 +62,21 @@ def reset_peak_memory(device: torch.device) -> None:
     # Not Linux, or /proc not writable: the peak stays the process's lifetime peak.
     with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
         f.write("5")
+
+
+def restore_cuda_rng_states(states: list[torch.Tensor]) -> str | None:
+    """Restore the saved CUDA generator states that fit: one per visible GPU, in order. Returns a one-line note when
+    the saving process saw a different number of GPUs (None when every state was restored)."""
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for index, state in enumerate(states[:visible]):
+        torch.cuda.set_rng_state(state, index)
+    if len(states) == visible or not states:
+        return None
+    restored = min(len(states), visible)
+    return (
+        f"the checkpoint holds the random generator states of {len(states)} GPU(s) and {visible} are visible here: "
+        f"restored {restored}; any other GPU keeps its state seeded from train.seed"
+    )
 
 
 def peak_memory_gb(device: torch.device) -> float:
@@ -66,6 +96,14 @@ def peak_memory_method(device: torch.device) -> str:
         "process peak resident set size (ru_maxrss, since the last reset on Linux): weights, activations, Python and "
         "torch runtime together"
     )
+
+
+def nvml_index(device: torch.device) -> int:
+    """The NVML index of a CUDA device: NVML counts every GPU of the machine, CUDA only those in CUDA_VISIBLE_DEVICES
+    (by index or UUID), renumbered from 0."""
+    if device.type != "cuda":
+        raise ValueError(f"NVML samples CUDA devices, not {device}")
+    return torch.cuda._get_nvml_device_index(device)  # the mapping torch.cuda.utilization uses
 
 
 def timing_event(device: torch.device) -> torch.cuda.Event:

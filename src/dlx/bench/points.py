@@ -49,6 +49,12 @@ class BenchSetup:
     """Timed optimizer steps per point."""
     warmup: int = 2
     """Untimed optimizer steps before them."""
+    strategy: str = "none"
+    """parallel.strategy of every point (under torchrun): none (one process, or pure tensor parallelism), ddp, fsdp."""
+    tp: int = 1
+    """parallel.tp of every point: tensor-parallel ranks per model replica."""
+    world_size: int = 1
+    """Ranks torchrun started (1 without torchrun)."""
 
 
 def parse_positive_ints(option: str, text: str) -> list[int]:

@@ -2,8 +2,10 @@
 Markdown table laid out like the seed's hand-made one (cutoff_len, batch size, accumulation, it/s, memory, FLOPS).
 
 Units are in the column names: `_s` seconds (mean per optimizer step over the timed steps), `_gb` 1e9 bytes,
-`tflops` 1e12 FLOP/s per device. `mfu` and `tflops` count attention (6·N + 12·L·H·Q·T), `mfu_dense` and `tflops_dense`
+`tflops` 1e12 FLOP/s per device, `_pct` percent (the GPU counters of dlx.metrics.gpu_monitor, NVML, CUDA only).
+`mfu` and `tflops` count attention (6·N + 12·L·H·Q·T), `mfu_dense` and `tflops_dense`
 do not (6·N); see dlx.metrics.flops. `est_mem_gb` is `dlx plan`'s estimate for the same point, beside `peak_mem_gb`.
+`optimizer_pct` and `weight_cast_pct` are the step's fixed costs as percentages of `step_s` (dlx.train.measure).
 """
 
 from __future__ import annotations
@@ -27,9 +29,15 @@ COLUMNS = (
     "tokens_per_s",
     "step_s",
     "data_wait_s",
+    "gpu_util_pct",
+    "mem_util_pct",
+    "tensor_active_pct",
+    "dram_active_pct",
     "forward_s",
     "backward_s",
     "optimizer_s",
+    "optimizer_pct",
+    "weight_cast_pct",
     "peak_mem_gb",
     "est_mem_gb",
     "tflops",
@@ -134,8 +142,17 @@ def _conventions(rows: list[dict[str, Any]]) -> list[str]:
         *(f"- peak for {p}: {t:.4g} TFLOPS ({src})" for p, t, src in sorted(peaks, key=str) if t != ""),
         "- step ms: mean over the timed steps, split into forward / backward / optimizer (data wait and the rest make "
         "up the difference); est. GB: `dlx plan`'s estimate for the same point",
+        "- fixed %: the optimizer phase (clipping, AdamW, zero_grad, the wait for the loss) + autocast's weight casts "
+        "(once per micro-step), as shares of the step",
         *(f"- {status}: {meaning}" for status, meaning in STATUSES.items() if status != "ok"),
+        "- GPU / mem %: NVML utilization.gpu (time any kernel ran) / .memory (time device memory was read or "
+        "written); tensor / DRAM %: NVML GPM tensor-core activity / DRAM bandwidth share (Hopper or newer); "
+        "means over the timed steps",
     ]
+    if not any(isinstance(r["gpu_util_pct"], float) for r in rows if r["status"] == "ok"):
+        lines.append(
+            "- GPU columns n/a: NVML samples NVIDIA GPUs only, and needs nvidia-ml-py (pip install 'dlx[nvml]')"
+        )
     over = sorted({r["precision"] for r in rows if isinstance(r["mfu"], float) and r["mfu"] > 1.0})
     if over:
         lines.append(
@@ -148,22 +165,42 @@ def _conventions(rows: list[dict[str, Any]]) -> list[str]:
 def _table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| precision | seq len | micro-batch | grad accum | it/s | tokens/s | step ms (fwd / bwd / opt) "
-        "| peak mem GB (est.) | TFLOPS | MFU (dense) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| fixed % (opt + cast) | data wait ms | GPU / mem % | tensor / DRAM % | peak mem GB (est.) | TFLOPS "
+        "| MFU (dense) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         start = f"| {r['precision']} | {r['seq_len']} | {r['micro_batch']} | {r['grad_accum']} |"
         if r["status"] != "ok":
             mark = "OOM" if r["status"] == "oom" else "OOM (est.)"
-            lines.append(f"{start} {mark} | | | {_gb(r['est_mem_gb'])} | | {r['note']} |")
+            lines.append(f"{start} {mark} | | | | | | | {_gb(r['est_mem_gb'])} | | {r['note']} |")
             continue
         phases = " / ".join(f"{1e3 * r[f'{p}_s']:.0f}" for p in ("forward", "backward", "optimizer"))
         lines.append(
             f"{start} {r['it_per_s']:.3g} | {r['tokens_per_s']:,.0f} | {1e3 * r['step_s']:.0f} ({phases}) "
+            f"| {_fixed(r)} | {_ms(r['data_wait_s'])} | {_pair(r, 'gpu_util_pct', 'mem_util_pct')} "
+            f"| {_pair(r, 'tensor_active_pct', 'dram_active_pct')} "
             f"| {_gb(r['peak_mem_gb'])} ({_gb(r['est_mem_gb'])}) | {r['tflops']:.3g} | {_pct(r['mfu'])} "
             f"({_pct(r['mfu_dense'])}) |"
         )
     return lines
+
+
+def _fixed(row: dict[str, Any]) -> str:
+    """`12.3 (11.0 + 1.3)`; empty for rows from a CSV written before the columns existed."""
+    opt, cast = row["optimizer_pct"], row["weight_cast_pct"]
+    if not isinstance(opt, float) or not isinstance(cast, float):
+        return ""
+    return f"{opt + cast:.1f} ({opt:.1f} + {cast:.1f})"
+
+
+def _ms(seconds: Any) -> str:
+    return f"{1e3 * seconds:.1f}" if isinstance(seconds, float) else ""
+
+
+def _pair(row: dict[str, Any], first: str, second: str) -> str:
+    """Two GPU counters as `97 / 41`; n/a where NVML gave none (see the conventions above the table)."""
+    return " / ".join(f"{row[key]:.0f}" if isinstance(row[key], float) else "n/a" for key in (first, second))
 
 
 def _gb(value: Any) -> str:

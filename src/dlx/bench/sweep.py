@@ -38,13 +38,16 @@ class MemoryBudget:
 
 
 def estimate_gb(args: ModelArgs, point: BenchPoint, setup: BenchSetup) -> float:
-    """`dlx plan`'s total for the point; on a CPU PyTorch's math attention stores the T×T scores."""
+    """`dlx plan`'s total for the point, for the kernels of the sweep's device."""
     shape = TrainingShape(
         seq_len=point.seq_len,
         micro_batch=point.micro_batch,
         grad_accum=point.grad_accum,
         precision=point.precision,
-        attention_matrix=setup.device.type == "cpu",
+        strategy=setup.strategy,
+        world_size=setup.world_size,
+        tp=setup.tp,
+        device_type="cpu" if setup.device.type == "cpu" else "cuda",
     )
     return plan_memory(args, shape).total_gb
 

@@ -3,9 +3,14 @@ command, each measured point beside `dlx plan`'s estimate."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import io
+import os
 import shlex
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,7 +19,9 @@ import typer
 BENCH_HELP = """Sweep seq len × micro-batch × grad accum × precision and measure each point as `dlx pretrain` trains:
 warm-up steps, then timed steps; it/s, tokens/s, forward / backward / optimizer time, peak memory, TFLOPS and MFU
 (both conventions), beside the estimate. Writes bench.csv, bench.md and bench.png into --out; a re-run skips the
-points already in bench.csv. Points that cannot fit are marked OOM.
+points already in bench.csv. Points that cannot fit are marked OOM. With --compile each point is compiled afresh
+(Dynamo reset before it). On CUDA the allocator runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True unless
+that variable (or PYTORCH_ALLOC_CONF) is set.
 """
 
 
@@ -38,18 +45,25 @@ def bench(
     find_max_batch: Annotated[
         bool, typer.Option("--find-max-batch", help="Only find the largest micro-batch per seq len and precision.")
     ] = False,
+    strategy: Annotated[str, typer.Option(help="Under torchrun: none, ddp or fsdp (parallel.strategy).")] = "none",
+    tp: Annotated[int, typer.Option(help="Under torchrun: tensor-parallel ranks per replica (parallel.tp).")] = 1,
 ) -> None:
     from dlx.bench.points import BenchSetup, expand_points, parse_positive_ints, parse_precisions
-    from dlx.device import resolve_device
+    from dlx.device import prefer_expandable_segments, resolve_device
     from dlx.errors import UserError
+    from dlx.parallel.distributed import env_from_torchrun
     from dlx.precision import resolve_precision
 
     if steps < 1 or warmup < 0:
         raise UserError(f"--steps must be at least 1 and --warmup at least 0, got {steps} and {warmup}")
-    torch_device = resolve_device(device)
+    if strategy not in ("none", "ddp", "fsdp") or tp < 1:
+        raise UserError(f"--strategy must be none, ddp or fsdp and --tp at least 1, got {strategy!r} and {tp}")
+    prefer_expandable_segments()  # before the first CUDA allocation
+    world_size = env_from_torchrun().world_size
+    torch_device = resolve_device(device, env_from_torchrun().local_rank)
     seq_lens = parse_positive_ints("--seq-len", seq_len)
     precisions = parse_precisions(precision, resolve_precision("auto", torch_device))
-    setup = BenchSetup(model, torch_device, data, compile_blocks, steps, warmup)
+    setup = BenchSetup(model, torch_device, data, compile_blocks, steps, warmup, strategy, tp, world_size)
     points = expand_points(
         seq_lens,
         parse_positive_ints("--micro-batch", micro_batch),
@@ -57,20 +71,49 @@ def bench(
         precisions,
     )
     check_inputs(setup, points)
-    out_dir = out or Path("runs") / "bench" / Path(model).stem
+    out_dir = out or Path("runs") / "bench" / (Path(model).stem + (f"-{strategy}-tp{tp}" if world_size > 1 else ""))
     budget = memory_budget(torch_device, memory_limit_gb)
-    if find_max_batch:
-        report_max_batch(setup, seq_lens, precisions, budget, out_dir)
-    else:
-        sweep(setup, points, budget, out_dir)
+    with ranks_share_the_sweep(setup, out_dir) as out_dir:
+        if find_max_batch:
+            report_max_batch(setup, seq_lens, precisions, budget, out_dir)
+        else:
+            sweep(setup, points, budget, out_dir)
+
+
+@contextlib.contextmanager
+def ranks_share_the_sweep(setup: Any, out_dir: Path) -> Iterator[Path]:
+    """Under torchrun every rank runs the same sweep in step (each point is one distributed measurement); rank 0 writes
+    and prints, the others work in a temporary folder holding rank 0's earlier rows (so that all skip the same
+    points) and print nothing. Without torchrun: `out_dir` itself."""
+    from dlx.bench.results import read_rows, write_rows
+    from dlx.bench.sweep import CSV_NAME
+    from dlx.parallel import distributed
+
+    if setup.world_size == 1:
+        yield out_dir
+        return
+    distributed.init_distributed(setup.device, False, timeout_s=600.0, tp=setup.tp)
+    try:
+        rows = distributed.main_decides(lambda: read_rows(out_dir / CSV_NAME))
+        if distributed.env_from_torchrun().is_main:
+            yield out_dir
+        else:
+            with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+                write_rows(Path(tmp) / CSV_NAME, rows)
+                yield Path(tmp)
+    finally:
+        distributed.teardown()
 
 
 def check_inputs(setup: Any, points: list) -> None:
     """The model and the dataset, checked before anything runs (a UserError names what is wrong)."""
+    from dlx.parallel.tensor import check_layout
     from dlx.train.data import inspect_dataset
     from dlx.train.measure import point_config
 
-    inspect_dataset(point_config(setup, max(points, key=lambda p: p.seq_len)))
+    config = point_config(setup, max(points, key=lambda p: p.seq_len))
+    check_layout(config.parallel, setup.world_size)
+    inspect_dataset(config)
 
 
 def memory_budget(device: Any, limit_gb: float | None) -> Any:
@@ -93,7 +136,10 @@ def sweep(setup: Any, points: list, budget: Any, out_dir: Path) -> None:
     from dlx.train.measure import measure_point
 
     rows = run_sweep(setup, points, out_dir, budget, say=print, measure=measure_point)
-    atomic_write_text(out_dir / TABLE_NAME, markdown_table(rows, environment_lines(setup.device)) + "\n")
+    header = environment_lines(setup.device)
+    if setup.compile:
+        header.append("- torch.compile: each point compiled afresh (torch._dynamo.reset() before it), static shapes")
+    atomic_write_text(out_dir / TABLE_NAME, markdown_table(rows, header) + "\n")
     plot = plot_sweep(out_dir / PLOT_NAME, rows)
     written = [out_dir / CSV_NAME, out_dir / TABLE_NAME, *([plot] if plot else [])]
     print("wrote " + ", ".join(str(path) for path in written))
@@ -134,8 +180,9 @@ def environment_lines(device: Any) -> list[str]:
     import torch
 
     import dlx
-    from dlx.device import device_name, peak_memory_method
+    from dlx.device import ALLOC_CONF_VARIABLES, device_name, peak_memory_method
 
+    allocator = [f"{name}={os.environ[name]}" for name in ALLOC_CONF_VARIABLES if os.environ.get(name)]
     return [
         f"# dlx bench, {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
         "",
@@ -143,6 +190,7 @@ def environment_lines(device: Any) -> list[str]:
         f"- dlx {dlx.__version__}, python {platform.python_version()}, torch {torch.__version__}",
         f"- device: {device_name(device)}",
         f"- peak memory: {peak_memory_method(device)}",
+        *([f"- CUDA allocator: {', '.join(allocator) or 'default settings'}"] if device.type == "cuda" else []),
     ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -28,35 +29,95 @@ def prepare(
     train_tokenizer: Annotated[
         int | None, typer.Option(metavar="VOCAB_SIZE", help="Train a byte-level BPE of this size on the corpus.")
     ] = None,
-    text_field: Annotated[str, typer.Option(help="JSON key / Parquet column of the text (WuDao: content).")] = "text",
+    text_field: Annotated[
+        str | None, typer.Option(help="JSON key / Parquet column of the text (WuDao: content). [default: text]")
+    ] = None,
     val_fraction: Annotated[float | None, typer.Option(help="Share of documents held out for validation.")] = None,
     val_documents: Annotated[int | None, typer.Option(help="Exact number of validation documents.")] = None,
-    shard_tokens: Annotated[int, typer.Option(help="Tokens per shard file.")] = 100_000_000,
+    shard_tokens: Annotated[int | None, typer.Option(help="Tokens per shard file (default: 100,000,000).")] = None,
     workers: Annotated[int | None, typer.Option(help="Worker processes (default: all cores).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Stop at the first bad input record.")] = False,
     bos: Annotated[bool, typer.Option("--bos", help="Put BOS before every document (EOS always ends one).")] = False,
+    tasks: Annotated[
+        str | None,
+        typer.Option(
+            metavar="N|auto",
+            help="Split the work into N tasks (machines) that write parts into --out; `auto`: N from the launcher "
+            "(SLURM_ARRAY_TASK_COUNT, WORLD_SIZE). Then run --merge.",
+        ),
+    ] = None,
+    task_index: Annotated[
+        int | None,
+        typer.Option(help="This task, 0 … N-1 (default: SLURM_ARRAY_TASK_ID, else JOB_COMPLETION_INDEX, else RANK)."),
+    ] = None,
+    merge: Annotated[
+        bool, typer.Option("--merge", help="Once every task is done: write the shards and manifest into --out.")
+    ] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar.")] = False,
 ) -> None:
-    """Tokenize a corpus once into memory-mappable shards; rerun the same command to resume after a crash."""
-    from dlx.data.prepare import prepare_dataset
+    """Tokenize a corpus once into memory-mappable shards; rerun the same command to resume after a crash.
+
+    Across machines: run `--tasks N --task-index I` for every I (any order, anywhere, each resumable), then `--merge`;
+    the result is byte for byte the one-machine dataset.
+    """
+    from dlx.data.prepare import merge_tasks, prepare_dataset, prepare_task
+    from dlx.data.prepare.options import DEFAULT_SHARD_TOKENS, task_slot
 
     if val_fraction is not None and val_documents is not None:
         raise UserError("give --val-fraction or --val-documents, not both")
-    prepare_dataset(
-        inputs or None,
-        out,
+    if merge:
+        _refuse_with_merge(
+            INPUTS=inputs,
+            corpus=corpus,
+            tokenizer=tokenizer,
+            train_tokenizer=train_tokenizer,
+            text_field=text_field,
+            val_fraction=val_fraction,
+            val_documents=val_documents,
+            shard_tokens=shard_tokens,
+            strict=strict,
+            bos=bos,
+            tasks=tasks,
+            task_index=task_index,
+        )
+        merge_tasks(out, workers=workers, progress=not no_progress)
+        return
+    common = dict(
         corpus=corpus,
         tokenizer=tokenizer,
-        train_tokenizer=train_tokenizer,
-        text_field=text_field,
+        text_field=text_field or "text",
         val_fraction=val_fraction,
         val_documents=val_documents,
-        shard_tokens=shard_tokens,
+        shard_tokens=DEFAULT_SHARD_TOKENS if shard_tokens is None else shard_tokens,
         workers=workers,
         strict=strict,
         add_bos=bos,
         progress=not no_progress,
     )
+    if train_tokenizer is not None and (tasks is not None or task_index is not None):
+        raise UserError(
+            "--train-tokenizer runs on one machine: train it first (`dlx prepare SAMPLE --train-tokenizer "
+            f"{train_tokenizer} --out tok`), then give every task --tokenizer tok"
+        )
+    slot = task_slot(tasks, task_index, os.environ)
+    if slot is None:
+        prepare_dataset(inputs or None, out, train_tokenizer=train_tokenizer, **common)
+        return
+    prepare_task(inputs or None, out, tasks=slot.tasks, task_index=slot.index, numbered_by=slot.source, **common)
+
+
+def _refuse_with_merge(**given: object) -> None:
+    """--merge reads the inputs and options from the tasks' plan: any of them given is a mistake."""
+    named = [
+        name if name == "INPUTS" else "--" + name.replace("_", "-")
+        for name, value in given.items()
+        if value not in (None, False, [])
+    ]
+    if named:
+        raise UserError(
+            f"--merge takes the inputs and options from the tasks' plan in --out: drop {', '.join(named)} "
+            "(only --out, --workers and --no-progress go with --merge)"
+        )
 
 
 def says_what_it_kept(command: Callable[..., None]) -> Callable[..., None]:

@@ -67,18 +67,43 @@ def params(
 
 
 def export_hf(
-    checkpoint: Annotated[
-        Path, typer.Argument(help="A dlx model folder or checkpoint (model.safetensors + model_args.json).")
+    source: Annotated[
+        Path,
+        typer.Argument(
+            metavar="RUN_DIR_OR_CHECKPOINT",
+            help="A run folder (its newest complete checkpoint), a checkpoint or a dlx model folder.",
+        ),
     ],
-    out_dir: Annotated[Path, typer.Argument(help="New folder for config.json + model.safetensors.")],
+    out_dir: Annotated[Path, typer.Argument(help="New folder for the Hugging Face model.")],
+    dtype: Annotated[
+        str, typer.Option(help="Weights' dtype in the export: keep (as trained), bf16, fp16 or fp32.")
+    ] = "keep",
     overwrite: Annotated[bool, typer.Option(help="Replace OUT_DIR if it exists.")] = False,
 ) -> None:
-    """Write a dlx checkpoint as a Hugging Face Llama folder (`LlamaForCausalLM.from_pretrained` loads it)."""
+    """Write a Hugging Face Llama folder: weights, config.json and, with the run's tokenizer, tokenizer.json,
+    tokenizer_config.json, special_tokens_map.json and generation_config.json (AutoTokenizer, AutoModelForCausalLM,
+    pipeline and lm-evaluation-harness load it as it is)."""
+    from dlx.device import PRECISION_DTYPES
+    from dlx.errors import UserError
     from dlx.model.hf import save_hf
-    from dlx.model.io import load_model
+    from dlx.train.checkpoint import load_checkpoint_model
+    from dlx.train.init_from import resolve_source
 
-    save_hf(load_model(_model_folder(checkpoint)), out_dir, overwrite=overwrite)
-    print(f"wrote {out_dir}/config.json and {out_dir}/model.safetensors")
+    if dtype != "keep" and dtype not in PRECISION_DTYPES:
+        raise UserError(f"--dtype {dtype!r}: choose keep, {', '.join(PRECISION_DTYPES)}")
+    found = resolve_source(source, role="dlx export-hf")
+    if found.kind == "hf":
+        raise UserError(f"{source} is a Hugging Face folder already; give a run folder, checkpoint or dlx model folder")
+    model = load_checkpoint_model(found.weights)  # model.safetensors, or the whole weights read from dcp/
+    if dtype != "keep":
+        model.to(PRECISION_DTYPES[dtype])
+    save_hf(model, out_dir, overwrite=overwrite, tokenizer=found.tokenizer)
+    print(f"wrote {out_dir} from {found.describe()}: " + ", ".join(sorted(p.name for p in out_dir.iterdir())))
+    if found.tokenizer is None:
+        print(
+            f"note: no tokenizer.json beside {found.weights} or in its run folder (synthetic data?), so {out_dir} has "
+            "none: AutoTokenizer will not load it"
+        )
 
 
 def import_hf(
@@ -86,24 +111,11 @@ def import_hf(
     out: Annotated[Path, typer.Argument(help="New dlx model folder.")],
     overwrite: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
 ) -> None:
-    """Read a Hugging Face Llama folder into a dlx model folder."""
-    from dlx.model.hf import load_hf
-    from dlx.model.io import save_model
+    """Read a Hugging Face Llama folder into a dlx model folder, keeping its tokenizer files."""
+    from dlx.model.hf import import_hf as import_folder
 
-    save_model(load_hf(hf_dir), out, overwrite=overwrite)
-    print(f"wrote {out}")
-
-
-def _model_folder(path: Path) -> Path:
-    """A model folder itself, or the newest checkpoint of a run folder (`checkpoints/step-N/model`)."""
-    from dlx.errors import UserError
-    from dlx.model.io import WEIGHTS_FILE
-
-    if (path / WEIGHTS_FILE).is_file():
-        return path
-    for candidate in sorted(path.glob("**/" + WEIGHTS_FILE), key=lambda p: p.stat().st_mtime, reverse=True):
-        return candidate.parent
-    raise UserError(f"{path} holds no {WEIGHTS_FILE}; give a dlx model folder, checkpoint or run folder")
+    kept = import_folder(hf_dir, out, overwrite=overwrite)
+    print(f"wrote {out}" + (f" (tokenizer kept: {', '.join(kept)})" if kept else " (the folder has no tokenizer)"))
 
 
 def register(app: typer.Typer) -> None:

@@ -18,7 +18,10 @@ def plan(
         "none"
     ),
     zero_stage: Annotated[int, typer.Option(help="DeepSpeed ZeRO stage 1, 2 or 3 (strategy deepspeed).")] = 2,
-    world_size: Annotated[int, typer.Option(help="Data-parallel ranks.")] = 1,
+    world_size: Annotated[
+        int | None, typer.Option(help="Ranks (GPUs) in all: tp × data-parallel ranks (default: tp).")
+    ] = None,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel ranks per model replica (parallel.tp).")] = 1,
     activation_checkpointing: Annotated[str, typer.Option(help="none, full or selective.")] = "none",
     gpu: Annotated[
         str,
@@ -31,11 +34,11 @@ def plan(
     """Estimate memory per rank (weights, gradients, optimizer, activations, logits), FLOPs per token and step time."""
     from dlx.bench.estimate import TrainingShape
     from dlx.errors import UserError
+    from dlx.metrics.peak import GPUS, find_gpu
 
     if not 0 < mfu <= 1:
         raise UserError(f"--mfu must be in (0, 1], got {mfu}")
-    from dlx.metrics.peak import GPUS, find_gpu
-
+    world_size = tp if world_size is None else world_size
     if find_gpu(gpu) is None:
         raise UserError(f"--gpu {gpu!r} is not in dlx's peak table; the known GPUs: {', '.join(s.name for s in GPUS)}")
     shape = TrainingShape(
@@ -45,6 +48,7 @@ def plan(
         precision=precision,
         strategy=strategy,
         world_size=world_size,
+        tp=tp,
         zero_stage=zero_stage,
         activation_checkpointing=activation_checkpointing,
     )
@@ -58,10 +62,15 @@ def plan(
 def plan_summary(model: str, shape: Any, gpu: str, mfu: float, memory_gb: float) -> dict[str, Any]:
     """Every figure `dlx plan` prints, as one flat mapping (the --json output)."""
     from dlx.bench.estimate import max_micro_batch, plan_memory
+    from dlx.errors import UserError
     from dlx.metrics.peak import gpu_peak
     from dlx.model.presets import resolve_model_args
+    from dlx.parallel.tensor import divisibility_problem
 
     args = resolve_model_args(model)
+    problem = divisibility_problem(args, shape.tp, "--tp")
+    if problem:
+        raise UserError(problem.replace("model.", "the model's "))
     result = plan_memory(args, shape)
     peak = gpu_peak(gpu, shape.precision)
     return {

@@ -1,4 +1,5 @@
-"""MetricsLogger: one JSON object per line in run_dir/metrics.jsonl (train steps) and eval.jsonl, optional TensorBoard.
+"""MetricsLogger: one JSON object per line in run_dir/metrics.jsonl (train steps), eval.jsonl and samples.jsonl
+(text generated during training); optional TensorBoard and Weights & Biases (dlx.metrics.wandb_sink).
 
 Lines are flushed as they are written, so a crashed run keeps every step it logged; a line cut short by a crash is
 skipped by `read_jsonl`. Non-finite floats (a NaN loss) are written as null: JSON has no NaN. Only the main rank
@@ -19,6 +20,7 @@ from dlx.errors import UserError
 
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.jsonl"
+SAMPLES_FILE = "samples.jsonl"
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -48,15 +50,18 @@ class MetricsLogger:
         tensorboard: bool = False,
         is_main: bool = True,
         resume_step: int | None = None,
+        wandb: Any = None,
     ) -> None:
+        """`wandb`: a WandbSink (rank 0 only) that gets every record too; closed with the logger."""
         self.run_dir = Path(run_dir)
         self.is_main = is_main
         self._files: dict[str, IO[str]] = {}
         self._writer: Any = None
+        self.wandb = wandb
         if not is_main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        for name in (METRICS_FILE, EVAL_FILE):
+        for name in (METRICS_FILE, EVAL_FILE, SAMPLES_FILE):
             _end_torn_line(self.run_dir / name)
             if resume_step is not None:
                 _drop_after(self.run_dir / name, resume_step)
@@ -71,6 +76,18 @@ class MetricsLogger:
         """Append one evaluation record ({"step", "loss", "perplexity", ...}) to eval.jsonl (TensorBoard: eval/)."""
         self._write(EVAL_FILE, "eval", record)
 
+    def log_sample(self, record: dict[str, Any]) -> None:
+        """Append one generated text ({"step", "prompt", "text", ...}) to samples.jsonl (W&B: a table)."""
+        if self.is_main:
+            self._append(SAMPLES_FILE, record)
+            if self.wandb is not None:
+                self.wandb.log_sample(record)
+
+    def finish_run(self, step: int, verdict: Any, files: list[Path]) -> None:
+        """The end of the run for W&B: the verdict, report.md and the plots (the files hold them already)."""
+        if self.is_main and self.wandb is not None:
+            self.wandb.finish_run(step, verdict, files)
+
     def close(self) -> None:
         for f in self._files.values():
             f.close()
@@ -78,6 +95,9 @@ class MetricsLogger:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self.wandb is not None:
+            self.wandb.close()
+            self.wandb = None
 
     def __enter__(self) -> MetricsLogger:
         return self
@@ -88,16 +108,21 @@ class MetricsLogger:
     def _write(self, name: str, tag: str, record: dict[str, Any]) -> None:
         if not self.is_main:
             return
-        if name not in self._files:
-            self._files[name] = open(self.run_dir / name, "a", encoding="utf-8")  # noqa: SIM115 (kept open)
-        f = self._files[name]
-        f.write(to_json_line(record) + "\n")
-        f.flush()
+        self._append(name, record)
+        if self.wandb is not None:
+            self.wandb.log(tag, record)
         if self._writer is not None:
             step = int(record.get("step", 0))
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._writer.add_scalar(f"{tag}/{key}", value, step)
+
+    def _append(self, name: str, record: dict[str, Any]) -> None:
+        if name not in self._files:
+            self._files[name] = open(self.run_dir / name, "a", encoding="utf-8")  # noqa: SIM115 (kept open)
+        f = self._files[name]
+        f.write(to_json_line(record) + "\n")
+        f.flush()
 
 
 def _jsonable(value: Any) -> Any:

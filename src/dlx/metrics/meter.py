@@ -9,6 +9,7 @@ The trainer only feeds it numbers (torchtitan's split). For one optimizer step, 
                      above 1 reported as it is, with a warning, never clipped)
     data_wait_pct  = 100 · data_wait_s / step_s
     other_s        = step_s − Σ phases (≥ 0): time spent in no phase (zero_grad, scheduler, logging, Python)
+    peak_mem_gb    = the device's peak since the previous record (`record` resets the counter after reading it)
 
 N, L, H, Q, T and both conventions are defined in `dlx.metrics.flops`; the peak comes from `dlx.metrics.peak`.
 """
@@ -22,7 +23,9 @@ import torch
 
 from dlx import device as device_mod
 from dlx.metrics.flops import CONVENTIONS, matmul_params, training_flops_per_token
+from dlx.metrics.gpu_monitor import format_columns
 from dlx.metrics.peak import Peak, mfu, mfu_warning, peak_for
+from dlx.metrics.profiler import PROFILED_KEY
 from dlx.metrics.timing import STANDARD_PHASES
 from dlx.model.args import ModelArgs
 
@@ -122,6 +125,7 @@ class ThroughputMeter:
             "mfu_dense": mfu(tflops_dense, self.peak),
             "peak_mem_gb": device_mod.peak_memory_gb(self.device),
         }
+        device_mod.reset_peak_memory(self.device)  # the next record holds its own window's peak
         warning = mfu_warning(rec["mfu"])
         if warning is not None:
             rec["warning"] = warning
@@ -145,7 +149,7 @@ class ThroughputMeter:
         else:
             lines.append(f"MFU = TFLOPS ÷ peak {self.peak.tflops:.4g} TFLOPS ({self.precision}; {self.peak.source})")
             lines += attainable_lines(self.peak, self.precision)
-        lines.append(f"Peak memory: {device_mod.peak_memory_method(self.device)}")
+        lines.append(f"Peak memory: {device_mod.peak_memory_method(self.device)}; reset after every record")
         return lines
 
     def format_line(self, record: dict[str, Any]) -> str:
@@ -162,8 +166,13 @@ class ThroughputMeter:
             f"step {_ms(record['step_s'])} ms: {phases} · other {_ms(record['other_s'])}",
             f"mem {record['peak_mem_gb']:.2f} GB",
         ]
+        gpu = format_columns(record)
+        if gpu:
+            parts.insert(-1, gpu)  # beside the step's phases, data wait among them
         if "warning" in record:
             parts.append("! MFU > 100%")
+        if record.get(PROFILED_KEY):
+            parts.append(f"profiled steps {record[PROFILED_KEY]}: left out of the summary")
         return " | ".join(parts)
 
 

@@ -1,6 +1,7 @@
 """report.md for a run: how the numbers are counted, a summary table, the phase shares, the verdict, and plots.
 
-Throughput statistics leave out the first `skip_first` records (warm-up), as the verdict does; loss uses them all.
+Throughput statistics leave out the first `skip_first` records (warm-up) and those of profiled steps, as the verdict
+does; loss uses them all.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from dlx.atomic import atomic_write_text
 from dlx.metrics import flops, plots
+from dlx.metrics.profiler import profile_report_section, unprofiled
 from dlx.metrics.verdict import LOW_MFU, THRESHOLDS, Verdict
 
 REPORT_FILE = "report.md"
@@ -37,11 +39,13 @@ def write_report(
     header_lines: Sequence[str],
     eval_records: Sequence[dict[str, Any]] = (),
     skip_first: int = 1,
+    source_weights: dict[str, float] | None = None,
 ) -> Path:
-    """Write run_dir/report.md with loss.png, throughput.png and phases.png beside it; return the report's path."""
+    """Write run_dir/report.md with loss.png, throughput.png and phases.png beside it; return the report's path.
+    `source_weights`: data.mix's {source name: weight}, for the realised mixture against them."""
     run_dir = Path(run_dir)
     evals = [{"step": r["step"], "loss": r.get("loss", r.get("eval_loss"))} for r in eval_records]
-    used = list(records[skip_first:]) if len(records) > skip_first else list(records)
+    used = unprofiled(list(records[skip_first:]) if len(records) > skip_first else list(records))
     if records:
         plots.plot_loss(run_dir / "loss.png", records, evals)
         plots.plot_throughput(run_dir / "throughput.png", records)
@@ -52,7 +56,10 @@ def write_report(
         _summary(used, len(records) - len(used)) if used else ["## Summary", "", "No steps were logged."],
         _phases(verdict),
         _losses(records, evals),
+        _z_loss(records),
+        _mixture(records, eval_records, source_weights or {}),
         _verdict(verdict),
+        profile_report_section(run_dir),
         _figures() if records else [],
     ]
     text = "\n\n".join("\n".join(lines) for lines in sections if lines) + "\n"
@@ -79,7 +86,7 @@ def _summary(records: list[dict[str, Any]], skipped: int) -> list[str]:
     lines = [
         "## Summary",
         "",
-        f"Over {len(records)} logged steps ({skipped} warm-up record(s) left out).",
+        f"Over {len(records)} logged steps ({skipped} warm-up or profiled record(s) left out).",
         "",
         "| metric | median | mean | min | max |",
         "|---|---:|---:|---:|---:|",
@@ -141,6 +148,45 @@ def _at(record: dict[str, Any]) -> str:
 
 def _perplexity(loss: float) -> float:
     return math.exp(loss) if loss < 700 else math.inf
+
+
+def _z_loss(records: Sequence[dict[str, Any]]) -> list[str]:
+    """train.z_loss: the last logged z-loss term, which the logged loss leaves out."""
+    last = next((r for r in reversed(records) if isinstance(r.get("z_loss"), (int, float))), None)
+    if last is None:
+        return []
+    return [
+        f"- Final z-loss: {last['z_loss']:.4g} at step {last['step']} (train.z_loss × the mean squared "
+        "log-partition of the logits; added to the minimised loss, not to the loss above)."
+    ]
+
+
+def _mixture(
+    records: Sequence[dict[str, Any]], eval_records: Sequence[dict[str, Any]], weights: dict[str, float]
+) -> list[str]:
+    """data.mix: each source's share of the training tokens against its weight, and its last validation loss."""
+    last = next((r for r in reversed(records) if r.get("source_tokens")), None)
+    if not weights or last is None:
+        return []
+    tokens, total_weight = last["source_tokens"], sum(weights.values())
+    total_tokens = sum(tokens.values()) or 1
+    evaluated = next((r for r in reversed(eval_records) if r.get("source_loss")), None)
+    eval_note = f", validation loss at step {evaluated['step']}" if evaluated else ""
+    lines = [
+        "## Data mixture",
+        "",
+        f"Training tokens each data.mix source supplied up to step {last['step']}, against its weight{eval_note}.",
+        "",
+        "| source | weight | share of tokens | tokens | val loss |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, weight in weights.items():
+        loss = evaluated["source_loss"].get(name) if evaluated else None
+        lines.append(
+            f"| {name} | {weight / total_weight:.2%} | {tokens.get(name, 0) / total_tokens:.2%} | "
+            f"{tokens.get(name, 0):,} | {'n/a' if loss is None else f'{loss:.4f}'} |"
+        )
+    return lines
 
 
 def _verdict(verdict: Verdict) -> list[str]:

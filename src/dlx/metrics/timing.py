@@ -1,32 +1,41 @@
 """Per-phase step timing: where each optimizer step's wall time goes.
 
-Usage, once per optimizer step (forward/backward run once per accumulation micro-step and accumulate):
+Usage, once per optimizer step (forward/backward run once per accumulation micro-step and accumulate), and once per
+logged window of steps:
 
     with timer.phase("data_wait"): batch = next(loader)
     with timer.phase("forward"): loss = model(batch)
     with timer.phase("backward"): loss.backward()
     with timer.phase("optimizer"): optimizer.step()
-    timings = timer.end_step()   # {"data_wait": s, "forward": s, ..., "step_s": s}
+    timer.end_step()
+    ...
+    timings = timer.window()   # mean per step since the last window: {"data_wait": s, "forward": s, ..., "step_s": s}
 
 Method. On a CPU every op has finished when it returns, so each phase is timed with `time.perf_counter()` around it
 and nothing is synchronized. On CUDA kernels run asynchronously, so a host clock around `forward` would time the
 launches, not the work: each device phase records a CUDA event on the current stream when it is entered and another
-when it is left, and the events are read only at `end_step`, after ONE `synchronize` (which also leaves the queue
-empty for the next step's data wait). Recording an event costs a few µs, so measuring stays far below 1 % of a step;
-the events are pooled, not created per step. `data_wait` is a host-side wait for the loader, so it is timed on the
-host clock on every device. After `end_step`'s synchronize the queue is empty, so the first micro-step's wait is
-device idle time; a later micro-step's wait may overlap kernels still queued from the previous backward.
+when it is left, and the events are read only at `window()`, after ONE `synchronize` per window: `end_step` does not
+wait, so the host queues the next step while the device finishes this one's update, and the step's only wait is the
+trainer's (the loss value, for the NaN policy). Recording an event costs a few µs, so measuring stays far below 1 % of
+a step; the events are pooled, not created per step. `data_wait` is a host-side wait for the loader, so it is timed on
+the host clock on every device.
 
-`step_s` is host wall time from the previous `end_step` (or, for the first step, the first phase entered) to this
-one, after the synchronize: everything the step cost, including work outside any phase (zero_grad, the scheduler,
-logging, Python), which the meter reports as `other_s` and the verdict as unaccounted time. Wrap evaluation and
-checkpointing in `timer.paused()` so they do not count as step time. Phases must not nest: their sum must not
-exceed the step, so a nested phase raises.
+`step_s` is host wall time per step over the window: from the previous `window()` (or, for the first window, the
+first phase entered) to this one, after its synchronize, divided by the steps in it. So it counts everything the steps
+cost, including work outside any phase (zero_grad, the scheduler, logging, Python), which the meter reports as
+`other_s` and the verdict as unaccounted time. Wrap evaluation and checkpointing in `timer.paused()` so they do not
+count as step time. Phases must not nest: their sum must not exceed the step, so a nested phase raises.
+
+`spread()` gives the window's step-time spread (for the verdict's confidence) without another wait: each step's host
+wall time from the previous `end_step` to its own, paused time left out. On a CPU that is the step's time. On CUDA the
+host runs at most one step ahead (the trainer reads each step's loss value), so the host intervals follow the device's
+pace; their mean is close to `step_s`, not equal to it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -48,10 +57,15 @@ class PhaseTimer:
         self.device = device
         self._use_events = device.type == "cuda"
         self._host_s: dict[str, float] = {}
-        self._spans: list[tuple[str, Any, Any]] = []  # (phase, start event, end event), read at end_step
+        self._spans: list[tuple[str, Any, Any]] = []  # (phase, start event, end event), read at window()
+        self._ended: list[tuple[dict[str, float], list[tuple[str, Any, Any]]]] = []  # steps ended in this window
         self._event_pool: list[Any] = []
-        self._step_start: float | None = None
+        self._window_start: float | None = None
         self._paused_s = 0.0
+        self._step_start: float | None = None  # host clock at the previous end_step (or the window's start)
+        self._paused_in_step = 0.0
+        self._step_walls: list[float] = []  # host wall seconds of each step ended in this window
+        self._spread: dict[str, float] = {"window_steps": 0, "step_s_std": 0.0}
         self._active: str | None = None
 
     @contextlib.contextmanager
@@ -59,8 +73,10 @@ class PhaseTimer:
         """Time the enclosed block as `name`; entering the same phase again in the step adds to it."""
         if self._active is not None:
             raise RuntimeError(f"phase '{name}' entered inside phase '{self._active}': phases must not nest")
+        if self._window_start is None:
+            self._window_start = time.perf_counter()
         if self._step_start is None:
-            self._step_start = time.perf_counter()
+            self._step_start = self._window_start
         self._active = name
         try:
             if self._use_events and name not in HOST_PHASES:
@@ -92,27 +108,56 @@ class PhaseTimer:
             yield
         finally:
             device_mod.synchronize(self.device)  # and the pause's own kernels to the pause
-            if self._step_start is not None:  # before the first phase no step clock is running
-                self._paused_s += time.perf_counter() - start_s
+            if self._window_start is not None:  # before the first phase no step clock is running
+                paused_s = time.perf_counter() - start_s
+                self._paused_s += paused_s
+                self._paused_in_step += paused_s
 
-    def end_step(self) -> dict[str, float]:
-        """Seconds per phase for this step (every standard phase present) plus `step_s`; resets for the next step."""
+    def end_step(self) -> None:
+        """Close this optimizer step (no wait for the device); its timings are read by the next `window()`."""
         if self._active is not None:
             raise RuntimeError(f"end_step called inside phase '{self._active}'")
-        if self._use_events:
-            device_mod.synchronize(self.device)  # the one synchronization per step
+        self._ended.append((self._host_s, self._spans))
+        self._host_s, self._spans = {}, []
         now = time.perf_counter()
-        timings = dict.fromkeys(STANDARD_PHASES, 0.0)
-        for name, seconds in self._host_s.items():
-            timings[name] = timings.get(name, 0.0) + seconds
-        for name, start, end in self._spans:
-            timings[name] = timings.get(name, 0.0) + device_mod.event_elapsed_s(start, end)
-            self._event_pool += (start, end)
-        step_start = self._step_start if self._step_start is not None else now
-        timings["step_s"] = max(now - step_start - self._paused_s, 0.0)
-        self._host_s, self._spans, self._paused_s = {}, [], 0.0
-        self._step_start = now
+        if self._step_start is not None:  # None only for a step that entered no phase before its window
+            self._step_walls.append(max(now - self._step_start - self._paused_in_step, 0.0))
+        self._step_start, self._paused_in_step = now, 0.0
+
+    def window(self) -> dict[str, float]:
+        """Seconds per step, averaged over the steps ended since the last window: every standard phase present, plus
+        `step_s`. On CUDA the window's one synchronize. Call it between steps (after `end_step`)."""
+        if self._active is not None or self._host_s or self._spans:
+            raise RuntimeError("window() called inside a step: call it after end_step, before the next phase")
+        if not self._ended:
+            raise RuntimeError("window() needs at least one end_step since the last window")
+        if self._use_events:
+            device_mod.synchronize(self.device)  # the one synchronization per window
+        now = time.perf_counter()
+        sums = dict.fromkeys(STANDARD_PHASES, 0.0)
+        for host_s, spans in self._ended:
+            for name, seconds in host_s.items():
+                sums[name] = sums.get(name, 0.0) + seconds
+            for name, start, end in spans:
+                sums[name] = sums.get(name, 0.0) + device_mod.event_elapsed_s(start, end)
+                self._event_pool += (start, end)
+        steps = len(self._ended)
+        window_start = self._window_start if self._window_start is not None else now
+        timings = {name: seconds / steps for name, seconds in sums.items()}
+        timings["step_s"] = max(now - window_start - self._paused_s, 0.0) / steps
+        self._ended, self._paused_s, self._window_start = [], 0.0, now
+        self._spread = {"window_steps": steps, "step_s_std": _pstdev(self._step_walls)}
+        self._step_walls, self._step_start, self._paused_in_step = [], now, 0.0
         return timings
+
+    def spread(self) -> dict[str, float]:
+        """The last window's `window_steps` and `step_s_std` (population standard deviation of its steps' host wall
+        times, seconds); the verdict pools them into the step-time coefficient of variation."""
+        return dict(self._spread)
 
     def _take_event(self) -> Any:
         return self._event_pool.pop() if self._event_pool else device_mod.timing_event(self.device)
+
+
+def _pstdev(values: list[float]) -> float:
+    return statistics.pstdev(values) if len(values) > 1 else 0.0

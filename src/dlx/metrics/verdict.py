@@ -1,7 +1,8 @@
 """The bottleneck verdict: which part of the step limits throughput, the evidence, and one thing to try.
 
 Shares are each phase's total time over the total step time of the records used (the first `skip_first` records are
-warm-up: compilation, allocator growth, loader start-up), so a share says where the run's time actually went.
+warm-up: compilation, allocator growth, loader start-up; records of profiled steps are left out too), so a share says
+where the run's time actually went.
 `other` is step time in no phase (zero_grad, scheduler, logging, Python and kernel-launch gaps).
 
 Rules, with the thresholds in THRESHOLDS:
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlx.metrics.meter import phase_seconds
+from dlx.metrics.profiler import unprofiled
 
 THRESHOLDS = {"data-bound": 0.10, "optimizer-bound": 0.30, "overhead-bound": 0.20}
 """Share of step time at or above which a kind is flagged."""
@@ -102,7 +104,7 @@ def bottleneck_verdict(
     if not records:
         raise ValueError("no step records to judge: the run logged no steps")
     used = list(records[skip_first:]) if len(records) > skip_first else list(records)
-    evidence = _evidence(used)
+    evidence = _evidence(unprofiled(used))
     share = {k[:-4]: (v or 0.0) / 100 for k, v in evidence.items() if k.endswith("_pct")}
     flagged = {
         "data-bound": share["data_wait"],

@@ -1,8 +1,11 @@
-"""Hugging Face Llama format, both ways, without importing transformers.
+"""Hugging Face Llama folders, both ways, without importing transformers.
 
-`save_hf` writes `config.json` + `model.safetensors` that `LlamaForCausalLM.from_pretrained` loads; `load_hf` reads
-such a folder (one file, or shards with `model.safetensors.index.json`) into a dlx `Transformer`. dlx's RoPE rotates
-halves like HF's, so q/k weights need no permutation: the conversion is a renaming.
+`save_hf` writes what `LlamaForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained` load: `config.json`,
+`model.safetensors` and, given the tokenizer, the files of `dlx.model.hf_tokenizer`. `read_hf_folder` reads such a
+folder as `save_pretrained` writes it (one `model.safetensors`, or shards listed by `model.safetensors.index.json`),
+checking the architecture, the index against its shards and every tensor's shape against config.json; `load_hf` loads
+it into a dlx `Transformer` without a second copy (`dlx.model.io`). dlx's RoPE rotates halves like HF's, so q/k
+weights need no permutation: the conversion is a renaming.
 """
 
 from __future__ import annotations
@@ -13,16 +16,27 @@ from typing import Any
 
 import torch
 from pydantic import ValidationError
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from dlx.atomic import atomic_dir
 from dlx.errors import UserError
 from dlx.model.args import ModelArgs
-from dlx.model.io import model_from_state_dict, unique_state_dict
+from dlx.model.hf_tokenizer import copy_tokenizer_files, write_tokenizer_files
+from dlx.model.io import (
+    StoredTensor,
+    empty_model,
+    load_weights,
+    read_headers,
+    stored_dtype,
+    unique_state_dict,
+    write_weights,
+)
 from dlx.model.llama import Transformer
 from dlx.model.presets import describe_validation_error
 
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
 _LAYER_NAMES = {  # dlx name inside `layers.N.` -> HF name inside `model.layers.N.`
     "attention.wq.weight": "self_attn.q_proj.weight",
     "attention.wk.weight": "self_attn.k_proj.weight",
@@ -85,6 +99,8 @@ def hf_config(args: ModelArgs, dtype: torch.dtype) -> dict[str, Any]:
         "use_cache": True,
         "torch_dtype": _DTYPE_NAMES.get(dtype, "float32"),
         "rope_scaling": None,
+        "bos_token_id": None,  # set from the tokenizer by save_hf; left out, transformers would assume 1 and 2
+        "eos_token_id": None,
     }
     if args.rope_scaling is not None:
         s = args.rope_scaling
@@ -98,20 +114,33 @@ def hf_config(args: ModelArgs, dtype: torch.dtype) -> dict[str, Any]:
     return config
 
 
-def args_from_hf_config(config: dict[str, Any], source: str = "config.json") -> ModelArgs:
-    architectures = config.get("architectures") or []
-    if config.get("model_type") != "llama" or (architectures and "LlamaForCausalLM" not in architectures):
-        raise UserError(
-            f"{source}: model_type {config.get('model_type')!r} / architectures {architectures} is not a Llama model; "
-            "dlx imports LlamaForCausalLM folders only"
-        )
+def args_from_hf_config(config: dict[str, Any], source: str = CONFIG_FILE) -> ModelArgs:
+    """ModelArgs from a Llama config.json; another architecture, or a Llama variant dlx's module does not compute
+    (biases, another activation, another head_dim), is one line saying which."""
+    _check_llama(config, source)
+    try:
+        fields = _llama_fields(config, source)
+    except KeyError as e:
+        raise UserError(f"{source} has no {e.args[0]!r}; it is not a complete Llama config.json") from None
+    except (TypeError, ZeroDivisionError):
+        raise UserError(f"{source}: hidden_size, num_attention_heads and intermediate_size must be integers") from None
+    try:
+        args = ModelArgs(**fields)
+    except ValidationError as e:
+        raise UserError(describe_validation_error(e, source)) from None
+    if args.ffn_hidden_dim != config["intermediate_size"]:
+        raise UserError(f"{source}: intermediate_size {config['intermediate_size']} is not supported")
+    return args
+
+
+def _llama_fields(config: dict[str, Any], source: str) -> dict[str, Any]:
     dim, n_heads = config["hidden_size"], config["num_attention_heads"]
     if config.get("head_dim") not in (None, dim // n_heads):
         raise UserError(f"{source}: head_dim {config['head_dim']} != hidden_size / num_attention_heads; not supported")
-    # Meta's rule cannot express every intermediate_size; this choice reproduces it exactly:
-    # int(base · m) lands on intermediate or one below it, and rounding up to a multiple of intermediate gives it back.
+    # Meta's rule cannot express every intermediate_size; this choice reproduces it exactly: int(base · m) lands
+    # on intermediate or one below it, and rounding up to a multiple of intermediate gives it back.
     intermediate = config["intermediate_size"]
-    fields: dict[str, Any] = {
+    return {
         "dim": dim,
         "n_layers": config["num_hidden_layers"],
         "n_heads": n_heads,
@@ -125,12 +154,21 @@ def args_from_hf_config(config: dict[str, Any], source: str = "config.json") -> 
         "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
         "rope_scaling": _rope_scaling(config, source),
     }
-    try:
-        args = ModelArgs(**fields)
-    except ValidationError as e:
-        raise UserError(describe_validation_error(e, source)) from None
-    assert args.ffn_hidden_dim == intermediate, (args.ffn_hidden_dim, intermediate)
-    return args
+
+
+def _check_llama(config: dict[str, Any], source: str) -> None:
+    architectures = config.get("architectures") or []
+    if config.get("model_type") != "llama" or (architectures and "LlamaForCausalLM" not in architectures):
+        named = ", ".join(architectures) or f"model_type {config.get('model_type')!r}"
+        raise UserError(f"{source} describes {named}, not a Llama model; dlx reads LlamaForCausalLM folders only")
+    unsupported = {
+        "attention_bias": config.get("attention_bias", False),
+        "mlp_bias": config.get("mlp_bias", False),
+        "hidden_act": config.get("hidden_act", "silu") != "silu" and config.get("hidden_act"),
+    }
+    for key, value in unsupported.items():
+        if value:
+            raise UserError(f"{source}: {key} {value!r} is not supported (dlx's Llama has no biases and uses SiLU)")
 
 
 def _rope_theta(config: dict[str, Any]) -> float:
@@ -152,49 +190,102 @@ def _rope_scaling(config: dict[str, Any], source: str) -> dict[str, Any] | None:
     }
 
 
-def save_hf(model: Transformer, out_dir: str | Path, overwrite: bool = False) -> Path:
-    """Write `config.json` and `model.safetensors` for `transformers.LlamaForCausalLM.from_pretrained`."""
+def save_hf(model: Transformer, out_dir: str | Path, overwrite: bool = False, tokenizer: Path | None = None) -> Path:
+    """Write `config.json` and `model.safetensors` for `LlamaForCausalLM.from_pretrained` and, given the training
+    tokenizer.json, the tokenizer files with bos/eos ids in config.json (`dlx.model.hf_tokenizer`)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise UserError(f"{out_dir} already exists; choose another output folder or remove it")
     state = {dlx_to_hf_name(name): t for name, t in unique_state_dict(model).items()}
-    dtype = next(model.parameters()).dtype
+    config = hf_config(model.args, next(model.parameters()).dtype)
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(hf_config(model.args, dtype), indent=2) + "\n")
+        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        if tokenizer is not None:
+            tokens = write_tokenizer_files(tokenizer, tmp, model.args.max_seq_len)
+            config.update(bos_token_id=tokens.bos_id, eos_token_id=tokens.eos_id)
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return out_dir
 
 
-def load_hf(hf_dir: str | Path, device: str | torch.device = "cpu") -> Transformer:
-    """Read a Hugging Face Llama folder (single or sharded safetensors) into a dlx model."""
-    hf_dir = Path(hf_dir)
-    config_file = hf_dir / "config.json"
+def read_hf_args(hf_dir: str | Path) -> ModelArgs:
+    """The model shape from a Hugging Face folder's config.json."""
+    config_file = Path(hf_dir) / CONFIG_FILE
     if not config_file.is_file():
-        raise UserError(f"{hf_dir} is not a Hugging Face model folder: config.json is missing")
+        raise UserError(f"{hf_dir} is not a Hugging Face model folder: {CONFIG_FILE} is missing")
     try:
         config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserError(f"{config_file} is not valid JSON: {e}") from None
-    args = args_from_hf_config(config, str(config_file))
-    state: dict[str, torch.Tensor] = {}
-    for file in _weight_files(hf_dir):
-        try:
-            tensors = load_file(str(file), device=str(device))
-        except (SafetensorError, OSError) as e:
-            raise UserError(f"cannot read {file}: {e}") from None
-        for name, tensor in tensors.items():
-            dlx_name = hf_to_dlx_name(name)
-            if dlx_name is not None:
-                state[dlx_name] = tensor
-    return model_from_state_dict(args, state, device)
+    if not isinstance(config, dict):
+        raise UserError(f"{config_file} is not a Hugging Face config (not a JSON object)")
+    return args_from_hf_config(config, str(config_file))
 
 
-def _weight_files(hf_dir: Path) -> list[Path]:
-    index = hf_dir / "model.safetensors.index.json"
+def read_hf_folder(hf_dir: str | Path) -> tuple[ModelArgs, dict[str, StoredTensor]]:
+    """The shape and the stored tensors (by dlx name) of a Hugging Face Llama folder, headers only."""
+    hf_dir = Path(hf_dir)
+    args = read_hf_args(hf_dir)
+    weight_map = _weight_map(hf_dir)
+    files = sorted({hf_dir / name for name in weight_map.values()}) if weight_map else [hf_dir / WEIGHTS_FILE]
+    stored = read_headers(files, _name_for_load, fix="download it again")
+    for hf_name, file in (weight_map or {}).items():
+        dlx_name = _name_for_load(hf_name)
+        if dlx_name is not None and (dlx_name not in stored or stored[dlx_name].file.name != file):
+            raise UserError(f"{hf_dir / INDEX_FILE} places {hf_name} in {file}, which does not hold it; download again")
+    if args.tie_embeddings:  # some exports keep lm_head beside tied embeddings; transformers ignores it too
+        stored.pop("output.weight", None)
+    return args, stored
+
+
+def load_hf(hf_dir: str | Path, device: str | torch.device = "cpu") -> Transformer:
+    """A Hugging Face Llama folder (single or sharded safetensors) as a dlx model, in the dtype it was saved in."""
+    args, stored = read_hf_folder(hf_dir)
+    model = empty_model(args, device, stored_dtype(stored))
+    load_weights(model, stored, str(hf_dir))
+    return model
+
+
+def import_hf(hf_dir: str | Path, out_dir: str | Path, overwrite: bool = False) -> list[str]:
+    """A Hugging Face Llama folder as a dlx model folder, with the tokenizer files it holds kept beside the weights
+    (so that `dlx generate` and `model.init_from` find its tokenizer). Returns the tokenizer files kept."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise UserError(f"{out_dir} already exists; choose another output folder or remove it")
+    model = load_hf(hf_dir)
+    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+        write_weights(model, tmp)
+        kept = copy_tokenizer_files(Path(hf_dir), tmp)
+    return kept
+
+
+def _name_for_load(hf_name: str) -> str | None:
+    """The dlx name; None for derived tensors dlx rebuilds (`rotary_emb.inv_freq` of old exports); any other name is
+    kept as it is, so that loading reports it as unexpected instead of dropping a weight silently."""
+    if hf_name.endswith("rotary_emb.inv_freq"):
+        return None
+    return hf_to_dlx_name(hf_name) or hf_name
+
+
+def _weight_map(hf_dir: Path) -> dict[str, str] | None:
+    """The index's tensor → shard map (None for a single model.safetensors); every shard it names must exist."""
+    index = hf_dir / INDEX_FILE
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [hf_dir / name for name in sorted(set(weight_map.values()))]
-    single = hf_dir / "model.safetensors"
-    if single.is_file():
-        return [single]
-    raise UserError(f"{hf_dir} holds no model.safetensors nor model.safetensors.index.json (only safetensors is read)")
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError):
+            weight_map = None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise UserError(f"{index} is damaged (no weight_map of tensor → file); download it again")
+        for name in sorted(set(weight_map.values())):
+            if not (hf_dir / name).is_file():
+                raise UserError(f"{index} names the shard {name}, which is missing from {hf_dir}; download it again")
+        return weight_map
+    if (hf_dir / WEIGHTS_FILE).is_file():
+        return None
+    others = sorted(p.name for p in hf_dir.glob("*.bin")) + sorted(p.name for p in hf_dir.glob("*.pth"))
+    if others:
+        raise UserError(
+            f"{hf_dir} holds {others[0]} but no safetensors; dlx reads safetensors only (no pickles): re-save it with "
+            "transformers' save_pretrained, which writes safetensors"
+        )
+    raise UserError(f"{hf_dir} holds no weights: neither {WEIGHTS_FILE} nor {INDEX_FILE}")

@@ -2,6 +2,11 @@
 
 Module and parameter names follow Meta's reference code (`tok_embeddings`, `layers.N.attention.wq`, ...). The model
 knows nothing of devices, precision or parallelism: those are applied from outside (see `dlx.train`).
+
+Under autocast the residual stream stays fp32 and each RMSNorm hands the next matmuls its output once in the compute
+dtype (bf16/fp16), where autocast would cast the same fp32 activation once per matmul (q, k, v; w1, w3). RoPE then
+rotates q and k in that dtype with tables cast once per forward: against the rotation in fp32 rounded to bf16 it
+differs by at most 2 · 2⁻⁷ · max|x| over each head vector (measured 1.33 at seq 2048; tests/test_model_perf.py).
 """
 
 from __future__ import annotations
@@ -11,8 +16,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlx.model.args import ModelArgs
+from dlx.model.document_mask import DocumentMask, document_mask, masked_attention, positions_in_documents
 from dlx.model.kv_cache import KVCache
+from dlx.model.loss import LossParts, OutputLoss
 from dlx.model.rope import apply_rope, rope_tables
+
+SDPA_HAS_GQA = torch.__version__ >= "2.5"
+"""`F.scaled_dot_product_attention(enable_gqa=True)`: kv heads shared by query heads without copying them."""
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype matmuls on x run in: autocast's where it is on for x's device, else x's own."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
 
 
 class RMSNorm(nn.Module):
@@ -22,9 +39,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 whatever the autocast dtype, as Meta's and HF's implementations do.
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).type_as(x)
-        return normed * self.weight
+        # Normalise in float32 whatever the autocast dtype, as Meta's and HF's implementations do; one cast at the end.
+        normed = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), eps=self.eps)
+        return normed.to(compute_dtype(x))
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)
@@ -33,31 +50,60 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.kv_heads, args.head_dim
+        self.head_dim = args.head_dim
         self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
         self.wk = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        start_pos: int = 0,
+        mask: DocumentMask | None = None,
     ) -> torch.Tensor:
         batch, seq_len, _ = x.shape
-        q = self.wq(x).view(batch, seq_len, self.n_heads, self.head_dim)
-        k = self.wk(x).view(batch, seq_len, self.n_kv_heads, self.head_dim)
-        v = self.wv(x).view(batch, seq_len, self.n_kv_heads, self.head_dim)
+        # Head counts come from the shapes: under tensor parallelism each rank holds a slice of the heads.
+        q = self.wq(x).view(batch, seq_len, -1, self.head_dim)  # (B, T, local n_heads, head_dim)
+        k = self.wk(x).view(batch, seq_len, -1, self.head_dim)  # (B, T, local n_kv_heads, head_dim)
+        v = self.wv(x).view(batch, seq_len, -1, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, start_pos)  # (B, start_pos + T, n_kv_heads, head_dim)
-        # Grouped-query attention: each kv head serves n_heads // n_kv_heads query heads.
-        n_rep = self.n_heads // self.n_kv_heads
-        if n_rep > 1:
-            k = k.repeat_interleave(n_rep, dim=2)
-            v = v.repeat_interleave(n_rep, dim=2)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, head_dim)
-        out = F.scaled_dot_product_attention(q, k, v, **_causal_mask_kwargs(seq_len, k.shape[2], q.device))
+        if mask is not None:  # attention inside documents only (dlx.model.document_mask), GQA in the kernel
+            out = masked_attention(*(t.transpose(1, 2) for t in (q, k, v)), mask)
+        else:
+            out = causal_attention(q, k, v)
         out = out.transpose(1, 2).reshape(batch, seq_len, -1)  # (B, T, dim)
         return self.wo(out)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q (B, T, H, D), k and v (B, S, H_kv, D), the queries at the end of the keys -> (B, H, T, D). Grouped-query
+    attention: each kv head serves H // H_kv query heads, shared inside SDPA where its fast kernel allows it."""
+    causal = _causal_mask_kwargs(q.shape[1], k.shape[1], q.device)
+    n_rep = q.shape[2] // k.shape[2]
+    gqa = n_rep > 1 and _sdpa_shares_kv_heads(q, masked="attn_mask" in causal)
+    if n_rep > 1 and not gqa:
+        k = k.repeat_interleave(n_rep, dim=2)  # (B, S, H, D)
+        v = v.repeat_interleave(n_rep, dim=2)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, D)
+    return F.scaled_dot_product_attention(q, k, v, **causal, **({"enable_gqa": True} if gqa else {}))
+
+
+def _sdpa_shares_kv_heads(q: torch.Tensor, masked: bool) -> bool:
+    """Whether SDPA's `enable_gqa` keeps its fast kernel here. It runs in the flash kernels (CPU; CUDA bf16/fp16 from
+    sm80, no mask) and the math one; PyTorch's CUDA memory-efficient kernel does not take it and would fall back to
+    math, which stores the T×T scores. There k and v are repeated instead."""
+    if not SDPA_HAS_GQA:
+        return False
+    if q.device.type != "cuda":
+        return True
+    half = q.dtype in (torch.bfloat16, torch.float16)
+    return half and not masked and torch.cuda.get_device_properties(q.device).major >= 8
 
 
 def _causal_mask_kwargs(n_queries: int, n_keys: int, device: torch.device) -> dict:
@@ -93,9 +139,15 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        start_pos: int = 0,
+        mask: DocumentMask | None = None,
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, cache, start_pos)
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache, start_pos, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -111,6 +163,8 @@ class Transformer(nn.Module):
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
+        self.loss_fn = OutputLoss()
+        """Hidden states and targets -> the loss, without whole-batch logits (dlx.model.loss); set from outside."""
         # RoPE tables are derived, not learned: never saved in checkpoints, rebuilt by `init_rope` after a meta init.
         self.init_rope(self.tok_embeddings.weight.device)
         if self.tok_embeddings.weight.device.type != "meta":
@@ -122,27 +176,57 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     @torch.no_grad()
-    def init_weights(self, std: float = 0.02) -> None:
-        """Normal(0, std) for embeddings and projections, scaled by 1/sqrt(2·n_layers) for the residual outputs."""
-        residual_std = std / (2 * self.args.n_layers) ** 0.5
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """Every parameter by `init_parameter_`, in registration order."""
         for name, param in self.named_parameters():
-            if param.ndim == 1:
-                nn.init.ones_(param)
-            elif name.endswith(("wo.weight", "w2.weight")):
-                nn.init.normal_(param, std=residual_std)
-            else:
-                nn.init.normal_(param, std=std)
+            self.init_parameter_(name, param, generator)
 
-    def forward(self, tokens: torch.Tensor, caches: list[KVCache] | None = None, start_pos: int = 0) -> torch.Tensor:
+    @torch.no_grad()
+    def init_parameter_(self, name: str, tensor: torch.Tensor, generator: torch.Generator | None = None) -> None:
+        """Fill `tensor` as parameter `name` starts: ones for norms, Normal(0, 0.02) for embeddings and projections,
+        scaled by 1/sqrt(2·n_layers) for the residual outputs (wo, w2)."""
+        std = 0.02
+        if tensor.ndim == 1:
+            nn.init.ones_(tensor)
+        elif name.endswith(("wo.weight", "w2.weight")):
+            nn.init.normal_(tensor, std=std / (2 * self.args.n_layers) ** 0.5, generator=generator)
+        else:
+            nn.init.normal_(tensor, std=std, generator=generator)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        caches: list[KVCache] | None = None,
+        start_pos: int = 0,
+        document_ids: torch.Tensor | None = None,
+        *,
+        targets: torch.Tensor | None = None,
+        z_loss: float = 0.0,
+    ) -> torch.Tensor | LossParts:
+        """tokens (B, T) -> logits (B, T, vocab_size); with targets (B, T): the next-token loss (`LossParts`, z-loss
+        weighted by `z_loss`) computed chunk by chunk from the hidden states, no whole-batch logits made.
+        `document_ids` (B, T): attend only within equal ids, positions restarting at each (no KV cache with it)."""
         seq_len = tokens.shape[1]
         if start_pos + seq_len > self.args.max_seq_len:
             raise ValueError(f"sequence of {start_pos + seq_len} tokens exceeds max_seq_len={self.args.max_seq_len}")
-        cos = self.rope_cos[start_pos : start_pos + seq_len]
+        cos = self.rope_cos[start_pos : start_pos + seq_len]  # (T, head_dim)
         sin = self.rope_sin[start_pos : start_pos + seq_len]
+        mask = None
+        if document_ids is not None:
+            if caches is not None:
+                raise ValueError("document_ids cannot be combined with a KV cache")
+            mask = document_mask(document_ids)  # None: one document per row, plain causal attention is exact
+        if mask is not None:
+            positions = positions_in_documents(document_ids)  # (B, T)
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, head_dim)
         h = self.tok_embeddings(tokens)  # (B, T, dim)
+        cos, sin = cos.to(compute_dtype(h)), sin.to(compute_dtype(h))  # cast once per forward, not per layer
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, caches[i] if caches is not None else None, start_pos)
-        return self.output(self.norm(h))  # (B, T, vocab_size)
+            h = layer(h, cos, sin, caches[i] if caches is not None else None, start_pos, mask)
+        h = self.norm(h)  # (B, T, dim) in the compute dtype
+        if targets is None:
+            return self.output(h)  # (B, T, vocab_size)
+        return self.loss_fn(h, self.output, targets, z_loss)
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, **sampling) -> torch.Tensor:

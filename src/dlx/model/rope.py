@@ -46,8 +46,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, T, n_heads, head_dim); cos, sin: (T, head_dim). Computed in float32, returned in x's dtype."""
-    cos = cos[None, :, None, :]
-    sin = sin[None, :, None, :]
-    xf = x.float()
-    return (xf * cos + rotate_half(xf) * sin).type_as(x)
+    """x: (B, T, n_heads, head_dim); cos, sin: (T, head_dim), or (B, T, head_dim) for per-sequence positions.
+    Computed in the tables' dtype (the model casts them to the compute dtype once per forward); x's dtype out."""
+    cos = cos.unsqueeze(-2)  # (T, 1, head_dim) or (B, T, 1, head_dim): broadcast over the heads
+    sin = sin.unsqueeze(-2)
+    xc = x.to(cos.dtype)
+    return (xc * cos + rotate_half(xc) * sin).to(x.dtype)

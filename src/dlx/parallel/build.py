@@ -15,7 +15,9 @@ from dlx.errors import UserError
 from dlx.model.llama import Transformer
 from dlx.parallel.config import ParallelConfig
 from dlx.parallel.distributed import DistEnv
+from dlx.parallel.materialize import ShardFiller
 from dlx.parallel.strategy import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
+from dlx.parallel.tensor import build_mesh
 from dlx.parallel.wrap import parallelize
 from dlx.precision import Precision
 
@@ -53,9 +55,13 @@ def build_strategy(
     precision: Precision,
     make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
     shape: StepShape,
+    seed: int = 0,
+    fill: ShardFiller | None = None,
 ) -> Strategy:
-    """The optimizer is built after wrapping, so that under FSDP it holds the sharded parameters."""
-    train_model = parallelize(model, parallel, compile, device, env, precision.name)
+    """The optimizer is built after wrapping, so that under FSDP and TP it holds the sharded parameters. A model on
+    the meta device gets its weights during wrapping, each rank only its shards (filled by `fill`, else from `seed`)."""
+    mesh = build_mesh(env, parallel.strategy, device)
+    train_model = parallelize(model, parallel, compile, device, env, precision.name, mesh, seed, fill)
     optimizer = make_optimizer(model)
     if parallel.strategy == "deepspeed":
         engine = deepspeed_engine(model, optimizer, deepspeed_config(parallel, shape, precision.name))

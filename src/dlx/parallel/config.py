@@ -11,7 +11,9 @@ class ParallelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
     strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = "none"
-    """none (one process), ddp (DistributedDataParallel), fsdp (FSDP2 fully_shard) or deepspeed (ZeRO)."""
+    """Data parallelism: none (one process, or pure TP), ddp (replicated), fsdp (FSDP2 fully_shard) or deepspeed."""
+    tp: int = Field(1, ge=1, le=1024)
+    """Tensor-parallel ranks per model replica (Megatron-style column/row-parallel blocks, vocab-parallel head)."""
     zero_stage: int = Field(2, ge=1, le=3)
     """DeepSpeed ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also weights (strategy deepspeed)."""
     activation_checkpointing: Literal["none", "full", "selective"] = "none"

@@ -10,7 +10,7 @@ import datetime
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import torch
@@ -23,9 +23,14 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class DistEnv:
+    """This rank's place. The ranks form a (dp, tp) grid, row-major: ranks dp_rank·tp … dp_rank·tp + tp - 1 hold one
+    model replica split by tensor parallelism and read the same batches."""
+
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    tp: int = 1
+    """Tensor-parallel ranks per model replica (parallel.tp)."""
 
     @property
     def is_main(self) -> bool:
@@ -34,6 +39,15 @@ class DistEnv:
     @property
     def is_distributed(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def dp_size(self) -> int:
+        """Model replicas, each reading its own share of the data."""
+        return self.world_size // self.tp
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.tp
 
 
 def launched_by_torchrun() -> bool:
@@ -46,10 +60,10 @@ def env_from_torchrun() -> DistEnv:
     return DistEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))
 
 
-def init_distributed(device: torch.device, needs_group: bool, timeout_s: float) -> DistEnv:
+def init_distributed(device: torch.device, needs_group: bool, timeout_s: float, tp: int = 1) -> DistEnv:
     """Join the torchrun group (NCCL on CUDA, gloo on CPU). `needs_group`: FSDP and DeepSpeed need a process group
-    even in a single plain process; that one gets a group of one rank on a free local port."""
-    env = env_from_torchrun()
+    even in a single plain process; that one gets a group of one rank on a free local port. `tp`: parallel.tp."""
+    env = replace(env_from_torchrun(), tp=tp)
     if dist.is_initialized() or not (env.is_distributed or needs_group):
         return env
     if not launched_by_torchrun():

@@ -1,13 +1,18 @@
-"""What differs between one process, DDP, FSDP2 and DeepSpeed in a training step and in a checkpoint.
+"""What differs between one process, DDP, FSDP2 and DeepSpeed, with or without tensor parallelism, in a training step
+and in a checkpoint.
 
-The step loop calls the same five things whatever the strategy: `gradient_sync(last)` around each micro-step,
+The step loop calls the same things whatever the strategy: `gradient_sync(last)` around each micro-step,
 `backward(loss, last)`, `optimizer_step()`, and for checkpoints `full_weights()`, `save_sharded(folder)`, `load(...)`.
 
-    strategy   gradient sync on non-final micro-steps     checkpoint (besides model.safetensors, always full)
-    none       -                                           optimizer state in train_state.pt ("full")
-    ddp        off (DDP.no_sync)                           the same ("full"): every rank holds everything
-    fsdp       off (FSDPModule.set_requires_gradient_sync) DCP, sharded: model and optimizer ("dcp")
-    deepspeed  DeepSpeed's own (gradient_accumulation)     DeepSpeed's save_checkpoint ("deepspeed")
+    strategy   gradient sync on non-final micro-steps     checkpoint format (model.safetensors: checkpoint.full_weights)
+    none       -                                           "full": model.safetensors + optimizer in train_state.pt
+    ddp        off (DDP.no_sync)                           "full" as well: every rank holds everything
+    fsdp       off (FSDPModule.set_requires_gradient_sync) "dcp": DCP, model and optimizer sharded
+    deepspeed  DeepSpeed's own (gradient_accumulation)     "deepspeed": DeepSpeed's save_checkpoint
+    any, tp>1  as above (ddp: FSDP2 hybrid replication)    "dcp"; the loss is vocab-parallel (`loss_parallel`)
+
+A "dcp" checkpoint resumes under none, ddp and fsdp with any tp (DCP reshards), a "full" one under none and ddp with
+tp 1, a "deepspeed" one under deepspeed on the same world size.
 
 DDP and FSDP overlap their gradient all-reduce / reduce-scatter with the backward pass, so that communication is part of
 `backward_s`; the `communication` phase is the per-step collective that agrees on the loss and on stopping.
@@ -16,6 +21,7 @@ DDP and FSDP overlap their gradient all-reduce / reduce-scatter with the backwar
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +29,19 @@ import torch
 from torch import nn
 
 from dlx.errors import UserError
+from dlx.parallel import dcp
 from dlx.parallel.distributed import DistEnv
+from dlx.parallel.tensor import loss_context
 from dlx.precision import Precision
 
-FORMAT_STRATEGIES = {"full": ("none", "ddp"), "dcp": ("fsdp",), "deepspeed": ("deepspeed",)}
+FORMAT_STRATEGIES = {"full": ("none", "ddp"), "dcp": ("none", "ddp", "fsdp"), "deepspeed": ("deepspeed",)}
 DEEPSPEED_FOLDER, DEEPSPEED_TAG, DCP_FOLDER = "deepspeed", "state", "dcp"
 
 
 class Strategy:
-    """One process, or DDP: every rank holds the whole model and the whole optimizer state."""
+    """One process (or pure tensor parallelism): no gradient synchronisation across replicas."""
 
     name = "none"
-    checkpoint_format = "full"
 
     def __init__(
         self,
@@ -48,12 +55,23 @@ class Strategy:
         self.model, self.train_model, self.optimizer = model, train_model, optimizer
         self.precision, self.grad_clip, self.env = precision, grad_clip, env
 
+    @property
+    def vocab_parallel(self) -> bool:
+        """The logits are sharded over the vocabulary (parallel.tp > 1): the loss must be `vocab_parallel_loss`."""
+        return self.env.tp > 1
+
+    @property
+    def checkpoint_format(self) -> str:
+        """ "full" where every rank holds everything, "dcp" where ranks hold shards."""
+        return "dcp" if self.env.tp > 1 else "full"
+
     def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """Around one micro-step's forward and backward: gradients are synchronised only on the last one."""
         return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
-        self.precision.scale(loss).backward()
+        with loss_context(self.vocab_parallel):
+            self.precision.scale(loss).backward()
 
     def optimizer_step(self) -> torch.Tensor:
         """Unscale (fp16), clip, update, clear gradients; returns the global gradient norm before clipping."""
@@ -71,17 +89,31 @@ class Strategy:
         self.optimizer.zero_grad(set_to_none=True)
 
     def full_weights(self) -> dict[str, torch.Tensor] | None:
-        """The whole model's weights on rank 0 (None on the others); every rank must call it."""
-        return dict(self.model.state_dict()) if self.env.is_main else None
+        """The whole model's weights on rank 0 (None on the others); every rank must call it (a gather when sharded)."""
+        if self.checkpoint_format == "full":
+            return dict(self.model.state_dict()) if self.env.is_main else None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered into rank 0's memory
+        state = get_model_state_dict(self.model, options=options)
+        return state if self.env.is_main else None
 
     def optimizer_state(self) -> dict[str, Any] | None:
         """For the "full" format: the optimizer state, written by rank 0 into train_state.pt."""
-        return self.optimizer.state_dict()
+        return self.optimizer.state_dict() if self.checkpoint_format == "full" else None
 
-    def save_sharded(self, folder: Path) -> None:
-        """Each rank writes its share into the checkpoint folder (nothing for the full format)."""
+    def save_sharded(self, folder: Path, background: bool = False) -> Future | None:
+        """Each rank writes its share into the checkpoint folder (nothing for the full format). With `background`
+        (DCP only) the write goes on after this returns; the future says when it is done."""
+        if self.checkpoint_format != "dcp":
+            return None
+        return dcp.save(self.model, self.optimizer, folder / DCP_FOLDER, background)
 
-    def load(self, path: Path, weights: dict[str, torch.Tensor], train_state: dict[str, Any]) -> None:
+    def load(self, path: Path, saved_format: str, weights: dict[str, torch.Tensor], train_state: dict) -> None:
+        """A "dcp" checkpoint is resharded into this layout; a "full" one is loaded as it is."""
+        if saved_format == "dcp":
+            dcp.load(self.model, self.optimizer, path / DCP_FOLDER)
+            return
         self.model.load_state_dict(weights, strict=True)
         self.optimizer.load_state_dict(train_state["optimizer"])
 
@@ -90,6 +122,9 @@ class DDPStrategy(Strategy):
     name = "ddp"
 
     def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        if hasattr(self.model, "set_requires_gradient_sync"):  # tp > 1: replicated by FSDP2's hybrid mode
+            self.model.set_requires_gradient_sync(last)
+            return contextlib.nullcontext()
         if last or not hasattr(self.train_model, "no_sync"):  # one plain process: nothing to synchronise
             return contextlib.nullcontext()
         return self.train_model.no_sync()
@@ -99,49 +134,28 @@ class FSDPStrategy(Strategy):
     """FSDP2: parameters, gradients and optimizer state sharded across ranks; checkpoints through DCP."""
 
     name = "fsdp"
-    checkpoint_format = "dcp"
+
+    @property
+    def checkpoint_format(self) -> str:
+        return "dcp"
 
     def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         self.model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
-
-    def full_weights(self) -> dict[str, torch.Tensor] | None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered into rank 0's memory
-        state = get_model_state_dict(self.model, options=options)
-        return state if self.env.is_main else None
-
-    def optimizer_state(self) -> dict[str, Any] | None:
-        return None
-
-    def save_sharded(self, folder: Path) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=folder / DCP_FOLDER)
-
-    def load(self, path: Path, weights: dict[str, torch.Tensor], train_state: dict[str, Any]) -> None:
-        """DCP reshards on load: a checkpoint saved by N ranks loads on M."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=path / DCP_FOLDER)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
 class DeepSpeedStrategy(Strategy):
     """DeepSpeed ZeRO 1/2/3: the engine owns accumulation, clipping, mixed precision and its checkpoints."""
 
     name = "deepspeed"
-    checkpoint_format = "deepspeed"
 
     def __init__(self, *args: Any, zero_stage: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.zero_stage = zero_stage
+
+    @property
+    def checkpoint_format(self) -> str:
+        return "deepspeed"
 
     @property
     def engine(self) -> Any:
@@ -172,10 +186,11 @@ class DeepSpeedStrategy(Strategy):
     def optimizer_state(self) -> dict[str, Any] | None:
         return None
 
-    def save_sharded(self, folder: Path) -> None:
+    def save_sharded(self, folder: Path, background: bool = False) -> Future | None:
         self.engine.save_checkpoint(str(folder / DEEPSPEED_FOLDER), tag=DEEPSPEED_TAG, save_latest=False)
+        return None
 
-    def load(self, path: Path, weights: dict[str, torch.Tensor], train_state: dict[str, Any]) -> None:
+    def load(self, path: Path, saved_format: str, weights: dict[str, torch.Tensor], train_state: dict) -> None:
         loaded, _ = self.engine.load_checkpoint(
             str(path / DEEPSPEED_FOLDER),
             tag=DEEPSPEED_TAG,
@@ -193,13 +208,18 @@ def _local(norm: torch.Tensor) -> torch.Tensor:
 
 
 def check_format(saved_format: str, saved_world_size: int, strategy: Strategy, world_size: int, path: Path) -> None:
-    """A checkpoint resumes under the strategy family that wrote it; ZeRO checkpoints also need the same world size."""
+    """Which strategies and layouts a checkpoint resumes under (see the table above)."""
     allowed = FORMAT_STRATEGIES.get(saved_format, ())
     if strategy.name not in allowed:
         writers = " or ".join(allowed) or saved_format
         raise UserError(
             f"checkpoint {path} was written by parallel.strategy {writers} ({saved_format} format), not "
             f"{strategy.name}; resume with --parallel.strategy {writers}"
+        )
+    if saved_format == "full" and strategy.env.tp > 1:
+        raise UserError(
+            f"checkpoint {path} holds whole weights and optimizer state (parallel.tp 1, full format) and this run has "
+            f"parallel.tp {strategy.env.tp}; resume with --parallel.tp 1"
         )
     if saved_format == "deepspeed" and saved_world_size != world_size:
         raise UserError(

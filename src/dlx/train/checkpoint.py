@@ -1,20 +1,23 @@
 """Checkpoints: everything a run needs to continue exactly where it stopped, written atomically.
 
     RUN_DIR/checkpoints/step-00000100/
-        model.safetensors     the whole model's weights, whatever the strategy (safetensors: loading runs no code)
+        model.safetensors     the whole model's weights (safetensors: loading runs no code); always in the "full"
+                              format, in sharded ones as checkpoint.full_weights says (every, last, never)
         model_args.json       the model shape; with the weights, a model folder `dlx export-hf` and `load_model` read
         train_state.pt        scheduler, fp16 loss scaler, RNG states and (one process, DDP) the optimizer state:
                               tensors and plain data only, read back with torch.load(weights_only=True)
-        dcp/                  FSDP: model and optimizer shards, PyTorch Distributed Checkpoint (reshards on load)
+        dcp/                  FSDP, any tp > 1: model and optimizer shards, PyTorch Distributed Checkpoint (reshards
+                              on load; `dlx export-hf` reads the whole weights from it)
         deepspeed/            DeepSpeed: the engine's own ZeRO checkpoint
         trainer_state.json    step, tokens seen, loader position, format, world size, and the size of every file
                               above; written last
 
 The folder is filled under a temporary name by every rank and renamed into place by rank 0 once all have written, so
 a crash mid-save leaves the previous checkpoints untouched and at most a `.step-*.tmp` folder, which the next save or
-resume removes. A folder
-whose files are missing, shorter or longer than recorded, or unreadable is damaged; `find_resumable` then falls back to
-the one before it and says so.
+resume removes. With checkpoint.async the DCP shards are written in the background (`PendingSave`): the step goes on
+after the state is copied to host memory, and the folder is published only once every rank's part and DCP's metadata
+are written; the next save and the end of the run wait for it. A folder whose files are missing, shorter or longer
+than recorded, or unreadable is damaged; `find_resumable` then falls back to the one before it and says so.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import json
 import random
 import re
 import shutil
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +36,22 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from dlx import device as dev
 from dlx.atomic import make_temp_dir, publish_dir
 from dlx.errors import UserError
 from dlx.faults import pause_point
 from dlx.model.args import ModelArgs
-from dlx.model.io import WEIGHTS_FILE, write_weight_dict
+from dlx.model.io import ARGS_FILE, WEIGHTS_FILE, empty_model, load_model, write_weight_dict
+from dlx.model.llama import Transformer
+from dlx.parallel import dcp
 from dlx.parallel.distributed import any_rank, main_decides
-from dlx.parallel.strategy import Strategy, check_format
+from dlx.parallel.strategy import DCP_FOLDER, Strategy, check_format
 
 CHECKPOINTS_DIR = "checkpoints"
 TRAIN_STATE_FILE = "train_state.pt"
 STATE_FILE = "trainer_state.json"
+DCP_METADATA = f"{DCP_FOLDER}/.metadata"
+"""Marks a checkpoint whose weights are in DCP shards (written by DCP last, once every rank's shards are)."""
 _NAME = re.compile(r"^step-(\d{8,})$")
 
 
@@ -62,6 +71,8 @@ class TrainerState:
     """How model and optimizer state are stored: full (one process, DDP), dcp (FSDP) or deepspeed."""
     world_size: int = 1
     """Ranks that trained the run up to this checkpoint."""
+    full_weights: bool = True
+    """model.safetensors is part of this checkpoint (always in the full format; see checkpoint.full_weights)."""
     files: dict[str, int] = field(default_factory=dict)
     """Byte size of every other file of the checkpoint, to detect truncation."""
 
@@ -114,13 +125,15 @@ def _numpy_rng_state() -> dict[str, Any]:
     }
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], say=print) -> None:
+    """Every generator back to the saved state; CUDA's as far as the visible GPUs allow (`say` tells what did not)."""
     torch.set_rng_state(state["torch"])
     random.setstate(_as_tuples(state["python"]))
     n = state["numpy"]
     np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    note = dev.restore_cuda_rng_states(state.get("cuda", []))
+    if note:
+        say(f"resume: {note}")
 
 
 def _as_tuples(value: Any) -> Any:
@@ -134,24 +147,84 @@ def save_checkpoint(
     scaler: torch.amp.GradScaler | None,
     state: TrainerState,
     keep_last: int,
-) -> Path:
-    """Write `checkpoints/step-N/` atomically (every rank calls this), then delete all but the newest `keep_last`."""
+    full_weights: bool = True,
+    background: bool = False,
+) -> PendingSave:
+    """Start writing `checkpoints/step-N/` (every rank calls this). `full_weights`: also gather model.safetensors
+    (always in the full format). `background`: the DCP shards are written while training goes on. The returned
+    `PendingSave` publishes the folder (and deletes all but the newest `keep_last`) once `wait` finds it complete."""
     path = checkpoint_dir(run_dir, state.step)
+    full_weights = full_weights or strategy.checkpoint_format == "full"
+    state.format, state.world_size = strategy.checkpoint_format, strategy.env.world_size
+    state.full_weights = full_weights
     tmp = main_decides(lambda: _start_save(run_dir, path))
     error: BaseException | None = None
+    future = None
     try:
-        _write_parts(tmp, strategy, scheduler, scaler, state)
+        future = _write_parts(tmp, strategy, scheduler, scaler, full_weights, background)
     except (OSError, SafetensorError, RuntimeError) as e:  # a full disk or quota (torch.save says RuntimeError)
         error = e
-    if any_rank(error is not None, strategy.precision.device):
-        main_decides(lambda: shutil.rmtree(tmp, ignore_errors=True))  # the older checkpoints were never touched
+    pending = PendingSave(tmp, path, replace(state), run_dir, keep_last, strategy.precision.device, future)
+    pending.give_up_unless_all_wrote(error)
+    return pending
+
+
+@dataclass
+class PendingSave:
+    """A checkpoint being written into its temporary folder; `path` once every rank's part is complete."""
+
+    tmp: Path
+    path: Path
+    state: TrainerState
+    """The run's position when the save started (training may have moved on since)."""
+    run_dir: Path
+    keep_last: int
+    device: torch.device
+    future: Future | None = None
+    """This rank's background DCP write; None when everything was written before `save_checkpoint` returned."""
+    published: bool = False
+    """Rank 0 renamed the folder into place (`poll` may do so before `wait`, on rank 0 alone)."""
+    settled: bool = False
+    """Every rank has been through `wait` (the same on every rank, unlike `published`)."""
+
+    def poll(self) -> None:
+        """Rank 0, between steps, without a collective: publish as soon as the background write is complete. Rank 0's
+        write completes only after every rank's part and DCP's metadata are written."""
+        if self.published or self.future is None or not self.future.done() or self.future.exception() is not None:
+            return
+        _publish(self.tmp, self.path, self.state, self.run_dir, self.keep_last)
+        self.published = True
+
+    def wait(self) -> Path:
+        """Every rank: wait for this rank's part, agree that every rank succeeded, publish (rank 0). UserError if one
+        failed: the folder is removed and the previous checkpoints are intact."""
+        error: BaseException | None = None
+        if self.future is not None:
+            try:
+                self.future.result()
+            except Exception as e:  # DCP re-raises a failed write (OSError, or its CheckpointException)
+                error = e
+        self.give_up_unless_all_wrote(error)
+        if not main_decides(lambda: self.published):  # only rank 0 polls: it knows
+            main_decides(lambda: _publish(self.tmp, self.path, self.state, self.run_dir, self.keep_last))
+        self.published = self.settled = True
+        return self.path
+
+    def give_up_unless_all_wrote(self, error: BaseException | None) -> None:
+        if not any_rank(error is not None, self.device):
+            return
+        main_decides(lambda: shutil.rmtree(self.tmp, ignore_errors=True))  # the older checkpoints were never touched
         raise UserError(
-            f"cannot save checkpoint {path.name}: {_reason(error)}; the previous checkpoint "
-            f"({next(iter(list_checkpoints(run_dir)), None) or 'none'}) is intact. Free space in {run_dir} and "
-            "resume with --resume"
+            f"cannot save checkpoint {self.path.name}: {_reason(error)}; the previous checkpoint "
+            f"({next(iter(list_checkpoints(self.run_dir)), None) or 'none'}) is intact. Free space in {self.run_dir} "
+            "and resume with --resume"
         ) from None
-    main_decides(lambda: _publish(tmp, path, state, run_dir, keep_last))
-    return path
+
+    def abandon(self) -> None:
+        """On the way out after an error: let the background write finish or fail, so that no thread outlives the
+        process group. The unpublished folder is removed by the next save or resume."""
+        if self.future is not None:
+            self.future.exception()
 
 
 def _start_save(run_dir: Path, path: Path) -> Path:
@@ -172,15 +245,19 @@ def _write_parts(
     strategy: Strategy,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler | None,
-    state: TrainerState,
-) -> None:
-    """Every rank: its shards (DCP, DeepSpeed); rank 0: the whole weights and train_state.pt."""
-    weights = strategy.full_weights()  # a collective under FSDP and ZeRO-3
-    strategy.save_sharded(tmp)
+    full_weights: bool,
+    background: bool,
+) -> Future | None:
+    """Every rank: its shards (DCP, DeepSpeed); rank 0: the whole weights (when asked) and train_state.pt."""
+    weights = strategy.full_weights() if full_weights else None  # a collective when sharded
+    future = strategy.save_sharded(tmp, background)
     if not strategy.env.is_main:
-        return
+        return future
     args: ModelArgs = strategy.model.args
-    write_weight_dict(weights, args, tmp)
+    if weights is not None:
+        write_weight_dict(weights, args, tmp)
+    else:
+        (tmp / ARGS_FILE).write_text(args.model_dump_json(indent=2) + "\n")
     save_torch(
         {
             "optimizer": strategy.optimizer_state(),
@@ -191,7 +268,7 @@ def _write_parts(
         tmp / TRAIN_STATE_FILE,
     )
     pause_point("checkpoint_save")  # test-only, off by default: see dlx.faults
-    state.format, state.world_size = strategy.checkpoint_format, strategy.env.world_size
+    return future
 
 
 def _publish(tmp: Path, path: Path, state: TrainerState, run_dir: Path, keep_last: int) -> None:
@@ -260,8 +337,8 @@ class LoadedCheckpoint:
     train_state: dict[str, Any]
 
 
-def read_checkpoint(path: Path) -> LoadedCheckpoint:
-    """Read and check every file of a checkpoint into memory; DamagedCheckpoint says what is wrong."""
+def read_trainer_state(path: Path) -> TrainerState:
+    """trainer_state.json, once every file it lists is there at its recorded size; DamagedCheckpoint otherwise."""
     try:
         raw = json.loads((path / STATE_FILE).read_text())
         state = TrainerState(**raw)
@@ -273,8 +350,14 @@ def read_checkpoint(path: Path) -> LoadedCheckpoint:
             raise DamagedCheckpoint(f"{name} is missing")
         if file.stat().st_size != size:
             raise DamagedCheckpoint(f"{name} has {file.stat().st_size:,} bytes, {size:,} were written")
+    return state
+
+
+def read_checkpoint(path: Path) -> LoadedCheckpoint:
+    """Read and check every file of a checkpoint into memory; DamagedCheckpoint says what is wrong."""
+    state = read_trainer_state(path)
     try:
-        weights = load_file(str(path / WEIGHTS_FILE))
+        weights = load_file(str(path / WEIGHTS_FILE)) if state.format == "full" else {}  # else in dcp/ or deepspeed/
         train_state = torch.load(path / TRAIN_STATE_FILE, map_location="cpu", weights_only=True)
     except (SafetensorError, OSError, RuntimeError, EOFError) as e:
         raise DamagedCheckpoint(f"unreadable ({str(e).splitlines()[0][:120]})") from None
@@ -307,14 +390,15 @@ def apply_checkpoint(
     strategy: Strategy,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler | None,
+    say=print,
 ) -> TrainerState:
     """Put a checkpoint read by `read_checkpoint` into the live objects and restore the random generators."""
     check_format(loaded.state.format, loaded.state.world_size, strategy, strategy.env.world_size, loaded.path)
     weights = dict(loaded.weights)
-    if strategy.model.args.tie_embeddings:
+    if strategy.model.args.tie_embeddings and weights:
         weights["output.weight"] = weights["tok_embeddings.weight"]
     try:
-        strategy.load(loaded.path, weights, loaded.train_state)
+        strategy.load(loaded.path, loaded.state.format, weights, loaded.train_state)
     except (RuntimeError, ValueError, KeyError) as e:
         raise UserError(
             f"checkpoint {loaded.path} does not fit this recipe's model or optimizer ({str(e).splitlines()[0][:160]}); "
@@ -323,5 +407,17 @@ def apply_checkpoint(
     scheduler.load_state_dict(loaded.train_state["scheduler"])
     if scaler is not None and loaded.train_state.get("scaler"):
         scaler.load_state_dict(loaded.train_state["scaler"])
-    set_rng_state(loaded.train_state["rng"])
+    set_rng_state(loaded.train_state["rng"], say)
     return loaded.state
+
+
+def load_checkpoint_model(folder: Path, device: str | torch.device = "cpu") -> Transformer:
+    """A checkpoint's (or dlx model folder's) whole model in one process: from model.safetensors where the folder has
+    one, else read from its DCP shards (any layout wrote them). For `dlx export-hf` and `dlx generate`."""
+    if (folder / WEIGHTS_FILE).is_file() or not (folder / DCP_METADATA).is_file():
+        return load_model(folder, device)  # names what is missing when neither is there
+    if not (folder / ARGS_FILE).is_file():
+        raise UserError(f"{folder} is not a dlx checkpoint: {ARGS_FILE} is missing")
+    model = empty_model(ModelArgs.model_validate_json((folder / ARGS_FILE).read_text()), device)
+    dcp.load_whole_model(model, folder / DCP_FOLDER)
+    return model

@@ -8,15 +8,27 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from dlx.data import SYNTHETIC
+from dlx.data.mixture.sources import check_mix, parse_mix
 from dlx.errors import UserError
 from dlx.model.args import ModelArgs
 from dlx.model.presets import PRESETS, resolve_model_args
 from dlx.parallel.config import ParallelConfig
+from dlx.parallel.tensor import divisibility_problem
 
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False, validate_assignment=True)
 
@@ -28,25 +40,38 @@ class ModelSection(BaseModel):
 
     preset: str | None = "demo"
     """A preset name (`dlx params --list`) or a YAML/JSON file of ModelArgs; other keys here override its fields."""
+    init_from: str | None = None
+    """Start from these weights: a HF Llama folder, dlx model, checkpoint or run folder (the shape comes from them)."""
     _args: ModelArgs | None = PrivateAttr(None)
 
     @model_validator(mode="after")
-    def _resolve(self) -> ModelSection:
+    def _resolve(self, info: ValidationInfo) -> ModelSection:
         overrides = dict(self.model_extra or {})
         unknown = sorted(set(overrides) - set(ModelArgs.model_fields), key=str)
         if unknown:
             raise ValueError(
-                f"unknown key {f'model.{unknown[0]}'!r}; model takes 'preset' and the ModelArgs fields "
+                f"unknown key {f'model.{unknown[0]}'!r}; model takes 'preset', 'init_from' and the ModelArgs fields "
                 f"{', '.join(ModelArgs.model_fields)}"
             )
         infinite = [key for key, value in overrides.items() if isinstance(value, float) and not math.isfinite(value)]
         if infinite:  # ModelArgs takes inf for its `gt=0` floats; no model trains with them
             raise ValueError(f"model.{infinite[0]}: must be a finite number (got {overrides[infinite[0]]})")
         try:
-            self._args = resolve_model_args(self.preset, **overrides)
+            self._args = self._weights_shape(overrides, info) or resolve_model_args(self.preset, **overrides)
         except UserError as e:
             raise ValueError(str(e)) from None
         return self
+
+    def _weights_shape(self, overrides: dict[str, Any], info: ValidationInfo) -> ModelArgs | None:
+        """With init_from: the weights' shape, checked against the preset (if the recipe names one) and overrides.
+        A resumed run whose initial weights are gone keeps its config.yaml's shape (the checkpoint has the weights)."""
+        resuming = bool((info.context or {}).get("resuming"))
+        if not self.init_from or (resuming and not Path(self.init_from).exists()):
+            return None
+        from dlx.train.init_from import resolve_init_args
+
+        preset = self.preset if "preset" in self.model_fields_set else None
+        return resolve_init_args(self.init_from, preset, overrides)
 
     @property
     def args(self) -> ModelArgs:
@@ -54,8 +79,9 @@ class ModelSection(BaseModel):
         return self._args
 
     def resolved(self) -> dict[str, Any]:
-        """The preset name and every ModelArgs field, as written into the run folder."""
-        return {"preset": self.preset, **self.args.model_dump(mode="json")}
+        """The preset name, init_from and every ModelArgs field, as written into the run folder."""
+        preset = None if self.init_from and "preset" not in self.model_fields_set else self.preset
+        return {"preset": preset, "init_from": self.init_from, **self.args.model_dump(mode="json")}
 
 
 class DataSection(BaseModel):
@@ -73,6 +99,28 @@ class DataSection(BaseModel):
     """Batches the loader keeps ready ahead of the step."""
     shuffle: bool = True
     """Visit the training windows in a seeded random order each epoch."""
+    mix: dict[str, float] | None = None
+    """Datasets and weights instead of data.path: {PATH: W, ...}, or PATH=W,PATH=W; windows are drawn by weight."""
+    document_mask: bool = False
+    """Attention stays inside each document (ended by eos_id) and RoPE positions restart at each document's start."""
+
+    @field_validator("mix", mode="before")
+    @classmethod
+    def _parse_mix(cls, value: Any) -> Any:
+        return parse_mix(value) if isinstance(value, str) else value
+
+    @field_validator("mix")
+    @classmethod
+    def _check_mix(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None:
+            check_mix(value)
+        return value
+
+    @model_validator(mode="after")
+    def _mix_or_path(self) -> DataSection:
+        if self.mix is not None and "path" in self.model_fields_set:
+            raise ValueError("data.mix and data.path are exclusive: list every dataset with its weight in data.mix")
+        return self
 
 
 class TrainSection(BaseModel):
@@ -91,11 +139,17 @@ class TrainSection(BaseModel):
     lr: float = Field(3e-4, gt=0, le=10)
     """Peak learning rate, reached at the end of warm-up."""
     min_lr: float = Field(3e-5, ge=0, le=10)
-    """Learning rate at the end of the cosine or linear decay (at most lr)."""
+    """Learning rate at the end of the decay (cosine, linear or wsd; at most lr)."""
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
     """Share of the optimizer steps spent warming the learning rate up linearly from 0."""
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    """Decay from lr to min_lr after warm-up."""
+    schedule: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
+    """Decay from lr to min_lr after warm-up; wsd: hold lr, then decay over the last train.decay_ratio of steps."""
+    decay_ratio: float = Field(0.2, ge=0, le=1)
+    """wsd: share of the optimizer steps in the final decay to min_lr (0: no decay)."""
+    decay_shape: Literal["linear", "cosine", "1-sqrt"] = "1-sqrt"
+    """wsd: shape of the final decay (1-sqrt: lr falls as 1 - sqrt(progress))."""
+    z_loss: float = Field(0.0, ge=0, le=1)
+    """Weight of the z-loss, mean squared log-partition of the logits (OLMo, PaLM use 1e-4 to 1e-5); 0: off."""
     weight_decay: float = Field(0.1, ge=0, le=10)
     """AdamW decoupled weight decay for matmul weights (norms and the embedding are not decayed)."""
     betas: tuple[float, float] = (0.9, 0.95)
@@ -133,15 +187,44 @@ class EvalSection(BaseModel):
     """Evaluate on the validation split every this many optimizer steps (and at the end); 0 turns eval off."""
     batches: int = Field(20, gt=0, le=1 << 20)
     """Micro-batches per evaluation (fewer if the validation split is smaller)."""
+    # Samples during training (dlx.train.sample), through the code `dlx generate` runs.
+    sample_every: int = Field(0, ge=0)
+    """Continue each of eval.sample_prompts every this many optimizer steps, printed and in samples.jsonl; 0: off."""
+    sample_prompts: list[str] = Field(default_factory=list, max_length=64)
+    """Prompts to continue with the dataset's tokenizer (needed when eval.sample_every > 0)."""
+    sample_tokens: int = Field(64, gt=0, le=1 << 16)
+    """Tokens generated after each prompt (fewer at model.max_seq_len or the end-of-document token)."""
+    sample_temperature: float = Field(0.8, ge=0, le=100)
+    """0: greedy decoding; above 0: sampling at this temperature, seeded by eval.sample_seed (as `dlx generate`)."""
+    sample_top_k: int | None = Field(50, gt=0)
+    """Sample among the k likeliest tokens (null: among all) when eval.sample_temperature > 0."""
+    sample_seed: int = Field(0, ge=0, lt=2**63)
+    """Seed of the sampler's own generator, the same at every sampling step; training's random state is untouched."""
+
+    @model_validator(mode="after")
+    def _check_samples(self) -> EvalSection:
+        if self.sample_every and not self.sample_prompts:
+            raise ValueError(
+                f"eval.sample_every is {self.sample_every} but eval.sample_prompts is empty; give prompts, "
+                "e.g. --eval.sample_prompts '[\"def \"]', or set eval.sample_every 0"
+            )
+        empty = [i for i, prompt in enumerate(self.sample_prompts) if not prompt]
+        if empty:
+            raise ValueError(f"eval.sample_prompts[{empty[0]}] is an empty string; give some text to continue")
+        return self
 
 
 class CheckpointSection(BaseModel):
-    model_config = _STRICT
+    model_config = ConfigDict(**_STRICT, validate_by_name=True, validate_by_alias=True)
 
     every: int = Field(0, ge=0)
     """Save a checkpoint every this many optimizer steps; 0: only at the end (and on an orderly stop)."""
     keep_last: int = Field(3, gt=0, le=1 << 20)
     """Complete checkpoints to keep; older ones are deleted after each successful save."""
+    async_save: bool = Field(False, alias="async")
+    """Sharded (DCP) checkpoints: write in the background while training goes on; a checkpoint counts once complete."""
+    full_weights: Literal["every", "last", "never"] = "last"
+    """Sharded checkpoints: gather model.safetensors into every checkpoint, only the run's last one, or never."""
 
 
 class LogSection(BaseModel):
@@ -153,9 +236,33 @@ class LogSection(BaseModel):
     """Also write TensorBoard event files into the run folder (needs `pip install tensorboard`)."""
     progress: bool = True
     """Show a progress bar with loss, tokens/s, MFU and ETA (only on a terminal)."""
+    # GPU counters and Weights & Biases (dlx.metrics.gpu_monitor, dlx.metrics.wandb_sink).
+    nvml: bool = True
+    """On CUDA, GPU and memory-controller utilisation (and on Hopper+ tensor/DRAM activity) per record via NVML."""
+    wandb: bool = False
+    """Also log to Weights & Biases from rank 0 (dlx[wandb]); refused before step 1 without it or credentials."""
+    wandb_project: str = Field("dlx", min_length=1, max_length=128)
+    """The W&B project the run is logged to."""
+    wandb_name: str | None = Field(None, min_length=1, max_length=128)
+    """The W&B run's display name; null: the run folder's name."""
 
 
-SECTIONS = ("model", "data", "train", "eval", "checkpoint", "log", "parallel")
+class ProfileSection(BaseModel):
+    model_config = _STRICT
+
+    start: int = Field(3, gt=0)
+    """First optimizer step that torch.profiler records (after warm-up steps, whose timings are not typical)."""
+    steps: int = Field(0, ge=0, le=1000)
+    """Optimizer steps to record from profile.start, a trace per rank in RUN/profile/; 0: the profiler is off."""
+    with_stack: bool = True
+    """Record the Python stack of every op in the trace: which line ran it (on the demo: a 26 % larger trace)."""
+    top_ops: int = Field(15, gt=0, le=1000)
+    """Rows of the table of ops by self time (console, report.md and RUN/profile/)."""
+    memory_snapshot: bool = True
+    """On CUDA, also record the allocator's history over the profiled steps: snapshot, timeline and flame graph."""
+
+
+SECTIONS = ("model", "data", "train", "eval", "checkpoint", "log", "parallel", "profile")
 
 
 class RunConfig(BaseModel):
@@ -177,6 +284,8 @@ class RunConfig(BaseModel):
     """Metrics records, console lines, progress bar, TensorBoard."""
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     """How the ranks under torchrun share the work (DDP, FSDP2, DeepSpeed), activation checkpointing."""
+    profile: ProfileSection = Field(default_factory=ProfileSection)
+    """torch.profiler around chosen optimizer steps: traces, the top ops by self time, CUDA memory snapshots."""
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -186,9 +295,10 @@ class RunConfig(BaseModel):
                 f"data.seq_len ({self.data.seq_len}) exceeds model.max_seq_len ({args.max_seq_len}); "
                 "lower data.seq_len or raise model.max_seq_len"
             )
-        if self.data.path == SYNTHETIC and self.train.max_steps is None:
+        if self.data.path == SYNTHETIC and not self.data.mix and self.train.max_steps is None:
             raise ValueError("synthetic data has no epochs: set train.max_steps (or data.path to a prepared dataset)")
         self._check_parallel()
+        self._check_observers()
         return self
 
     def _check_parallel(self) -> None:
@@ -197,11 +307,57 @@ class RunConfig(BaseModel):
             raise ValueError("train.nan_policy skip is not available with parallel.strategy deepspeed; use stop")
         if strategy == "fsdp" and train.precision == "fp16":
             raise ValueError("parallel.strategy fsdp trains in bf16 or fp32; set train.precision bf16 (or fp32)")
+        self._check_tensor_parallel()
+
+    def _check_tensor_parallel(self) -> None:
+        tp, strategy = self.parallel.tp, self.parallel.strategy
+        if tp == 1:
+            return
+        if strategy == "deepspeed":
+            raise ValueError(
+                f"parallel.strategy deepspeed does not combine with parallel.tp {tp} (its engine does not take "
+                "tensor-parallel parameters); use parallel.strategy fsdp for FSDP × TP, or parallel.tp 1"
+            )
+        problem = divisibility_problem(self.model.args, tp)
+        if problem:
+            raise ValueError(problem)
+        if self.data.seq_len % tp:
+            raise ValueError(
+                f"data.seq_len ({self.data.seq_len}) must be a multiple of parallel.tp ({tp}): sequence parallelism "
+                "gives each tensor-parallel rank seq_len / tp tokens of every sequence"
+            )
+        if self.train.precision == "fp16":
+            raise ValueError(f"parallel.tp {tp} trains in bf16 or fp32; set train.precision bf16 (or fp32)")
+        if self.eval.sample_every:
+            raise ValueError(
+                f"eval.sample_every does not combine with parallel.tp {tp} (generation runs on a whole model); set "
+                "eval.sample_every 0 and generate from a checkpoint with dlx generate"
+            )
+        if self.train.z_loss:
+            raise ValueError(
+                f"train.z_loss does not combine with parallel.tp {tp} yet (the z-loss is computed on whole logits, "
+                "which tensor parallelism never gathers); set train.z_loss 0"
+            )
+
+    def _check_observers(self) -> None:
+        if self.eval.sample_every and self.data.path == SYNTHETIC:
+            raise ValueError(
+                "eval.sample_every needs a tokenizer and synthetic data has none; set data.path to a prepared "
+                "dataset or eval.sample_every 0"
+            )
+        last = self.profile.start + self.profile.steps - 1
+        if self.profile.steps and self.train.max_steps is not None and last > self.train.max_steps:
+            raise ValueError(
+                f"profile.start {self.profile.start} + profile.steps {self.profile.steps} run past "
+                f"train.max_steps {self.train.max_steps}; profile steps {self.profile.start}..{last} must exist"
+            )
 
     def resolved(self) -> dict[str, Any]:
         """Every section with defaults filled in and the model fully resolved, as written into the run folder."""
-        out = self.model_dump(mode="json")
+        out = self.model_dump(mode="json", by_alias=True)
         out["model"] = self.model.resolved()
+        if self.data.mix is not None:  # data.path is not used: leave it out, so the file loads back as a recipe
+            del out["data"]["path"]
         return out
 
 
@@ -222,15 +378,16 @@ def _allowed_keys(section: str) -> str:
     if not section:
         return f"the sections are {', '.join(SECTIONS)}"
     if section == "model":
-        return f"model takes preset ({', '.join(PRESETS)}) and the ModelArgs fields"
+        return f"model takes preset ({', '.join(PRESETS)}), init_from and the ModelArgs fields"
     fields = RunConfig.model_fields[section].annotation.model_fields  # type: ignore[union-attr]
-    return f"{section} keys are {', '.join(fields)}"
+    return f"{section} keys are {', '.join(info.alias or key for key, info in fields.items())}"
 
 
-def build_config(raw: dict[str, Any]) -> RunConfig:
-    """Validate a recipe mapping into a RunConfig, or raise UserError with one line."""
+def build_config(raw: dict[str, Any], resuming: bool = False) -> RunConfig:
+    """Validate a recipe mapping into a RunConfig, or raise UserError with one line. `resuming`: the run continues
+    from its checkpoint, so model.init_from's weights may be gone (see ModelSection)."""
     try:
-        return RunConfig.model_validate(raw)
+        return RunConfig.model_validate(raw, context={"resuming": resuming})
     except ValidationError as e:
         # One line even when the message quotes a value that holds a line break.
         raise UserError(f"recipe: {describe_error(e)}".replace("\n", "\\n")) from None
@@ -244,7 +401,7 @@ def describe_keys() -> list[str]:
         model_cls = RunConfig.model_fields[section].annotation
         for key, info in model_cls.model_fields.items():  # type: ignore[union-attr]
             default = info.get_default(call_default_factory=True)
-            lines.append(f"  {key}: {json.dumps(default)}  # {info.description or ''}")
+            lines.append(f"  {info.alias or key}: {json.dumps(default)}  # {info.description or ''}")
         if section == "model":
             lines.append("  <any ModelArgs field>: overrides the preset  # see `dlx params --json` for the fields")
     return lines

@@ -35,6 +35,8 @@ RESUMABLE_CHANGES = {
     ("eval", "batches"),
     ("checkpoint", "every"),
     ("checkpoint", "keep_last"),
+    ("checkpoint", "async"),
+    ("checkpoint", "full_weights"),
     ("log", "every"),
     ("log", "tensorboard"),
     ("log", "progress"),
@@ -42,12 +44,31 @@ RESUMABLE_CHANGES = {
     ("parallel", "activation_checkpointing"),
     ("parallel", "reshard_after_forward"),
     ("parallel", "timeout_s"),
+    ("parallel", "tp"),
     ("data", "micro_batch_size"),
     ("train", "grad_accum"),
     ("train", "global_batch_size"),
+    ("eval", "sample_every"),
+    ("eval", "sample_prompts"),
+    ("eval", "sample_tokens"),
+    ("eval", "sample_temperature"),
+    ("eval", "sample_top_k"),
+    ("eval", "sample_seed"),
+    ("log", "nvml"),
+    ("log", "wandb"),
+    ("log", "wandb_project"),
+    ("log", "wandb_name"),
+    ("profile", "start"),
+    ("profile", "steps"),
+    ("profile", "with_stack"),
+    ("profile", "top_ops"),
+    ("profile", "memory_snapshot"),
+    ("train", "decay_ratio"),
 }
-"""Keys a resumed run may change: how long it runs, what it records, and how ranks share it (a run may resume on
-another number of ranks with the batch split differently; the checkpoint says which strategies can read it)."""
+"""Keys a resumed run may change: how long it runs, what it records (samples, profiles and W&B included), and how ranks
+share it (a run may resume on another number of ranks with the batch split differently; the checkpoint says which
+strategies can read it). With train.schedule wsd, a new length or decay_ratio re-plans the decay without a jump in
+the lr (dlx.train.optim)."""
 
 
 def new_run_dir(name: str, run_dir: Path | None) -> Path:
@@ -130,6 +151,8 @@ def check_resume_compatible(saved: dict[str, Any], resolved: dict[str, Any]) -> 
         before = saved.get(section) or {}
         for key, value in values.items():
             if (section, key) in RESUMABLE_CHANGES or before.get(key) == value:
+                continue
+            if (section, key) == ("model", "init_from") and value is None:  # the checkpoint holds the weights
                 continue
             if isinstance(value, (list, tuple)) and list(value) == before.get(key):
                 continue

@@ -25,6 +25,8 @@ class StepPlan:
     seq_len: int
     total_steps: int
     """Optimizer steps the run will take."""
+    tp: int = 1
+    """Tensor-parallel ranks per replica: the devices are world_size × tp (world_size counts the replicas)."""
 
     @property
     def total_batch(self) -> int:
@@ -43,9 +45,10 @@ class StepPlan:
 
 
 def plan_steps(
-    config: RunConfig, batches_per_epoch: int | None, windows_per_epoch: int | None, world_size: int
+    config: RunConfig, batches_per_epoch: int | None, windows_per_epoch: int | None, world_size: int, tp: int = 1
 ) -> StepPlan:
-    """How many optimizer steps the run takes: train.max_steps, or epochs × steps per epoch."""
+    """How many optimizer steps the run takes: train.max_steps, or epochs × steps per epoch. `world_size`: the
+    data-parallel replicas (ranks ÷ tp), which read different batches."""
     train = config.train
     grad_accum = resolve_grad_accum(config, world_size)
     total = train.max_steps
@@ -58,7 +61,8 @@ def plan_steps(
                 "more data"
             )
         total = max(1, math.ceil(train.epochs * steps_per_epoch))
-    return StepPlan(windows_per_epoch, config.data.micro_batch_size, grad_accum, world_size, config.data.seq_len, total)
+    micro = config.data.micro_batch_size
+    return StepPlan(windows_per_epoch, micro, grad_accum, world_size, config.data.seq_len, total, tp)
 
 
 def resolve_grad_accum(config: RunConfig, world_size: int) -> int:
@@ -90,5 +94,6 @@ def header_lines(plan: StepPlan, trainable: int, precision: str, device_name: st
         f"  Number of trainable parameters = {trainable:,}",
         f"  Sequence length = {plan.seq_len:,}; tokens per step = {plan.tokens_per_step:,}; "
         f"total tokens = {plan.tokens_per_step * plan.total_steps:,}",
-        f"  Precision = {precision}; device = {device_name}; world size = {plan.world_size}",
+        f"  Precision = {precision}; device = {device_name}; world size = {plan.world_size * plan.tp}"
+        + (f" ({plan.world_size} data-parallel × {plan.tp} tensor-parallel)" if plan.tp > 1 else ""),
     ]

@@ -4,19 +4,32 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dlx.errors import UserError
 from dlx.train import folder
-from dlx.train.recipe import load_recipe
+from dlx.train.recipe import load_recipe, parse_overrides
 
 
 def launch(recipe: str | None, overrides: list[str], run_dir: Path | None, resume: bool) -> int:
     """Train; 0 when the run finished, 128 + signal number when a signal stopped it (after a checkpoint)."""
+    if resume:
+        refuse_new_init_from(overrides)
     if recipe is None and resume and run_dir is not None:
-        config = load_recipe(None, overrides, base=folder.saved_config(run_dir))
+        config = load_recipe(None, overrides, base=folder.saved_config(run_dir), resuming=True)
         name = run_dir.name
     else:
-        config = load_recipe(recipe, overrides)
+        config = load_recipe(recipe, overrides, resuming=resume)
         name = Path(recipe).stem if recipe else "run"
     from dlx.train.trainer import pretrain  # torch and the rest only once the recipe is known to be valid
 
     result = pretrain(config, name, run_dir, resume)
     return 0 if result.stopped_by is None else result.exit_code
+
+
+def refuse_new_init_from(overrides: list[str]) -> None:
+    """`--model.init_from` starts a run from other weights; `--resume` continues a run from its own checkpoint. (A run
+    started with init_from resumes from its checkpoint: its config.yaml or recipe keeps init_from as a record.)"""
+    if any((section, key) == ("model", "init_from") for section, key, _ in parse_overrides(overrides)):
+        raise UserError(
+            "--model.init_from starts a new run from other weights and --resume continues a run from its own "
+            "checkpoint; give one of them (to start from a run's weights: --model.init_from RUN_DIR without --resume)"
+        )

@@ -3,26 +3,37 @@
 `optimizer_step`, its PhaseTimer phases and its ThroughputMeter. `dlx.bench.sweep` calls `measure_point` for each point.
 
 A point is: `warmup` untimed optimizer steps (kernel selection, allocator growth, torch.compile), then the peak-memory
-counter is reset and `steps` timed steps follow; phase times are averaged over them. What the step loop does besides
-(the learning-rate schedule, logging, the NaN policy) is left out: microseconds per step.
+counter is reset and `steps` timed steps follow as one PhaseTimer window: phase times are averaged over them, and the
+host waits for the device once per step (the loss value), as in the loop. With `compile`, Dynamo is reset before each
+point, so each compiled point runs the static-shape kernels `dlx pretrain` would compile for its shape, not the dynamic
+ones Dynamo switches to after the first shape change in a process. What the step loop does besides (the learning-rate
+schedule, logging, the NaN policy) is left out: microseconds per step. On CUDA, NVML's GPU counters
+(dlx.metrics.gpu_monitor) cover the timed steps.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
+
+import torch
+from torch import nn
 
 from dlx import device as dev
 from dlx.bench.points import BenchPoint, BenchSetup
+from dlx.metrics.gpu_monitor import open_gpu_counters
 from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.presets import resolve_model_args
-from dlx.parallel.distributed import DistEnv
-from dlx.precision import build_precision
+from dlx.parallel.distributed import env_from_torchrun
+from dlx.precision import Precision, build_precision
 from dlx.train.config import RunConfig, build_config
 from dlx.train.data import build_train_loader
 from dlx.train.header import plan_steps
-from dlx.train.run import build_model, build_run_strategy
-from dlx.train.trainer import TimingWindow, accumulate_gradients
+from dlx.train.run import build_run_strategy, meta_model
+from dlx.train.trainer import accumulate_gradients
 
 
 def point_config(setup: BenchSetup, point: BenchPoint) -> RunConfig:
@@ -38,18 +49,22 @@ def point_config(setup: BenchSetup, point: BenchPoint) -> RunConfig:
         "compile": setup.compile,
     }
     data = {"path": setup.data, "seq_len": point.seq_len, "micro_batch_size": point.micro_batch}
-    return build_config({"model": model, "data": data, "train": train, "log": {"progress": False}})
+    parallel = {"strategy": setup.strategy, "tp": setup.tp}
+    log = {"progress": False}
+    return build_config({"model": model, "data": data, "train": train, "log": log, "parallel": parallel})
 
 
 def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
     """The ThroughputMeter record of the timed steps' mean (tokens/s, phase seconds, TFLOPS, MFU, peak memory)."""
     config = point_config(setup, point)
-    device, env = setup.device, DistEnv()
+    if setup.compile:  # a fresh start: Dynamo would otherwise turn dynamic after the previous point's shape
+        torch._dynamo.reset()
+    device, env = setup.device, replace(env_from_torchrun(), tp=setup.tp)  # the group: `dlx bench` set it up
     precision = build_precision(point.precision, device)
-    loader = build_train_loader(config, device)
+    loader = build_train_loader(config, device, env.dp_rank, env.dp_size)
     try:
-        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.world_size)
-        strategy = build_run_strategy(build_model(config, device), config, device, env, precision, plan)
+        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
+        strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan)
 
         def step(timer: PhaseTimer) -> float:
             loss = accumulate_gradients(strategy.train_model, loader, plan.grad_accum, precision, timer, strategy)
@@ -62,15 +77,62 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
         for _ in range(setup.warmup):
             step(warmup_timer)
             warmup_timer.end_step()
+        dev.synchronize(device)  # the warm-up's last update belongs to the warm-up
         dev.reset_peak_memory(device)
-        timer, window = PhaseTimer(device), TimingWindow()  # a fresh clock: the first timed step starts at its data
-        for _ in range(setup.steps):
-            loss = step(timer)
-            window.add(timer.end_step())
+        timings, gpu_columns, loss = timed_steps(step, setup.steps, device)
+        meter = ThroughputMeter(config.model.args, point.seq_len, device, precision.name, env.world_size)
+        record = meter.record(
+            step=setup.steps,
+            loss=loss,
+            lr=None,
+            grad_norm=None,
+            tokens=point.tokens_per_step * env.dp_size,  # every replica's: tokens/s counts all ranks, TFLOPS per rank
+            timings=timings,
+        )
+        cast_s = weight_cast_seconds(strategy.model, precision, device) * plan.grad_accum
     finally:
         loader.close()
-    meter = ThroughputMeter(config.model.args, point.seq_len, device, precision.name)
-    timings = window.mean()
-    return meter.record(
-        step=setup.steps, loss=loss, lr=None, grad_norm=None, tokens=point.tokens_per_step, timings=timings
-    )
+    return {**record, **gpu_columns, **fixed_cost_shares(record, cast_s)}
+
+
+def timed_steps(
+    step: Callable[[PhaseTimer], float], steps: int, device: torch.device
+) -> tuple[dict[str, float], dict[str, Any], float]:
+    """`steps` steps as one PhaseTimer window, NVML's counters over them: (mean timings, GPU columns, last loss)."""
+    timer = PhaseTimer(device)  # a fresh clock: the first timed step starts at its data
+    gpu = open_gpu_counters(device)  # NVML over the timed steps alone (no GPU keys on a CPU)
+    try:
+        for _ in range(steps):
+            loss = step(timer)
+            timer.end_step()
+        timings = timer.window()  # the window's one wait: the timed steps have finished on the device
+        return timings, gpu.window(), loss
+    finally:
+        gpu.close()
+
+
+def fixed_cost_shares(record: dict[str, Any], weight_cast_s: float) -> dict[str, float]:
+    """The step's costs that do not grow with the tokens of a micro-batch, as percentages of the step: the optimizer
+    phase (clipping, AdamW, zero_grad and, on one process, the wait for the loss value) and autocast's weight casts
+    (once per micro-step: each forward is its own autocast region)."""
+    return {
+        "optimizer_pct": 100 * record["optimizer_s"] / record["step_s"],
+        "weight_cast_pct": 100 * weight_cast_s / record["step_s"],
+    }
+
+
+def weight_cast_seconds(model: nn.Module, precision: Precision, device: torch.device, repeats: int = 3) -> float:
+    """Seconds to cast every matmul weight to the autocast dtype once, as autocast does in each forward (the output
+    weight included: the loss casts it); 0 in fp32, where nothing is cast."""
+    if precision.name == "fp32" or precision.engine_managed:
+        return 0.0
+    dtype = dev.PRECISION_DTYPES[precision.name]
+    weights = list({id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Linear)}.values())
+    with torch.no_grad():
+        dev.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            for weight in weights:
+                weight.to(dtype)
+        dev.synchronize(device)
+    return (time.perf_counter() - start) / repeats

@@ -1,4 +1,5 @@
-"""AdamW with decay / no-decay parameter groups, and the learning-rate schedule."""
+"""AdamW with decay / no-decay parameter groups, and the learning-rate schedules: warm-up then cosine, linear or
+constant (`LRSchedule`), or warm-up, stable, decay (`WSDSchedule`), stepped by `ScheduledLR`."""
 
 from __future__ import annotations
 
@@ -58,7 +59,109 @@ class LRSchedule:
         return self.min_ratio + (1.0 - self.min_ratio) * shape
 
 
-def build_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: TrainSection, total_steps: int
-) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, LRSchedule(cfg, total_steps))
+DECAY_SHAPES = {
+    "linear": lambda progress: 1.0 - progress,
+    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
+    "1-sqrt": lambda progress: 1.0 - math.sqrt(progress),
+}
+"""WSD decay shapes: the share of (lr - min_lr) left at a progress in [0, 1] through the decay."""
+
+
+class WSDSchedule:
+    """Warm-up, stable, decay: linear warm-up from 0, the peak lr held, then a decay to min_lr over the last
+    `decay_ratio` of the steps, shaped linear, cosine or 1-sqrt (`DECAY_SHAPES`).
+
+    The decay is a segment [start, start_progress, end]: after step `start` the progress runs from `start_progress` to 1
+    at step `end` (the last step), and the multiplier is min + (1 - min) · shape(progress). A fresh run plans
+    [last stable step, 0, total - 1]. Resumed with another length (train.max_steps or train.epochs) or another
+    train.decay_ratio, `continue_from` re-plans it without a jump in the lr:
+      - decay not begun: the stable phase is extended (or shortened) and the decay placed at the end of the new length,
+        never before the resumed step;
+      - decay begun: it goes on from the progress it had reached, stretched (or squeezed) to end at the new last step,
+        so the lr keeps falling and never rises again.
+    Warm-up keeps the length the run started with. The plan is part of the scheduler's state (`ScheduledLR`).
+    """
+
+    def __init__(self, cfg: TrainSection, total_steps: int):
+        self.shape = DECAY_SHAPES[cfg.decay_shape]
+        self.total_steps = total_steps
+        self.decay_ratio = cfg.decay_ratio
+        self.min_ratio = cfg.min_lr / cfg.lr
+        self.warmup_steps = int(cfg.warmup_ratio * total_steps)
+        self.decay = self.planned_decay(first_step=0)
+
+    def planned_decay(self, first_step: int) -> list:
+        """[start, 0.0, end]: the decay over the last decay_ratio of the steps, starting no earlier than first_step."""
+        decay_steps = round(self.decay_ratio * self.total_steps)
+        first_decay_step = max(self.warmup_steps, self.total_steps - decay_steps, first_step)
+        return [first_decay_step - 1, 0.0, self.total_steps - 1]
+
+    def progress(self, step: int) -> float:
+        start, start_progress, end = self.decay
+        if step <= start:
+            return start_progress
+        if end <= start:
+            return 1.0
+        return min(1.0, start_progress + (1.0 - start_progress) * (step - start) / (end - start))
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        return self.min_ratio + (1.0 - self.min_ratio) * self.shape(self.progress(step))
+
+    def state(self) -> dict:
+        return {
+            "total_steps": self.total_steps,
+            "decay_ratio": self.decay_ratio,
+            "warmup_steps": self.warmup_steps,
+            "decay": list(self.decay),
+        }
+
+    def continue_from(self, saved: dict, steps_done: int) -> str | None:
+        """Adopt a saved plan at a resume after `steps_done` steps; re-plan it (and say how) if the run's length or
+        decay_ratio changed. The lr of the last step taken, multiplier(steps_done - 1), is unchanged either way."""
+        self.warmup_steps = int(saved["warmup_steps"])
+        self.decay = [int(saved["decay"][0]), float(saved["decay"][1]), int(saved["decay"][2])]
+        if saved["total_steps"] == self.total_steps and saved["decay_ratio"] == self.decay_ratio:
+            return None
+        change = f"train.schedule wsd: {saved['total_steps']:,} → {self.total_steps:,} steps"
+        last_taken = steps_done - 1
+        reached = self.progress(last_taken)
+        if reached == 0.0:
+            self.decay = self.planned_decay(first_step=steps_done)
+            return f"{change} at step {steps_done:,}; the decay has not begun: it runs over steps " + (
+                f"{self.decay[0] + 2:,}-{self.total_steps:,}" if self.decay[0] + 1 < self.total_steps else "none"
+            )
+        self.decay = [last_taken, reached, self.total_steps - 1]
+        return (
+            f"{change} at step {steps_done:,}; the decay had begun ({reached:.0%} through): it continues from there "
+            f"to min_lr at step {self.total_steps:,}"
+        )
+
+
+class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
+    """LambdaLR whose state also holds a WSD plan (`wsd`), so that a resumed run continues its decay as planned, or
+    re-plans it when the run's length changed (`WSDSchedule.continue_from`; `resume_note` says what happened)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, schedule: LRSchedule | WSDSchedule):
+        self.wsd = schedule.state() if isinstance(schedule, WSDSchedule) else None
+        self.resume_note: str | None = None
+        super().__init__(optimizer, schedule)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        saved = state_dict.get("wsd")
+        super().load_state_dict(state_dict)
+        schedule = self.lr_lambdas[0]
+        if not isinstance(schedule, WSDSchedule):
+            return
+        self.resume_note = schedule.continue_from(saved, self.last_epoch) if saved else None
+        self.wsd = schedule.state()
+        lrs = [base * schedule(self.last_epoch) for base in self.base_lrs]  # the next step's, as re-planned
+        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        self._last_lr = lrs
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainSection, total_steps: int) -> ScheduledLR:
+    schedule = WSDSchedule(cfg, total_steps) if cfg.schedule == "wsd" else LRSchedule(cfg, total_steps)
+    return ScheduledLR(optimizer, schedule)

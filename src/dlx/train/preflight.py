@@ -4,13 +4,17 @@ run at its first evaluation, losing every step before it).
 
 Each check, what it proves, and what it costs:
 - run folder: it can be created (on --resume: written); the nearest existing folder is writable. A few stat calls.
-- dataset: every shard the (complete) manifest lists is present at its exact size. One stat per shard.
-- tokenizer: tokenizer.json is the one the shards were made with (SHA-256 against the manifest); on --resume, the run
-  folder's copy is the same tokenizer by content. Reading tokenizer.json (twice on --resume).
-- batches: global_batch_size divides; the training split holds one batch, and grad_accum micro-batches per rank when
-  the run length is in epochs; with eval on, the validation split holds at least one batch per rank. Arithmetic.
+- dataset: every shard the (complete) manifest lists is present at its exact size; with data.mix, in every source.
+  One stat per shard.
+- tokenizer: tokenizer.json is the one the shards were made with (SHA-256 against the manifest), in every data.mix
+  source; on --resume, the run folder's copy is the same tokenizer by content. Reading tokenizer.json once per dataset
+  (once more on --resume). That the data.mix sources share one tokenizer, and that model.init_from's tokenizer is the
+  data's, is checked where those are opened (`inspect_mixture`, `resolve_initial_weights`), also before step 1.
+- batches: global_batch_size divides; the training data holds one batch (with data.mix, every source one window), and
+  grad_accum micro-batches per rank when the run length is in epochs; with eval on, the validation split (of each
+  data.mix source: each is evaluated on its own) holds at least one batch per rank. Arithmetic.
 - disk: free space for two checkpoints (a save writes the new one beside the previous), estimated from the parameter
-  count, the optimizer and the strategy (`checkpoint_bytes`). One statvfs.
+  count, the optimizer and the checkpoint layout (`checkpoint_bytes`). One statvfs.
 
 Shard checksums are not read here (that is `dlx data verify`, or the loader as it maps each shard): reading 40 GB
 would take minutes, and every other check takes milliseconds. A failed check raises UserError with one line naming
@@ -30,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from dlx.data.loader.windows import count_windows
+from dlx.data.mixture.sources import mix_sources
 from dlx.data.shards import TOKENIZER_FILE, Manifest, read_manifest, sha256_file
 from dlx.data.tokenizer_identity import same_tokenizer
 from dlx.errors import UserError
@@ -49,6 +54,28 @@ class CheckResult:
 
 
 @dataclass(frozen=True)
+class Dataset:
+    label: str
+    """How a message names it: `data.path FOLDER` or `data.mix source FOLDER`."""
+    folder: Path
+    manifest: Manifest
+    in_mix: bool = False
+
+
+def read_datasets(config: RunConfig) -> list[Dataset]:
+    """The prepared datasets the run reads: data.path's, or every data.mix source's; none for synthetic data."""
+    if config.data.mix is not None:
+        return [
+            Dataset(f"data.mix source {s.path}", s.path, read_manifest(s.path), in_mix=True)
+            for s in mix_sources(config.data.mix)
+        ]
+    if config.data.path == SYNTHETIC:
+        return []
+    folder = Path(config.data.path)
+    return [Dataset(f"data.path {folder}", folder, read_manifest(folder))]
+
+
+@dataclass(frozen=True)
 class Preflight:
     checks: tuple[CheckResult, ...]
 
@@ -61,15 +88,16 @@ class Preflight:
 
 
 def run_preflight(config: RunConfig, run_dir: Path, resume: bool, world_size: int) -> Preflight:
-    """Every check in order; the first failure raises UserError (nothing has been written yet)."""
+    """Every check in order; the first failure raises UserError (nothing has been written yet). `world_size`: the
+    data-parallel replicas (ranks ÷ parallel.tp), which read different batches."""
     start = time.perf_counter()
-    manifest = None if config.data.path == SYNTHETIC else read_manifest(config.data.path)
+    datasets = read_datasets(config)
     read_s = time.perf_counter() - start  # counted as part of the dataset check
     checks: list[tuple[str, Callable[[], tuple[str, str | None]]]] = [
         ("run folder", lambda: check_run_folder(run_dir, resume)),
-        ("dataset", lambda: check_dataset(config, manifest)),
-        ("tokenizer", lambda: check_tokenizer(config, manifest, run_dir, resume)),
-        ("batches", lambda: check_batches(config, manifest, world_size)),
+        ("dataset", lambda: check_dataset(datasets)),
+        ("tokenizer", lambda: check_tokenizer(datasets, run_dir, resume)),
+        ("batches", lambda: check_batches(config, datasets, world_size)),
         ("disk", lambda: check_disk(config, run_dir)),
     ]
     results = []
@@ -98,60 +126,76 @@ def check_run_folder(run_dir: Path, resume: bool) -> tuple[str, str | None]:
     return ("writable" if resume else f"can be created in {base}"), None
 
 
-def check_dataset(config: RunConfig, manifest: Manifest | None) -> tuple[str, str | None]:
-    if manifest is None:
+def check_dataset(datasets: list[Dataset]) -> tuple[str, str | None]:
+    if not datasets:
         return "synthetic", None
-    folder = Path(config.data.path)
-    itemsize = np.dtype(manifest.dtype).itemsize
-    for shard in manifest.shards:
-        path = folder / shard.name
-        size = path.stat().st_size if path.is_file() else None
-        if size != shard.tokens * itemsize:
-            state = (
-                "is missing" if size is None else f"has {size:,} bytes, the manifest says {shard.tokens * itemsize:,}"
-            )
+    for dataset in datasets:
+        itemsize = np.dtype(dataset.manifest.dtype).itemsize
+        for shard in dataset.manifest.shards:
+            path = dataset.folder / shard.name
+            size = path.stat().st_size if path.is_file() else None
+            if size != shard.tokens * itemsize:
+                state = (
+                    "is missing"
+                    if size is None
+                    else f"has {size:,} bytes, the manifest says {shard.tokens * itemsize:,}"
+                )
+                raise UserError(
+                    f"{dataset.label}: shard {shard.name} {state}; run `dlx data verify {dataset.folder}`, then "
+                    "`dlx prepare` again with the same inputs"
+                )
+    shards = sum(len(d.manifest.shards) for d in datasets)
+    return f"{shards} shards present at their sizes" + _in_sources(datasets), None
+
+
+def _in_sources(datasets: list[Dataset]) -> str:
+    return f" in {len(datasets)} data.mix sources" if len(datasets) > 1 else ""
+
+
+def check_tokenizer(datasets: list[Dataset], run_dir: Path, resume: bool) -> tuple[str, str | None]:
+    if not datasets:
+        return "synthetic", None
+    for dataset in datasets:
+        tokenizer = dataset.folder / TOKENIZER_FILE
+        if not tokenizer.is_file():
+            raise UserError(f"{dataset.label} has no {TOKENIZER_FILE}; run `dlx prepare` again with the same inputs")
+        if sha256_file(tokenizer) != dataset.manifest.tokenizer_sha256:
             raise UserError(
-                f"data.path {folder}: shard {shard.name} {state}; run `dlx data verify {folder}`, then `dlx prepare` "
-                "again with the same inputs"
+                f"{dataset.label}: {TOKENIZER_FILE} is not the tokenizer its shards were made with (SHA-256 differs "
+                f"from the manifest); run `dlx data verify {dataset.folder}` and put the original back or prepare again"
             )
-    return f"{len(manifest.shards)} shards present at their sizes", None
-
-
-def check_tokenizer(
-    config: RunConfig, manifest: Manifest | None, run_dir: Path, resume: bool
-) -> tuple[str, str | None]:
-    if manifest is None:
-        return "synthetic", None
-    folder = Path(config.data.path)
-    tokenizer = folder / TOKENIZER_FILE
-    if not tokenizer.is_file():
-        raise UserError(f"data.path {folder} has no {TOKENIZER_FILE}; run `dlx prepare` again with the same inputs")
-    if sha256_file(tokenizer) != manifest.tokenizer_sha256:
-        raise UserError(
-            f"data.path {folder}: {TOKENIZER_FILE} is not the tokenizer its shards were made with (SHA-256 differs "
-            f"from the manifest); run `dlx data verify {folder}` and put the original back or prepare again"
-        )
+    first = datasets[0]
     run_copy = run_dir / TOKENIZER_FILE
-    if resume and run_copy.is_file() and not same_tokenizer(run_copy, tokenizer):
+    if resume and run_copy.is_file() and not same_tokenizer(run_copy, first.folder / TOKENIZER_FILE):
         raise UserError(
-            f"--resume: {run_copy} is another tokenizer than data.path {folder}'s: the run was trained on other "
-            "token ids; resume with the data.path the run was started with"
+            f"--resume: {run_copy} is another tokenizer than {first.label}'s: the run was trained on other token "
+            "ids; resume with the data the run was started with"
         )
-    return "matches the manifest" + (" and the run folder's copy" if resume and run_copy.is_file() else ""), None
+    found = "matches the manifest" if len(datasets) == 1 else "each matches its manifest" + _in_sources(datasets)
+    return found + (" and the run folder's copy" if resume and run_copy.is_file() else ""), None
 
 
-def check_batches(config: RunConfig, manifest: Manifest | None, world_size: int) -> tuple[str, str | None]:
-    """The loader's arithmetic (dlx.data.loader.order): batches per rank and epoch = ⌊windows / (world × micro)⌋."""
+def check_batches(config: RunConfig, datasets: list[Dataset], world_size: int) -> tuple[str, str | None]:
+    """The loaders' arithmetic (dlx.data.loader.order, dlx.data.mixture.order): micro-batches per rank and epoch =
+    ⌊windows / (world × micro)⌋, the windows of every data.mix source counted together."""
     data, grad_accum = config.data, resolve_grad_accum(config, world_size)
     found = f"grad_accum {grad_accum}"
-    if manifest is None:
+    if not datasets:
         return found, None
     per_step = world_size * data.micro_batch_size
-    train_tokens = manifest.split_tokens("train")
-    train = count_windows(train_tokens, data.seq_len) // per_step
+    if len(datasets) > 1:
+        for dataset in datasets:
+            if count_windows(dataset.manifest.split_tokens("train"), data.seq_len) == 0:
+                raise UserError(
+                    f"{dataset.label} holds {dataset.manifest.split_tokens('train'):,} training tokens, fewer than "
+                    f"data.seq_len + 1 = {data.seq_len + 1}; lower data.seq_len, or prepare more data for it"
+                )
+    train_tokens = sum(d.manifest.split_tokens("train") for d in datasets)
+    train = sum(count_windows(d.manifest.split_tokens("train"), data.seq_len) for d in datasets) // per_step
+    where = "the training split of " + (str(data.path) if len(datasets) == 1 else "the data.mix sources together")
     if train == 0:
         raise UserError(
-            f"the training split of {data.path} has {train_tokens:,} tokens, fewer than one batch needs ("
+            f"{where} has {train_tokens:,} tokens, fewer than one batch needs ("
             f"{_batch_tokens(config, world_size)}); lower data.micro_batch_size or data.seq_len, or prepare more data"
         )
     if config.train.max_steps is None and train < grad_accum:
@@ -162,21 +206,28 @@ def check_batches(config: RunConfig, manifest: Manifest | None, world_size: int)
     found += f", {train:,} train micro-batches per rank and epoch"
     if not config.eval.every:
         return found, None
-    val_tokens = manifest.split_tokens("val")
-    val = count_windows(val_tokens, data.seq_len) // per_step
-    if val == 0:
-        raise UserError(
-            f"eval.every is {config.eval.every} but the validation split of {data.path} has {val_tokens:,} tokens, "
-            f"fewer than one batch needs ({_batch_tokens(config, world_size)}); lower data.micro_batch_size, set "
-            "eval.every 0, or prepare with a larger validation split (--val-fraction)"
-        )
+    val = min(_val_batches(config, dataset, per_step, world_size) for dataset in datasets)
     note = None
     if val < config.eval.batches:
         note = (
-            f"the validation split holds {val} batch(es) per rank, fewer than eval.batches {config.eval.batches}: "
-            f"each evaluation uses those {val}"
+            f"the validation split{' of a data.mix source' if len(datasets) > 1 else ''} holds {val} batch(es) per "
+            f"rank, fewer than eval.batches {config.eval.batches}: each evaluation uses those {val}"
         )
-    return found + f", {min(val, config.eval.batches)} eval batch(es)", note
+    return found + f", {min(val, config.eval.batches)} eval batch(es)" + _in_sources(datasets), note
+
+
+def _val_batches(config: RunConfig, dataset: Dataset, per_step: int, world_size: int) -> int:
+    """Validation batches per rank in `dataset`; UserError when eval is on and there is not one."""
+    val_tokens = dataset.manifest.split_tokens("val")
+    val = count_windows(val_tokens, config.data.seq_len) // per_step
+    if val == 0:
+        raise UserError(
+            f"eval.every is {config.eval.every} but the validation split of "
+            f"{dataset.label if dataset.in_mix else dataset.folder} has "
+            f"{val_tokens:,} tokens, fewer than one batch needs ({_batch_tokens(config, world_size)}); lower "
+            "data.micro_batch_size, set eval.every 0, or prepare with a larger validation split (--val-fraction)"
+        )
+    return val
 
 
 def _batch_tokens(config: RunConfig, world_size: int) -> str:
@@ -197,11 +248,17 @@ def parameter_count(args: ModelArgs) -> int:
 
 
 def checkpoint_bytes(config: RunConfig) -> int:
-    """One checkpoint, estimated: model.safetensors holds every weight in fp32 (4 B per parameter); AdamW adds its
-    two fp32 moments (8 B), SGD nothing; FSDP's DCP shards and DeepSpeed's own files hold the weights once more."""
+    """One checkpoint, estimated from the parameter count: the weights in fp32 (4 B per parameter), AdamW's two fp32
+    moments (8 B; SGD none). One process and DDP: model.safetensors and train_state.pt. Sharded layouts (FSDP, any
+    parallel.tp > 1): DCP shards of weights and moments, plus model.safetensors unless checkpoint.full_weights is never
+    (with last, the run's last checkpoint holds it). DeepSpeed: its own files of both beside model.safetensors."""
     params = parameter_count(config.model.args)
     optimizer = 8 * params if config.train.optimizer == "adamw" else 0
-    sharded_copy = 4 * params if config.parallel.strategy in ("fsdp", "deepspeed") else 0
+    parallel = config.parallel
+    if parallel.strategy == "fsdp" or parallel.tp > 1:
+        full = 0 if config.checkpoint.full_weights == "never" else 4 * params
+        return 4 * params + optimizer + full
+    sharded_copy = 4 * params if parallel.strategy == "deepspeed" else 0
     return 4 * params + optimizer + sharded_copy
 
 

@@ -22,7 +22,7 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
     except OSError as e:
         raise UserError(f"cannot read recipe {path}: {e.strerror}; give a YAML recipe (see recipes/)") from None
     try:
-        data = yaml.safe_load(text)
+        data = _load_unique_keys(text)
     except yaml.YAMLError as e:
         first_line = str(e).splitlines()[0] if str(e) else "parse error"
         raise UserError(f"recipe {path} is not valid YAML: {first_line}") from None
@@ -31,6 +31,26 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"recipe {path} must be a mapping of sections ({', '.join(SECTIONS)})")
     return data
+
+
+def _load_unique_keys(text: str) -> Any:
+    """What yaml.safe_load returns, through the SafeLoader below (no Python objects are ever constructed)."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load that refuses a key given twice in one mapping (PyYAML keeps the last one without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        keys = [self.construct_object(key, deep=True) for key, _ in node.value if not key.tag.endswith(":merge")]
+        for key in keys:
+            if isinstance(key, (str, int, float, bool)) and keys.count(key) > 1:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", node.start_mark)
+        return super().construct_mapping(node, deep)
 
 
 def parse_overrides(args: list[str]) -> list[tuple[str, str, str]]:
@@ -86,7 +106,7 @@ def _choices(section: str, key: str) -> tuple[Any, ...]:
 
 def _is_string_field(section: str, key: str) -> bool:
     if section == "model":
-        return key == "preset"
+        return key in ("preset", "init_from")
     annotation = _annotation(section, key)
     return annotation is str or (typing.get_origin(annotation) is typing.Literal)
 
@@ -100,10 +120,12 @@ def apply_overrides(raw: dict[str, Any], overrides: list[tuple[str, str, str]]) 
     return merged
 
 
-def load_recipe(path: str | Path | None, overrides: list[str], base: dict[str, Any] | None = None) -> RunConfig:
+def load_recipe(
+    path: str | Path | None, overrides: list[str], base: dict[str, Any] | None = None, resuming: bool = False
+) -> RunConfig:
     """The recipe file (or `base`, or the defaults), with command-line overrides, validated."""
     raw = read_recipe_file(path) if path is not None else dict(base or {})
-    return build_config(apply_overrides(raw, parse_overrides(overrides)))
+    return build_config(apply_overrides(raw, parse_overrides(overrides)), resuming)
 
 
 def config_yaml(config: RunConfig) -> str:

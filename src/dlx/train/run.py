@@ -15,13 +15,17 @@ from torch import nn
 
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
+from dlx.metrics.gpu_monitor import NoGpuCounters, NvmlCounters, open_gpu_counters
 from dlx.metrics.logger import EVAL_FILE, METRICS_FILE, MetricsLogger, read_jsonl
 from dlx.metrics.meter import ThroughputMeter
+from dlx.metrics.profiler import StepProfiler
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.llama import Transformer
 from dlx.parallel.build import StepShape, build_strategy, check_strategy_installed
-from dlx.parallel.distributed import DistEnv, main_decides
+from dlx.parallel.distributed import DistEnv, any_rank, main_decides
+from dlx.parallel.materialize import ShardFiller, materialize
 from dlx.parallel.strategy import Strategy
+from dlx.parallel.tensor import check_layout
 from dlx.precision import Precision, build_precision
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
@@ -29,9 +33,13 @@ from dlx.train.config import RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
 from dlx.train.header import StepPlan, plan_steps
-from dlx.train.optim import build_optimizer, build_scheduler
+from dlx.train.init_from import InitSource, check_tokenizer, load_initial_weights, resolve_source
+from dlx.train.objective import Objective, build_objective
+from dlx.train.observe import build_profiler, check_observers, check_wandb_installed, open_wandb
+from dlx.train.optim import ScheduledLR, build_optimizer, build_scheduler
 from dlx.train.preflight import Preflight, run_preflight
 from dlx.train.recipe import write_resolved
+from dlx.train.sample import TrainingSampler
 from dlx.train.signals import GracefulStop
 
 
@@ -59,11 +67,19 @@ class Run:
     console: RunConsole
     stop: GracefulStop
     data_info: DatasetInfo
+    profiler: StepProfiler
+    """torch.profiler around the `profile.*` steps (nothing outside them)."""
+    gpu: NvmlCounters | NoGpuCounters
+    """GPU utilisation per logged record (NVML), or why there is none."""
     env: DistEnv = field(default_factory=DistEnv)
     """This rank and the world size (rank 0 of 1 without torchrun)."""
     preflight: Preflight | None = None
     """What was checked before step 1 (dlx.train.preflight), printed in the header."""
+    objective: Objective = field(default_factory=Objective)
+    """The z-loss (train.z_loss) and document ids for the model (data.document_mask), in the step and in eval."""
     last_checkpoint: Path | None = None
+    last_save: ckpt.PendingSave | None = None
+    """The latest save this run started; with checkpoint.async it may still be writing."""
     header: list[str] = field(default_factory=list)
     """The start-up header, repeated in report.md."""
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -72,12 +88,20 @@ class Run:
     """The bottleneck verdict, once the run has finished (rank 0)."""
     stopped_early: bool = False
     """A signal reached some rank and all ranks stopped after the same step."""
+    init: InitSource | None = None
+    """Where the initial weights came from (model.init_from), when they were loaded."""
+    sampler: TrainingSampler | None = None
+    """Text generated every `eval.sample_every` steps; None when off."""
 
     def close(self) -> None:
-        """Stop the loader's workers and flush the logs; safe to call twice."""
+        """Stop the loader's workers, the GPU sampler and a profile cut short; flush the logs; safe to call twice."""
         try:
+            if self.last_save is not None:
+                self.last_save.abandon()
             self.console.stop()
             self.loader.close()
+            self.gpu.close()
+            self.profiler.close()
         finally:
             self.logger.close()
 
@@ -88,24 +112,80 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_model(config: RunConfig, device: torch.device) -> Transformer:
-    """Initialised on the device directly (an 8B model never exists on the host), from train.seed."""
+def meta_model(config: RunConfig) -> Transformer:
+    """On the meta device: shapes only. `build_run_strategy` shards it, then gives each rank its own shards (drawn
+    from train.seed, or read from model.init_from): no rank ever holds the whole model unless it trains it whole."""
     seed_everything(config.train.seed)
-    with torch.device(device):
-        model = Transformer(config.model.args)
+    with torch.device("meta"):
+        return Transformer(config.model.args)
+
+
+def build_model(config: RunConfig, device: torch.device, init: InitSource | None = None) -> Transformer:
+    """The whole model in this process: the weights every layout starts from (drawn from train.seed), or
+    model.init_from's, copied into uninitialised storage on the device (no random init, no second copy)."""
+    model = meta_model(config)
+    materialize(model, device, config.train.seed, initial_weights(init, device, config))
     return model
 
 
+def resolve_initial_weights(
+    config: RunConfig, data_info: DatasetInfo, restoring: bool, console: RunConsole
+) -> InitSource | None:
+    """model.init_from's folder, checked against the dataset's tokenizer; None without init_from, or when a checkpoint
+    is about to be restored (it holds the weights). Rank 0 decides, every rank gets the answer or the same error."""
+    if config.model.init_from is None or restoring:
+        return None
+
+    def resolve() -> InitSource:
+        source = resolve_source(config.model.init_from)
+        source.stored()  # every header, shard and shape checked before anything is written
+        check_tokenizer(source, data_info.tokenizer, data_info.path)
+        return source
+
+    source = main_decides(resolve)
+    for note in source.notes:
+        console.warn(note)
+    return source
+
+
+def initial_weights(init: InitSource | None, device: torch.device, config: RunConfig) -> ShardFiller | None:
+    """model.init_from's weights as what fills each rank's shards when the model is materialised (each rank reads only
+    the rows it holds); a rank that cannot read them stops all ranks with its one line. None: random weights."""
+    if init is None:
+        return None
+
+    def fill(model: Transformer) -> None:
+        error: UserError | None = None
+        try:
+            load_initial_weights(model, init)
+        except UserError as e:
+            error = e
+        if any_rank(error is not None, device):
+            raise error or UserError(f"another rank could not read model.init_from {config.model.init_from}")
+
+    return fill
+
+
 def build_run_strategy(
-    model: Transformer, config: RunConfig, device: torch.device, env: DistEnv, precision: Precision, plan: StepPlan
+    model: Transformer,
+    config: RunConfig,
+    device: torch.device,
+    env: DistEnv,
+    precision: Precision,
+    plan: StepPlan,
+    fill: ShardFiller | None = None,
 ) -> Strategy:
-    """The recipe's strategy around the model, with the recipe's optimizer on the wrapped parameters."""
+    """The recipe's strategy around the model, with the recipe's optimizer on the wrapped parameters; the meta-device
+    model's shards filled by `fill` (model.init_from), else drawn from train.seed."""
     shape = StepShape(plan.micro_batch_size, plan.grad_accum, config.train.grad_clip)
 
     def make_optimizer(wrapped: nn.Module) -> torch.optim.Optimizer:
         return build_optimizer(wrapped, config.train, device)
 
-    return build_strategy(model, config.parallel, config.train.compile, device, env, precision, make_optimizer, shape)
+    seed = config.train.seed
+    return build_strategy(
+        model, config.parallel, config.train.compile, device, env, precision, make_optimizer, shape, seed, fill
+    )
 
 
 def resolve_run_dir(config: RunConfig, name: str, run_dir: Path | None, resume: bool) -> Path:
@@ -118,6 +198,7 @@ def resolve_run_dir(config: RunConfig, name: str, run_dir: Path | None, resume: 
 
 def check_optional_features(config: RunConfig) -> None:
     check_strategy_installed(config.parallel)
+    check_wandb_installed(config)
     if config.log.tensorboard:
         try:
             import torch.utils.tensorboard  # noqa: F401
@@ -139,31 +220,37 @@ def build_run(
     """Validate, build, restore (on --resume), and only then create the run folder. Rank 0 takes the decisions that
     touch the file system (which folder, which checkpoint) and every rank gets them, or the same one-line error."""
     data_info = inspect_dataset(config)
+    check_layout(config.parallel, env.world_size)
     run_dir = main_decides(lambda: resolve_run_dir(config, name, run_dir, resume))
-    checked = main_decides(lambda: run_preflight(config, run_dir, resume, env.world_size))
+    checked = main_decides(lambda: run_preflight(config, run_dir, resume, env.dp_size))
     precision = build_precision(config.train.precision, device, engine_managed=config.parallel.strategy == "deepspeed")
-    loader = build_train_loader(config, device, env.rank, env.world_size)
+    loader = build_train_loader(config, device, env.dp_rank, env.dp_size)  # the TP ranks of a replica: one batch
     try:
-        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.world_size)
-        model = build_model(config, device)
-        strategy = build_run_strategy(model, config, device, env, precision, plan)
-        scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
+        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
         console = RunConsole(plan.total_steps, 0, config.log.progress, is_main=env.is_main)
-        state, last = restore(run_dir, resume, strategy, scheduler, loader, console)
-        main_decides(lambda: create_run_dir(config, run_dir, data_info))
+        loaded = find_checkpoint(run_dir, console, env) if resume else None
+        init = resolve_initial_weights(config, data_info, loaded is not None, console)
+        tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
+        sampler = check_observers(config, plan.total_steps, tokenizer)
+        fill = initial_weights(init, device, config)
+        strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan, fill)
+        scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
+        state, last = restore(run_dir, resume, loaded, strategy, scheduler, loader, console)
+        main_decides(lambda: create_run_dir(config, run_dir, data_info, init))
     except BaseException:
         loader.close()
         raise
     console.progress.update(console.task, completed=state.step)
-    logger = MetricsLogger(
-        run_dir, config.log.tensorboard, is_main=env.is_main, resume_step=state.step if resume else None
-    )
+    resume_step = state.step if resume else None
+    wandb = open_wandb(config, run_dir, env, console)
+    logger = MetricsLogger(run_dir, config.log.tensorboard, is_main=env.is_main, resume_step=resume_step, wandb=wandb)
+    timer = PhaseTimer(device)
     return Run(
         config=config,
         run_dir=run_dir,
         device=device,
         precision=precision,
-        model=model,
+        model=strategy.model,
         train_model=strategy.train_model,
         strategy=strategy,
         optimizer=strategy.optimizer,
@@ -171,7 +258,7 @@ def build_run(
         loader=loader,
         plan=plan,
         state=state,
-        timer=PhaseTimer(device),
+        timer=timer,
         meter=ThroughputMeter(config.model.args, config.data.seq_len, device, precision.name, env.world_size),
         logger=logger,
         console=console,
@@ -179,35 +266,42 @@ def build_run(
         data_info=data_info,
         env=env,
         preflight=checked,
+        objective=build_objective(config.train.z_loss, config.data.document_mask, data_info.eos_id),
         last_checkpoint=last,
+        init=init,
         # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
         records=read_jsonl(run_dir / METRICS_FILE),
         eval_records=read_jsonl(run_dir / EVAL_FILE),
+        profiler=build_profiler(config, run_dir, env, device, timer, console),
+        gpu=open_gpu_counters(device, config.log.nvml),
+        sampler=sampler,
     )
 
 
 def restore(
     run_dir: Path,
     resume: bool,
+    loaded: ckpt.LoadedCheckpoint | None,
     strategy: Strategy,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     loader: Any,
     console: RunConsole,
 ) -> tuple[ckpt.TrainerState, Path | None]:
-    """On --resume: the newest complete checkpoint into every piece, the loader to its position."""
+    """On --resume: the newest complete checkpoint (`find_checkpoint`) into every piece, the loader to its position."""
     if not resume:
         return ckpt.TrainerState(), None
-    loaded = find_checkpoint(run_dir, console, strategy.env)
     if loaded is None:
         console.warn(folder.no_checkpoint_note(run_dir))
         return ckpt.TrainerState(), None
-    state = ckpt.apply_checkpoint(loaded, strategy, scheduler, strategy.precision.scaler)
+    state = ckpt.apply_checkpoint(loaded, strategy, scheduler, strategy.precision.scaler, say=console.warn)
     if state.loader is not None:
         loader.load_state_dict(state.loader)
     console.print(
         f"resuming from {loaded.path} (step {state.step:,}, {state.tokens_seen:,} tokens seen, "
         f"written by {state.world_size} rank(s), {state.format} format)"
     )
+    if isinstance(scheduler, ScheduledLR) and scheduler.resume_note:
+        console.print(scheduler.resume_note)
     return state, loaded.path
 
 
@@ -219,8 +313,12 @@ def find_checkpoint(run_dir: Path, console: RunConsole, env: DistEnv) -> ckpt.Lo
     return ckpt.read_checkpoint(path) if path is not None else None
 
 
-def create_run_dir(config: RunConfig, run_dir: Path, data_info: DatasetInfo) -> None:
+def create_run_dir(config: RunConfig, run_dir: Path, data_info: DatasetInfo, init: InitSource | None = None) -> None:
+    """config.yaml, the tokenizer (the dataset's, else the initial weights'), where the initial weights came from."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_resolved(config, run_dir)
-    if data_info.tokenizer is not None:
-        shutil.copyfile(data_info.tokenizer, run_dir / TOKENIZER_FILE)
+    tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
+    if tokenizer is not None:
+        shutil.copyfile(tokenizer, run_dir / TOKENIZER_FILE)
+    if init is not None:
+        folder.append_event(run_dir, event="init_from", path=init.given, weights=init.weights, kind=init.kind)

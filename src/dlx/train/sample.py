@@ -1,21 +1,26 @@
-"""`dlx generate`: a trained model and its run's tokenizer, from a run folder or one checkpoint folder."""
+"""`dlx generate`: a trained model and its run's tokenizer, from a run folder or one checkpoint folder; and the same
+generation during training (`eval.sample_every`, `eval.sample_prompts`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from dlx import device as dev
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
-from dlx.model.io import WEIGHTS_FILE, load_model
-from dlx.train.checkpoint import find_resumable
+from dlx.model.io import WEIGHTS_FILE
+from dlx.train.checkpoint import DCP_METADATA, find_resumable, load_checkpoint_model
+from dlx.train.config import EvalSection
+from dlx.train.init_from import find_tokenizer_file
 
 
 def resolve_checkpoint(path: Path) -> Path:
     """A checkpoint (or any dlx model folder) itself, or the newest complete checkpoint of a run folder."""
-    if (path / WEIGHTS_FILE).is_file():
+    if (path / WEIGHTS_FILE).is_file() or (path / DCP_METADATA).is_file():
         return path
     if not path.is_dir():
         raise UserError(f"{path} does not exist; give a run folder or a checkpoint folder")
@@ -29,9 +34,9 @@ def find_tokenizer(checkpoint: Path):
     """tokenizer.json beside the weights, or in the run folder above `checkpoints/`."""
     from tokenizers import Tokenizer
 
-    for candidate in (checkpoint / TOKENIZER_FILE, checkpoint.parent.parent / TOKENIZER_FILE):
-        if candidate.is_file():
-            return Tokenizer.from_file(str(candidate))
+    found = find_tokenizer_file(checkpoint)
+    if found is not None:
+        return Tokenizer.from_file(str(found))
     raise UserError(
         f"no {TOKENIZER_FILE} for {checkpoint}: the run trained on synthetic data or its folder was moved; "
         f"copy the dataset's {TOKENIZER_FILE} into the run folder"
@@ -51,7 +56,7 @@ def sample_text(
     checkpoint = resolve_checkpoint(path)
     tokenizer = find_tokenizer(checkpoint)
     torch_device = dev.resolve_device(device)
-    model = load_model(checkpoint, torch_device)
+    model = load_checkpoint_model(checkpoint, torch_device)
     return continue_text(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed)
 
 
@@ -93,3 +98,76 @@ def _eos_id(tokenizer) -> int | None:
         if token_id is not None:
             return token_id
     return None
+
+
+@dataclass(frozen=True)
+class TrainingSampler:
+    """What `eval.sample_*` asks for, with the run's tokenizer loaded once."""
+
+    tokenizer: Any
+    prompts: list[str]
+    every: int
+    max_new_tokens: int
+    temperature: float
+    top_k: int | None
+    seed: int
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+
+def build_sampler(config: EvalSection, tokenizer_path: Path | None, data_path: str) -> TrainingSampler | None:
+    """None when eval.sample_every is 0; a UserError (before the run folder exists) when the prompts cannot be
+    encoded: no tokenizer with the dataset, or a prompt that encodes to no tokens."""
+    if not config.sample_every:
+        return None
+    if tokenizer_path is None:
+        raise UserError(
+            f"eval.sample_every needs the dataset's {TOKENIZER_FILE} and data.path {data_path} has none; "
+            "prepare the dataset with its tokenizer or set eval.sample_every 0"
+        )
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    for index, prompt in enumerate(config.sample_prompts):
+        if not tokenizer.encode(prompt).ids:
+            raise UserError(f"eval.sample_prompts[{index}] ({prompt!r}) encodes to no tokens; give some text")
+    return TrainingSampler(
+        tokenizer,
+        list(config.sample_prompts),
+        config.sample_every,
+        config.sample_tokens,
+        config.sample_temperature,
+        config.sample_top_k,
+        config.sample_seed,
+    )
+
+
+def sample_during_training(model: torch.nn.Module, sampler: TrainingSampler, step: int) -> list[dict[str, Any]]:
+    """One record per prompt: its continuation by `continue_text`, the code `dlx generate` runs. Training goes on
+    as if nothing had happened: the model's train/eval mode is restored, and only the sampler's own seeded generator
+    draws random numbers (torch's global generators are untouched). Under FSDP and ZeRO-3 every rank must call this
+    (the forward gathers the shards); the records are the same on every rank."""
+    was_training = model.training
+    settings = {"temperature": sampler.temperature, "top_k": sampler.top_k, "seed": sampler.seed}
+    try:
+        return [
+            {
+                "step": step,
+                "prompt": prompt,
+                "text": continue_text(
+                    model,
+                    sampler.tokenizer,
+                    prompt,
+                    sampler.max_new_tokens,
+                    sampler.temperature,
+                    sampler.top_k,
+                    None,
+                    sampler.seed,
+                ),
+                **settings,
+            }
+            for prompt in sampler.prompts
+        ]
+    finally:
+        model.train(was_training)

@@ -3,7 +3,8 @@ optimizer; each phase is a named span of the PhaseTimer, so every logged record 
 
 Per step the host waits for the device once, for the loss value: the NaN policy must decide before the update is
 applied. Under torchrun that wait is one all-reduce (the `communication` phase) that also agrees on stopping, so every
-rank takes the same decision. The PhaseTimer synchronizes once more at the end of the step on CUDA.
+rank takes the same decision. `end_step` does not wait: the host queues the next step while the device applies the
+update; the PhaseTimer synchronizes once per logged window, to read its timings.
 
 What differs between one process, DDP, FSDP and DeepSpeed (gradient sync, the update, checkpoints) is behind
 `run.strategy` (dlx.parallel.strategy); the loop is the same for all.
@@ -31,9 +32,11 @@ from dlx.precision import Precision
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
 from dlx.train.config import RunConfig
-from dlx.train.data import build_eval_loader
-from dlx.train.eval import evaluate, next_token_loss, perplexity
+from dlx.train.eval import training_loss
 from dlx.train.header import header_lines
+from dlx.train.objective import PLAIN, Objective
+from dlx.train.observe import log_samples, observed_columns, observer_header, report_files
+from dlx.train.records import eval_line, evaluate_run, step_fields
 from dlx.train.run import Run, build_run
 from dlx.train.signals import GracefulStop
 
@@ -70,7 +73,7 @@ def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, 
     check_optional_features(config)
     device = dev.resolve_device(config.train.device, distributed.env_from_torchrun().local_rank)
     needs_group = config.parallel.strategy in ("fsdp", "deepspeed")
-    env = distributed.init_distributed(device, needs_group, config.parallel.timeout_s)
+    env = distributed.init_distributed(device, needs_group, config.parallel.timeout_s, config.parallel.tp)
     every_rank_ends = False
     try:
         with GracefulStop() as stop:
@@ -109,23 +112,22 @@ def train(run: Run, resume: bool) -> None:
 
 def train_loop(run: Run) -> None:
     """Optimizer steps from where the run stands to the plan's last step; stops early on a signal (to any rank)."""
-    window = TimingWindow()
     for step in range(run.state.step + 1, run.plan.total_steps + 1):
-        loss = accumulate_gradients(
-            run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer, run.strategy
-        )
-        lr = run.scheduler.get_last_lr()[0]
-        loss_value, stop_requested = agree_on_step(run, loss)  # NaN policy and stop: the same on every rank
-        with run.timer.phase("optimizer"):
-            grad_norm = run.strategy.optimizer_step() if math.isfinite(loss_value) else None
-            run.scheduler.step()
-        window.add(run.timer.end_step())
+        with run.profiler.step(step):  # torch.profiler over the profile.* steps; nothing otherwise
+            loss = accumulate_gradients(
+                run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer, run.strategy, run.objective
+            )
+            lr = run.scheduler.get_last_lr()[0]
+            loss_value, stop_requested = agree_on_step(run, loss)  # NaN policy and stop: the same on every rank
+            with run.timer.phase("optimizer"):
+                grad_norm = run.strategy.optimizer_step() if math.isfinite(loss_value) else None
+                run.scheduler.step()
+            run.timer.end_step()
         run.state.step, run.state.tokens_seen = step, run.state.tokens_seen + run.plan.tokens_per_step
         if grad_norm is None:
             handle_non_finite(run, step, loss_value)
         if step % run.config.log.every == 0 or step in (1, run.plan.total_steps):  # step 1: the starting loss
-            log_step(run, step, loss_value, lr, grad_norm, window)
-            window = TimingWindow()
+            log_step(run, step, loss_value, lr, grad_norm, run.timer.window())
         else:
             run.console.advance(step, None, loss_value)
         stopped_between = between_steps(run, step)
@@ -156,18 +158,23 @@ def name_the_stop(run: Run) -> None:
 
 
 def between_steps(run: Run, step: int) -> bool:
-    """Evaluation and checkpoints when due, with the step clock paused: they are not step time. Returns whether a stop
-    was requested (on any rank) while they ran, so that a signal during an evaluation stops at this step."""
+    """Evaluation, samples and checkpoints when due, with the step clock paused: they are not step time. Returns
+    whether a stop was requested (on any rank) while they ran, so that a signal during an evaluation stops here."""
     cfg = run.config
     due_eval = cfg.eval.every and step % cfg.eval.every == 0
+    due_sample = run.sampler is not None and run.sampler.due(step)
     due_save = cfg.checkpoint.every and step % cfg.checkpoint.every == 0
-    if not (due_eval or due_save):
+    if run.last_save is not None and run.env.is_main:
+        run.last_save.poll()  # a background save becomes a checkpoint as soon as it is complete
+    if not (due_eval or due_sample or due_save):
         return False
     with run.timer.paused():
         if due_eval:
             run_eval(run, step)
+        if due_sample:
+            log_samples(run, step)
         if due_save:
-            save(run)
+            save(run, final=step == run.plan.total_steps)
     return distributed.any_rank(run.stop.requested, run.device)
 
 
@@ -178,23 +185,26 @@ def accumulate_gradients(
     precision: Precision,
     timer: PhaseTimer,
     strategy: Strategy,
+    objective: Objective = PLAIN,
 ) -> torch.Tensor:
     """`accum` micro-steps; returns the step's mean loss (detached). Each micro-loss is divided by `accum`, so the
     summed gradients equal those of one batch `accum` times larger (the micro-batches have equal sizes). Under DDP
-    and FSDP, gradients are synchronised only in the last micro-step's backward (`strategy.gradient_sync`)."""
+    and FSDP, gradients are synchronised only in the last micro-step's backward (`strategy.gradient_sync`).
+    `objective`: document ids for the model, the z-loss weight, and the z-loss term's record (dlx.train.objective)."""
     total = None
     for index in range(accum):
         last = index == accum - 1
         with timer.phase("data_wait"):
             inputs, targets = next(batches)
         with strategy.gradient_sync(last):
-            with timer.phase("forward"):
-                with precision.autocast():
-                    logits = model(inputs)  # (B, T, vocab)
-                loss = next_token_loss(logits, targets) / accum
+            with timer.phase("forward"), precision.autocast():
+                extra = objective.model_inputs(inputs)  # document ids, when data.document_mask is on
+                parts = training_loss(strategy, model, inputs, targets, objective.z_loss_weight, **extra)
+                objective.record_z_loss(parts, accum)  # logged apart, when train.z_loss > 0
             with timer.phase("backward"):
-                strategy.backward(loss, last)
-        total = loss.detach() if total is None else total + loss.detach()
+                strategy.backward(parts.loss / accum, last)  # cross-entropy + train.z_loss × z-loss
+        loss = parts.cross_entropy / accum  # what is logged and checked: the cross-entropy alone
+        total = loss if total is None else total + loss
     return total
 
 
@@ -215,33 +225,8 @@ def handle_non_finite(run: Run, step: int, loss_value: float) -> None:
     )
 
 
-class TimingWindow:
-    """Phase timings averaged over the steps between two logged records, so a record describes its whole window,
-    and the spread of its step times (for the verdict's confidence)."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.count = 0
-        self.step_squares = 0.0
-
-    def add(self, timings: dict[str, float]) -> None:
-        for key, value in timings.items():
-            self.sums[key] = self.sums.get(key, 0.0) + value
-        self.step_squares += timings["step_s"] ** 2
-        self.count += 1
-
-    def mean(self) -> dict[str, float]:
-        return {key: value / self.count for key, value in self.sums.items()}
-
-    def spread(self) -> dict[str, float]:
-        """`window_steps` and `step_s_std` (population standard deviation of the window's step times)."""
-        mean = self.sums["step_s"] / self.count
-        return {"window_steps": self.count, "step_s_std": math.sqrt(max(self.step_squares / self.count - mean**2, 0))}
-
-
-def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tensor | None, window: TimingWindow) -> None:
+def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tensor | None, timings: dict) -> None:
     """Under torchrun the record holds every rank's mean phase times and the largest peak memory of any rank."""
-    timings = window.mean()
     names = sorted(timings)
     timings = dict(zip(names, distributed.all_reduce([timings[n] for n in names], "mean", run.device), strict=True))
     record = run.meter.record(
@@ -249,8 +234,9 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
     )
     if run.env.is_distributed and record.get("peak_mem_gb") is not None:
         record["peak_mem_gb"] = distributed.all_reduce([record["peak_mem_gb"]], "max", run.device)[0]
-    record["epoch"] = run.loader.epoch
-    record.update(window.spread())
+    record.update(step_fields(run, step))  # epoch; z_loss and source_tokens when they apply
+    record.update(run.timer.spread())  # window_steps, step_s_std: the verdict's confidence
+    record.update(observed_columns(run))  # GPU counters, profiled steps
     run.logger.log(record)
     run.records.append(record)
     run.console.print(run.meter.format_line(record))
@@ -258,38 +244,51 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
 
 
 def run_eval(run: Run, step: int) -> None:
-    """Each rank evaluates its share of the validation batches; the record holds the mean over ranks."""
-    loader = build_eval_loader(run.config, run.device, run.env.rank, run.env.world_size)
-    try:
-        result = evaluate(run.model, loader, run.config.eval.batches, run.precision)
-    finally:
-        loader.close()
-    if run.env.is_distributed:
-        result["loss"] = distributed.all_reduce([result["loss"]], "mean", run.device)[0]
-        result["perplexity"] = perplexity(result["loss"])
+    """Each rank evaluates its share of the validation batches (of each data.mix source); the record holds the mean
+    over ranks."""
+    result = evaluate_run(run)
     record = {"step": step, **result}
     run.logger.log_eval(record)
     run.eval_records.append(record)
-    run.console.print(
-        f"eval step {step} | loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} "
-        f"| {result['batches']} batches in {result['eval_s']:.1f} s"
-    )
+    run.console.print(eval_line(step, result))
 
 
-def save(run: Run) -> None:
-    state = run.state
-    state.loader = run.loader.state_dict()
-    run.last_checkpoint = ckpt.save_checkpoint(
-        run.run_dir, run.strategy, run.scheduler, run.precision.scaler, state, run.config.checkpoint.keep_last
+def save(run: Run, final: bool = False) -> None:
+    """Wait for the previous save, then start this one (`final`: the run's last, which gathers model.safetensors under
+    checkpoint.full_weights last); a background save is waited for by the next save or the end of the run."""
+    wait_for_save(run)
+    cfg = run.config.checkpoint
+    run.state.loader = run.loader.state_dict()
+    full_weights = cfg.full_weights == "every" or (cfg.full_weights == "last" and final)
+    run.last_save = ckpt.save_checkpoint(
+        run.run_dir,
+        run.strategy,
+        run.scheduler,
+        run.precision.scaler,
+        run.state,
+        cfg.keep_last,
+        full_weights,
+        background=cfg.async_save and not final,
     )
+    if run.last_save.future is None:
+        wait_for_save(run)
+
+
+def wait_for_save(run: Run) -> None:
+    if run.last_save is not None and not run.last_save.settled:
+        run.last_checkpoint = run.last_save.wait()
 
 
 def finish(run: Run) -> None:
     """Last evaluation and checkpoint (or the one an orderly stop needs), then the verdict and the report."""
     step = run.state.step
-    saved = run.last_checkpoint is not None and run.last_checkpoint.name == ckpt.checkpoint_dir(run.run_dir, step).name
-    if step > 0 and not saved:
-        save(run)
+    wait_for_save(run)
+    this_step = ckpt.checkpoint_dir(run.run_dir, step).name
+    at_step = run.last_checkpoint is not None and run.last_checkpoint.name == this_step
+    last = run.last_save
+    lacks_weights = last is not None and not last.state.full_weights and run.config.checkpoint.full_weights == "last"
+    if step > 0 and not (at_step and not lacks_weights):
+        save(run, final=True)
     if run.stopped_early:
         if run.env.is_main:
             folder.append_event(run.run_dir, event="stopped", step=step, signal=run.stop.signal_name)
@@ -302,7 +301,9 @@ def finish(run: Run) -> None:
     if run.records and run.env.is_main:
         run.verdict = bottleneck_verdict(run.records, hardware=hardware(run))
         run.console.print(str(run.verdict))
-        write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records)
+        weights = {source.name: source.weight for source in run.data_info.sources}  # data.mix; empty otherwise
+        write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records, source_weights=weights)
+        run.logger.finish_run(step, run.verdict, report_files(run.run_dir))
     run.console.print(f"run folder: {run.run_dir} (report.md, metrics.jsonl, checkpoints/)")
 
 
@@ -319,6 +320,9 @@ def print_header(run: Run) -> None:
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in run.model.parameters() if p.requires_grad)
     run.header = header_lines(run.plan, trainable, run.precision.name, device_name(run.device)) + run.meter.header()
     run.header += run.preflight.lines() if run.preflight else []
+    run.header += observer_header(run)
+    if run.init is not None:
+        run.header.append(f"initial weights: {run.init.describe()}")
     for line in run.header:
         run.console.print(line)
     run.console.print(f"run folder: {run.run_dir}")

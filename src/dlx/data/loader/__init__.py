@@ -9,16 +9,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dlx.data.loader.documents import document_positions
+    from dlx.data.loader.documents import document_ids, document_positions
     from dlx.data.loader.loader import TokenLoader
     from dlx.data.loader.pool import LoaderWorkerError
 
-__all__ = ["LoaderWorkerError", "TokenLoader", "document_positions"]
+__all__ = ["LoaderWorkerError", "TokenLoader", "document_ids", "document_positions"]
 
 _HOMES = {
     "TokenLoader": "dlx.data.loader.loader",
     "LoaderWorkerError": "dlx.data.loader.pool",
     "document_positions": "dlx.data.loader.documents",
+    "document_ids": "dlx.data.loader.documents",
 }
 
 

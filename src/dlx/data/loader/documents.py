@@ -21,3 +21,11 @@ def document_positions(inputs: torch.Tensor, eos_id: int) -> torch.Tensor:
     starts[:, 1:] = inputs[:, :-1] == eos_id
     last_start = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
     return index - last_start
+
+
+def document_ids(inputs: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """Which document of its window each token belongs to, (B, T) int64 from 0: a new one begins after every eos_id
+    (the eos_id itself belongs to the document it ends). For `Transformer(..., document_ids=...)`."""
+    starts = torch.zeros_like(inputs, dtype=torch.int64)
+    starts[:, 1:] = inputs[:, :-1] == eos_id
+    return starts.cumsum(dim=1)

@@ -2,7 +2,8 @@
 
 Batches are built off the training thread by worker processes (`num_workers ≥ 1`) that hand them over through shared
 memory, or in-process (`num_workers=0`, for tests and debugging). Both give the same batches in the same order.
-See `windows` (packing), `order` (permutation, ranks, tail), `channel` and `pool` (workers), `state` (resume).
+See `windows` (packing), `order` (permutation, ranks, tail), `plan` (what a feed builds: one split here, a
+`data.mix` mixture in `dlx.data.mixture`), `channel` and `pool` (workers), `state` (resume).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from dlx.data.loader.dataset import open_split
 from dlx.data.loader.order import Cursor, EpochWindows, Order, advance, schedule, settle
+from dlx.data.loader.plan import open_feed
 from dlx.data.loader.pool import WorkerPool
 from dlx.data.loader.state import make_state, read_state
 from dlx.data.loader.sync import SyncFeed
@@ -148,17 +150,15 @@ class TokenLoader:
     def _start(self) -> None:
         start = settle(self._order, self._cursor)
         self._schedule = schedule(self._order, start, self.loop)
-        if self.num_workers == 0:
-            self._feed = SyncFeed(self._spec, self._order, self.seq_len, start, self.loop)
-            return
         spec = {
             "order": self._order.to_json(),
             "split": self._spec.to_json(),
             "seq_len": self.seq_len,
+            "micro_batch_size": self._order.micro_batch_size,
             "start": asdict(start),
             "loop": self.loop,
         }
-        self._feed = WorkerPool(spec, self.num_workers, self.prefetch, self._order.micro_batch_size, self.seq_len)
+        self._feed = open_feed(spec, self.num_workers, self.prefetch)
 
     def _stop(self) -> None:
         feed, self._feed, self._schedule = self._feed, None, None

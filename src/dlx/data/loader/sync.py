@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlx.data.loader.order import Cursor, EpochWindows, Order, schedule
-from dlx.data.loader.windows import SplitSpec, TokenWindows
+from dlx.data.loader.plan import open_plan
 
 
 class SyncFeed:
-    def __init__(self, spec: SplitSpec, order: Order, seq_len: int, start: Cursor, loop: bool):
-        self._windows = TokenWindows(spec, seq_len)
-        self._window_ids = EpochWindows(order)
-        self._schedule = schedule(order, start, loop)
-        self._batch = np.empty((2, order.micro_batch_size, seq_len), dtype=np.int64)
+    def __init__(self, spec: dict):
+        self._plan = open_plan(spec)
+        self._schedule = self._plan.schedule(spec["start"], spec["loop"])
+        self._batch = np.empty((2, self._plan.micro_batch_size, spec["seq_len"]), dtype=np.int64)
 
     def next_batch(self) -> np.ndarray:
         """The next batch (2, B, seq_len), in a buffer reused by the next call."""
-        self._windows.fill(self._window_ids(next(self._schedule)), self._batch)
+        self._plan.fill(next(self._schedule), self._batch)
         return self._batch
 
     def close(self) -> None:

@@ -86,7 +86,10 @@ class TokenWindows:
 
     def fill(self, window_ids: np.ndarray, out: np.ndarray) -> None:
         """Write a micro-batch into `out` (2, B, seq_len) int64: out[0] inputs, out[1] targets (shifted by one)."""
-        begins = np.asarray(window_ids, dtype=np.int64) * self.seq_len
+        self.fill_at(np.asarray(window_ids, dtype=np.int64) * self.seq_len, out)
+
+    def fill_at(self, begins: np.ndarray, out: np.ndarray) -> None:
+        """`fill` for the seq_len + 1 tokens from each token position in `begins` (int64) of the stream."""
         shards = np.searchsorted(self._starts, begins, side="right") - 1
         if self._scratch.shape[0] != len(begins):
             self._scratch = np.empty((len(begins), self.seq_len + 1), dtype=self._scratch.dtype)

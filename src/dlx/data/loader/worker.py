@@ -17,8 +17,7 @@ import traceback
 from collections import deque
 
 from dlx.data.loader import channel
-from dlx.data.loader.order import Cursor, EpochWindows, Order, schedule
-from dlx.data.loader.windows import SplitSpec, TokenWindows
+from dlx.data.loader.plan import open_plan
 
 LIVENESS_CHECK_S = 1.0
 
@@ -51,18 +50,15 @@ def _wait_for_close(free_fd: int, parent_pid: int) -> None:
 
 
 def run(spec: dict, parent_pid: int) -> None:
-    order = Order(**spec["order"])
-    windows = TokenWindows(SplitSpec.from_json(spec["split"]), spec["seq_len"])
-    window_ids = EpochWindows(order)
-    slots = channel.SharedSlots(spec["shm_fd"], spec["n_slots"], order.micro_batch_size, spec["seq_len"])
+    plan = open_plan(spec)
+    slots = channel.SharedSlots(spec["shm_fd"], spec["n_slots"], plan.micro_batch_size, spec["seq_len"])
     free = deque(range(spec["n_slots"]))
     worker_id, num_workers = spec["worker_id"], spec["num_workers"]
-    start = Cursor(**spec["start"])
-    for sequence, cursor in enumerate(schedule(order, start, spec["loop"])):
+    for sequence, cursor in enumerate(plan.schedule(spec["start"], spec["loop"])):
         if sequence % num_workers != worker_id:
             continue
         slot = _next_free_slot(free, spec["free_fd"], parent_pid)
-        windows.fill(window_ids(cursor), slots.views[slot])
+        plan.fill(cursor, slots.views[slot])
         channel.send_ready(spec["ready_fd"], slot, sequence)
     _wait_for_close(spec["free_fd"], parent_pid)
 

@@ -1,8 +1,10 @@
-"""The second pass: workers tokenize units into spools, the parent appends them to shards in unit order.
+"""The second pass of a one-machine run: workers tokenize units into parts, the parent appends them to shards in
+unit order, routing each document to train or val.
 
-After each unit the parent fsyncs the partial shards and rewrites the manifest with the resume state (the next unit
-and each split's committed partial length). A run killed at any moment restarts from that state: it cuts the
-partials back, re-tokenizes the units after the last commit and appends the very same tokens.
+After a unit (at most every COMMIT_SECONDS, and whenever a shard is finished) the parent fsyncs the partial shards and
+rewrites the manifest with the resume state (the next unit and each split's committed partial length). A run killed
+at any moment restarts from that state: it cuts the partials back, re-tokenizes the units after the last commit and
+appends the very same tokens.
 """
 
 from __future__ import annotations
@@ -14,16 +16,16 @@ from pathlib import Path
 
 import numpy as np
 
-from dlx.data.prepare.inputs import InputFile
-from dlx.data.prepare.outdir import WORK_DIR, clear_work, remove_strays
+from dlx.data.prepare.inputs import InputList
+from dlx.data.prepare.outdir import WORK_DIR, clear_work, commit_shards, remove_strays
+from dlx.data.prepare.parts import copy_split, part_paths
 from dlx.data.prepare.pool import InlinePool, WorkerPool
 from dlx.data.prepare.progress import PrepareProgress
 from dlx.data.prepare.units import plan_units
-from dlx.data.prepare.worker import SPLITS, EncodeSetup, UnitTokens, encode_unit, setup_encoder, spool_path
+from dlx.data.prepare.worker import EncodeSetup, UnitTokens, encode_unit, setup_encoder
 from dlx.data.prepare.writer import ShardWriter, restore_partial
-from dlx.data.shards import Manifest, ShardInfo, write_manifest
+from dlx.data.shards import PARTIAL_SUFFIX, SPLITS, Manifest, ShardInfo, shard_name
 
-COPY_TOKENS = 1 << 22
 COMMIT_SECONDS = 1.0  # commit at least this often (and whenever a shard is finished)
 
 
@@ -34,30 +36,30 @@ def initial_resume_state(unit_bytes: int) -> dict:
 def encode_corpus(
     pool: InlinePool | WorkerPool,
     out: Path,
-    files: list[InputFile],
+    inputs: InputList,
     manifest: Manifest,
     setup: EncodeSetup,
     shard_tokens: int,
     ui: PrepareProgress,
 ) -> Manifest:
     """Tokenize every unit not yet committed into `out`; return the completed manifest."""
-    resume = manifest.source["resume"]
+    resume, threshold = manifest.source["resume"], manifest.source["scan"]["val_threshold"]
     writers = _restore_writers(out, manifest, setup, shard_tokens)
     os.makedirs(setup.spool_dir, exist_ok=True)
     pool.broadcast(setup_encoder, setup)
-    units = plan_units(files, resume["unit_bytes"])
+    units = plan_units(inputs, resume["unit_bytes"])
     done = list(itertools.islice(units, resume["next_unit"]))
-    ui.start("encode", sum(f.size for f in files), len(files), show_tokens=True)
+    ui.start("encode", inputs.bytes, inputs.files, show_tokens=True)
     ui.advance(sum(u.nbytes for u in done), sum(u.files_completed for u in done))
     last_commit, next_unit = time.monotonic(), resume["next_unit"]
     try:
         for res in pool.imap(encode_unit, units, window=2 * pool.n_workers + 2):
-            finished = _append_spools(res, writers, setup)
+            finished = _append_part(res, writers, setup, threshold)
             next_unit = res.index + 1
             if finished or time.monotonic() - last_commit >= COMMIT_SECONDS:
                 manifest = _commit(out, manifest, writers, finished, next_unit)
                 last_commit = time.monotonic()
-            ui.advance(res.nbytes, res.files, sum(res.tokens.values()))
+            ui.advance(res.counts.nbytes, res.counts.files, res.tokens)
         final = [info for w in writers.values() for info in w.close()]
         manifest = _commit(out, manifest, writers, final, next_unit, complete=True)
     finally:
@@ -71,28 +73,25 @@ def _restore_writers(out: Path, manifest: Manifest, setup: EncodeSetup, shard_to
     itemsize = np.dtype(setup.dtype).itemsize
     for split in SPLITS:
         restore_partial(out, split, resume[split], itemsize)
-    remove_strays(out, manifest, {s: resume[s]["index"] for s in SPLITS})
+    partials = {shard_name(s, resume[s]["index"]) + PARTIAL_SUFFIX for s in SPLITS}
+    remove_strays(out, {s.name for s in manifest.shards} | partials)
     clear_work(out)
     return {s: ShardWriter(out, s, setup.dtype, shard_tokens, setup.eos_id, **resume[s]) for s in SPLITS}
 
 
-def _append_spools(res: UnitTokens, writers: dict[str, ShardWriter], setup: EncodeSetup) -> list[ShardInfo]:
-    """Copy one unit's spools into the shard writers, then delete them."""
-    finished = []
+def _append_part(
+    res: UnitTokens, writers: dict[str, ShardWriter], setup: EncodeSetup, threshold: int
+) -> list[ShardInfo]:
+    """Copy one unit's part into the shard writers, train and val apart, then delete it."""
+    finished: list[ShardInfo] = []
+    paths = part_paths(setup.spool_dir, res.index)
     dtype = np.dtype(setup.dtype).newbyteorder("<")
-    for split in SPLITS:
-        path = spool_path(setup.spool_dir, res.index, split)
-        if not res.tokens[split]:
-            continue
-        copied = 0
-        with open(path, "rb") as f:
-            # f.read + frombuffer, not np.fromfile(f): a Ctrl-C inside fromfile's file-object path surfaced as a
-            # TypeError ("expected str, bytes or os.PathLike") instead of KeyboardInterrupt
-            while (block := np.frombuffer(f.read(COPY_TOKENS * dtype.itemsize), dtype=dtype)).size:
-                finished += writers[split].write(block)
-                copied += block.size
-        if copied != res.tokens[split]:
-            raise RuntimeError(f"spool {path} holds {copied} tokens, its worker wrote {res.tokens[split]}")
+    copied = sum(
+        copy_split(paths, threshold, s, dtype, lambda a, s=s: finished.extend(writers[s].write(a))) for s in SPLITS
+    )
+    if copied != res.tokens:
+        raise RuntimeError(f"part {paths[0]} holds {copied} tokens, its worker wrote {res.tokens}")
+    for path in paths:
         path.unlink()
     return finished
 
@@ -108,17 +107,8 @@ def _commit(
     """Make everything up to `next_unit` durable: partials fsynced, then the manifest that counts them."""
     for w in writers.values():
         w.sync()
-    shards = sorted([*manifest.shards, *finished], key=lambda s: (SPLITS.index(s.split), s.name))
-    source = {k: v for k, v in manifest.source.items() if k != "resume"}
-    if not complete:
-        source["resume"] = {
-            **manifest.source["resume"],
-            "next_unit": next_unit,
-            **{s: w.state() for s, w in writers.items()},
-        }
-    manifest = manifest.model_copy(update={"shards": shards, "source": source, "complete": complete})
-    write_manifest(out, manifest)
-    return manifest
+    resume = {**manifest.source["resume"], "next_unit": next_unit, **{s: w.state() for s, w in writers.items()}}
+    return commit_shards(out, manifest, finished, None if complete else resume)
 
 
 def spool_dir(out: Path) -> str:

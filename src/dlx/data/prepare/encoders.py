@@ -13,6 +13,7 @@ checked against HF on a sample of the corpus plus a set of awkward strings; any 
 from __future__ import annotations
 
 import json
+import random
 from typing import Protocol
 
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -139,6 +140,19 @@ def choose_encoder(json_text: str, sample: list[str]) -> tuple[str, str]:
         if a != b:
             return HFEncoder.name, f"tiktoken fast path not used: its ids differ from Hugging Face on sample text {i}"
     return TiktokenEncoder.name, f"tiktoken fast path (ids checked equal to Hugging Face on {len(texts)} texts)"
+
+
+def spread(sample: list[str], max_chars: int) -> list[str]:
+    """Documents drawn evenly (seeded) from the whole sample, about max_chars in all (to check the fast path on)."""
+    order = list(range(len(sample)))
+    random.Random(0).shuffle(order)
+    picked, chars = [], 0
+    for i in order:
+        if chars >= max_chars:
+            break
+        picked.append(sample[i])
+        chars += len(sample[i])
+    return picked
 
 
 def make_encoder(name: str, json_text: str) -> Encoder:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlx.data.prepare.inputs import InputList, stdlib_folder
 from dlx.errors import UserError
 
 DEFAULT_VAL_FRACTION = 0.005
@@ -42,6 +44,19 @@ class PrepareOptions:
     """Put the tokenizer's BOS before every document (EOS always follows every document)."""
     progress: bool
     """Show a progress bar on stderr."""
+
+    def inputs_record(self) -> list[str]:
+        """The inputs as given, for the manifest's `source.inputs`."""
+        return list(self.inputs) if self.inputs else [f"{self.corpus}:{stdlib_folder()}"]
+
+    def request(self, inputs: InputList) -> dict:
+        """What the output depends on (options and the measured inputs): a rerun must match it to resume or skip."""
+        return {
+            **self.output_request(),
+            "files": inputs.files,
+            "bytes": inputs.bytes,
+            "fingerprint": inputs.fingerprint,
+        }
 
     def output_request(self) -> dict:
         """The options that shape the output: a rerun must match them to resume or to skip the work."""
@@ -116,3 +131,80 @@ def build_options(
         add_bos=add_bos,
         progress=progress,
     )
+
+
+@dataclass(frozen=True)
+class TaskSlot:
+    """Which share of a prepare split into tasks this process runs."""
+
+    tasks: int
+    index: int
+    source: str
+    """Where the numbers came from, for the log line (`--tasks/--task-index`, `SLURM_ARRAY_TASK_ID`, ...)."""
+
+
+# (index variable, count variable or None, launcher) in the order they are looked for
+LAUNCHERS = (
+    ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "a Slurm job array"),
+    ("JOB_COMPLETION_INDEX", None, "a Kubernetes indexed Job"),
+    ("RANK", "WORLD_SIZE", "torchrun"),
+)
+AUTO = "auto"
+
+
+def task_slot(tasks: str | None, task_index: int | None, environ: Mapping[str, str]) -> TaskSlot | None:
+    """The task this process runs, None for a one-machine run (neither --tasks nor --task-index given).
+
+    Given either option, what is missing comes from the first launcher found in the environment: a Slurm job array
+    (SLURM_ARRAY_TASK_ID, rebased by SLURM_ARRAY_TASK_MIN and _STEP, and SLURM_ARRAY_TASK_COUNT), a Kubernetes
+    indexed Job (JOB_COMPLETION_INDEX; its count is --tasks), then torchrun (RANK, WORLD_SIZE). Options beat the
+    environment. A plain `dlx prepare` never splits itself, even inside such a job.
+    """
+    if tasks is None and task_index is None:
+        return None
+    count = None if tasks in (None, AUTO) else _count(str(tasks), "--tasks")
+    launcher = next((entry for entry in LAUNCHERS if entry[0] in environ), None)
+    index_from, count_from = f"--task-index {task_index}", f"--tasks {count}"
+    if task_index is None:
+        if launcher is None:
+            raise UserError(
+                "no launcher numbers this task: give --task-index I, or run it as a Slurm job array "
+                "(SLURM_ARRAY_TASK_ID), a Kubernetes indexed Job (JOB_COMPLETION_INDEX) or under torchrun (RANK)"
+            )
+        task_index, index_from = _env_index(launcher[0], environ), f"{launcher[0]}={environ[launcher[0]]}"
+    if count is None:
+        if launcher is None or launcher[1] is None or launcher[1] not in environ:
+            where = f"{launcher[0]} is set but no task count" if launcher else "no launcher sets the task count"
+            raise UserError(f"{where}: give --tasks N (N tasks, numbered 0 … N-1)")
+        count, count_from = _count(environ[launcher[1]], launcher[1]), f"{launcher[1]}={environ[launcher[1]]}"
+    if not 0 <= task_index < count:
+        raise UserError(
+            f"task index {task_index} (from {index_from}) is out of range for {count} tasks (from {count_from}): "
+            f"the tasks are 0 … {count - 1}"
+        )
+    return TaskSlot(count, task_index, f"{index_from}, {count_from}")
+
+
+def _count(text: str, name: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise UserError(f"{name} must be a whole number of tasks, 1 or more (or `{AUTO}` for --tasks), got {text!r}")
+    return count
+
+
+def _env_index(name: str, environ: Mapping[str, str]) -> int:
+    """The task index a launcher set; a Slurm array's IDs are rebased to 0, 1, 2, … by its min and step."""
+    try:
+        index = int(environ[name])
+        if name == "SLURM_ARRAY_TASK_ID":
+            offset = index - int(environ.get("SLURM_ARRAY_TASK_MIN", "0"))
+            step = int(environ.get("SLURM_ARRAY_TASK_STEP", "1"))
+            if offset % step:
+                raise ValueError
+            index = offset // step
+    except ValueError:
+        raise UserError(f"{name}={environ[name]!r} is not a task index; give --task-index I") from None
+    return index

@@ -1,4 +1,5 @@
-"""The --out folder: is it new, finished, resumable, or someone else's? And the lock that keeps two runs apart."""
+"""The --out folder: is it new, finished, resumable, or someone else's? The lock that keeps two runs apart, and the
+manifest writes that start a dataset and commit its shards."""
 
 from __future__ import annotations
 
@@ -10,11 +11,23 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from dlx.data.shards import MANIFEST_FILE, PARTIAL_SUFFIX, SPLITS, Manifest, read_manifest, shard_name
+from dlx.atomic import atomic_write_text
+from dlx.data.shards import (
+    MANIFEST_FILE,
+    SPLITS,
+    TOKENIZER_FILE,
+    Manifest,
+    ShardInfo,
+    read_manifest,
+    token_dtype,
+    write_manifest,
+)
 from dlx.errors import UserError
 
 WORK_DIR = ".work"
-_OURS = re.compile(r"^(manifest\.json|tokenizer\.json|(train|val)-\d+\.bin(\.partial)?|\..+\.tmp|\.work)$")
+TASKS_DIR = ".tasks"
+_OURS = re.compile(r"^(manifest\.json|tokenizer\.json|(train|val)-\d+\.bin(\.partial)?|\..+\.tmp|\.work|\.tasks)$")
+_SHARD_FILE = re.compile(r"^(train|val)-\d+\.bin(\.partial)?$")
 
 
 def existing_dataset(out: Path, request: dict, tokenizer_sha256: str | None) -> Manifest | None:
@@ -67,18 +80,20 @@ def _describe(tokenizer: dict | None) -> str:
 
 
 @contextlib.contextmanager
-def locked(out: Path, note: Callable[[str], None]) -> Iterator[None]:
+def locked(folder: Path, note: Callable[[str], None], busy: str | None = None) -> Iterator[None]:
     """An exclusive lock on the folder itself, released by the kernel if this process dies (even by SIGKILL).
 
     A second run waits for the first (every rank of a job may call prepare: one works, the others then find the
-    finished dataset).
+    finished dataset), or, given `busy`, raises UserError(busy) at once.
     """
-    fd = os.open(out, os.O_RDONLY)
+    fd = os.open(folder, os.O_RDONLY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            note(f"waiting for another `dlx prepare` that is writing {out}")
+            if busy is not None:
+                raise UserError(busy) from None
+            note(f"waiting for another `dlx prepare` that is writing {folder}")
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
@@ -98,12 +113,43 @@ def clear_fresh(out: Path) -> None:
             p.unlink()
 
 
-def remove_strays(out: Path, manifest: Manifest, next_index: dict[str, int]) -> None:
-    """Delete shard files the manifest does not list, except each split's partial (restored separately)."""
-    listed = {s.name for s in manifest.shards}
-    keep = listed | {shard_name(split, next_index[split]) + PARTIAL_SUFFIX for split in SPLITS}
+def remove_strays(out: Path, keep: set[str]) -> None:
+    """Delete shard files (finished or partial) not named in `keep`, and temporary files of interrupted writes."""
     for p in out.iterdir():
-        if (re.match(r"^(train|val)-\d+\.bin(\.partial)?$", p.name) and p.name not in keep) or (
-            re.match(r"^\..+\.tmp$", p.name) and p.is_file()
-        ):
+        if (_SHARD_FILE.match(p.name) and p.name not in keep) or (re.match(r"^\..+\.tmp$", p.name) and p.is_file()):
             p.unlink()
+
+
+def start_dataset(
+    out: Path,
+    source: dict,
+    tokenizer_json: str,
+    tokenizer_sha256: str,
+    vocab_size: int,
+    eos_id: int,
+    bos_id: int | None,
+) -> Manifest:
+    """The first writes of a dataset: tokenizer.json, then a manifest without shards (`source` holds the resume)."""
+    clear_fresh(out)
+    atomic_write_text(out / TOKENIZER_FILE, tokenizer_json)
+    manifest = Manifest(
+        dtype=token_dtype(vocab_size),
+        vocab_size=vocab_size,
+        eos_id=eos_id,
+        bos_id=bos_id,
+        tokenizer_sha256=tokenizer_sha256,
+        source=source,
+    )
+    write_manifest(out, manifest)
+    return manifest
+
+
+def commit_shards(out: Path, manifest: Manifest, finished: list[ShardInfo], resume: dict | None) -> Manifest:
+    """Write the manifest that also lists `finished` (already fsynced in place); `resume` None marks it complete."""
+    shards = sorted([*manifest.shards, *finished], key=lambda s: (SPLITS.index(s.split), s.name))
+    source = {k: v for k, v in manifest.source.items() if k != "resume"}
+    if resume is not None:
+        source["resume"] = resume
+    manifest = manifest.model_copy(update={"shards": shards, "source": source, "complete": resume is None})
+    write_manifest(out, manifest)
+    return manifest

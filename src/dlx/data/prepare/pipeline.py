@@ -10,24 +10,22 @@ and the encode pass fills the shards.
 from __future__ import annotations
 
 import hashlib
-import random
 import time
 from pathlib import Path
 
-from dlx.atomic import atomic_write_text
 from dlx.data.prepare.encode import encode_corpus, initial_resume_state, spool_dir
-from dlx.data.prepare.encoders import choose_encoder
-from dlx.data.prepare.inputs import InputFile, fingerprint, resolve_inputs, stdlib_folder, stdlib_inputs
+from dlx.data.prepare.encoders import choose_encoder, spread
+from dlx.data.prepare.inputs import InputList
 from dlx.data.prepare.options import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, PrepareOptions, build_options
-from dlx.data.prepare.outdir import clear_fresh, existing_dataset, locked
+from dlx.data.prepare.outdir import TASKS_DIR, existing_dataset, locked, start_dataset
 from dlx.data.prepare.pool import InlinePool, WorkerPool, make_pool
 from dlx.data.prepare.progress import PrepareProgress
-from dlx.data.prepare.readers import read_unit
-from dlx.data.prepare.scan import CHECK_SAMPLE_CHARS, ScanSummary, scan_corpus
+from dlx.data.prepare.readers import sample_documents
+from dlx.data.prepare.scan import CHECK_SAMPLE_CHARS, ScanCounts, ScanRule, scan_corpus
 from dlx.data.prepare.tokenizer import TokenizerInfo, describe, read_tokenizer, tokenizer_text, train_bpe
 from dlx.data.prepare.units import choose_unit_bytes, plan_units
 from dlx.data.prepare.worker import EncodeSetup
-from dlx.data.shards import TOKENIZER_FILE, Manifest, token_dtype, write_manifest
+from dlx.data.shards import TOKENIZER_FILE, Manifest
 from dlx.errors import UserError
 
 
@@ -72,18 +70,16 @@ def prepare_dataset(
     out = Path(out)
     ui = PrepareProgress(opts.progress)
     started = time.monotonic()
-    files, ignored = (stdlib_inputs(), 0) if opts.corpus else resolve_inputs(opts.inputs)
-    if ignored:
-        ui.note(f"note: ignored {ignored} file(s) in input folders with suffixes prepare does not read")
-    request = {
-        **opts.output_request(),
-        "files": len(files),
-        "bytes": sum(f.size for f in files),
-        "fingerprint": fingerprint(files),
-    }
+    inputs = measure_inputs(opts, ui)
+    request = opts.request(inputs)
     given = read_tokenizer(opts.tokenizer, opts.add_bos) if opts.tokenizer else None
     sha = given.sha256 if given else None
     manifest = existing_dataset(out, request, sha)  # read-only: refuse someone else's folder before creating anything
+    if (manifest is None or not manifest.complete) and (out / TASKS_DIR).exists():
+        raise UserError(
+            f"--out {out} holds the parts of a prepare split into tasks; run its missing tasks and "
+            f"`dlx prepare --merge --out {out}`, or choose a new --out"
+        )
     if manifest is None or not manifest.complete:
         created = not out.exists()
         out.mkdir(parents=True, exist_ok=True)
@@ -91,20 +87,28 @@ def prepare_dataset(
             with locked(out, ui.note):
                 manifest = existing_dataset(out, request, sha)  # again: another run may have finished meanwhile
                 if manifest is None or not manifest.complete:
-                    manifest = _run(out, files, opts, request, given, manifest, ui)
-                    ui.note(f"prepared {out}: {_totals(manifest)} in {time.monotonic() - started:.1f}s")
+                    manifest = _run(out, inputs, opts, request, given, manifest, ui)
+                    ui.note(f"prepared {out}: {totals(manifest)} in {time.monotonic() - started:.1f}s")
                     return manifest
         except BaseException:
             if created and out.is_dir() and not any(out.iterdir()):
                 out.rmdir()  # bad input found by the scan: leave nothing behind
             raise
-    ui.note(f"{out} is already prepared ({_totals(manifest)}); nothing to do")
+    ui.note(f"{out} is already prepared ({totals(manifest)}); nothing to do")
     return manifest
+
+
+def measure_inputs(opts: PrepareOptions, ui: PrepareProgress) -> InputList:
+    """The inputs' totals (a first walk over them); UserError for a missing input."""
+    inputs = InputList(opts.inputs, opts.corpus).measure()
+    if inputs.ignored:
+        ui.note(f"note: ignored {inputs.ignored} file(s) in input folders with suffixes prepare does not read")
+    return inputs
 
 
 def _run(
     out: Path,
-    files: list[InputFile],
+    inputs: InputList,
     opts: PrepareOptions,
     request: dict,
     given: TokenizerInfo | None,
@@ -112,25 +116,24 @@ def _run(
     ui: PrepareProgress,
 ) -> Manifest:
     """Under the lock: a fresh start (scan, tokenizer, first writes) unless resuming, then the encode pass."""
-    n_units = sum(1 for _ in plan_units(files, choose_unit_bytes(request["bytes"])))
+    n_units = sum(1 for _ in plan_units(inputs, choose_unit_bytes(inputs.bytes)))
     with make_pool(min(opts.workers, n_units)) as pool:
         fresh = None
         if manifest is None:
-            fresh = _scan_and_tokenize(pool, files, opts, given, ui)
+            fresh = _scan_and_tokenize(pool, inputs, opts, given, ui)
             manifest = _write_start(out, opts, request, *fresh)
-        return _encode(pool, out, files, manifest, opts, ui, fresh)
+        return _encode(pool, out, inputs, manifest, opts, ui, fresh)
 
 
 def _scan_and_tokenize(
     pool: InlinePool | WorkerPool,
-    files: list[InputFile],
+    inputs: InputList,
     opts: PrepareOptions,
     given: TokenizerInfo | None,
     ui: PrepareProgress,
-) -> tuple[ScanSummary, TokenizerInfo]:
+) -> tuple[ScanCounts, TokenizerInfo]:
     """The read-only first half of a fresh run: scan, report bad input, load or train the tokenizer."""
-    unit_bytes = choose_unit_bytes(sum(f.size for f in files))
-    scan = scan_corpus(pool, files, unit_bytes, opts, ui)
+    scan = scan_corpus(pool, inputs, choose_unit_bytes(inputs.bytes), opts, ui)
     if scan.bad:
         ui.note(f"warning: skipped {scan.bad} bad record(s) (--strict makes them fatal); the first:")
         for example in scan.bad_examples:
@@ -148,84 +151,49 @@ def _scan_and_tokenize(
     return scan, info
 
 
-def _write_start(out: Path, opts: PrepareOptions, request: dict, scan: ScanSummary, tok: TokenizerInfo) -> Manifest:
+def _write_start(out: Path, opts: PrepareOptions, request: dict, scan: ScanCounts, tok: TokenizerInfo) -> Manifest:
     """The first writes of a fresh run: tokenizer.json, then a manifest with no shards and the resume state."""
-    clear_fresh(out)
-    atomic_write_text(out / TOKENIZER_FILE, tok.json_text)
     source = {
-        "inputs": list(opts.inputs) if opts.inputs else [f"{opts.corpus}:{stdlib_folder()}"],
+        "inputs": opts.inputs_record(),
         "request": request,
         "scan": scan.record(),
         "resume": initial_resume_state(choose_unit_bytes(request["bytes"])),
     }
-    manifest = Manifest(
-        dtype=token_dtype(tok.vocab_size),
-        vocab_size=tok.vocab_size,
-        eos_id=tok.eos_id,
-        bos_id=tok.bos_id,
-        tokenizer_sha256=tok.sha256,
-        source=source,
-    )
-    write_manifest(out, manifest)
-    return manifest
+    return start_dataset(out, source, tok.json_text, tok.sha256, tok.vocab_size, tok.eos_id, tok.bos_id)
 
 
 def _encode(
     pool: InlinePool | WorkerPool,
     out: Path,
-    files: list[InputFile],
+    inputs: InputList,
     manifest: Manifest,
     opts: PrepareOptions,
     ui: PrepareProgress,
-    fresh: tuple[ScanSummary, TokenizerInfo] | None,
+    fresh: tuple[ScanCounts, TokenizerInfo] | None,
 ) -> Manifest:
     json_text = tokenizer_text(out)
     if hashlib.sha256(json_text.encode("utf-8")).hexdigest() != manifest.tokenizer_sha256:
         raise UserError(f"{out}/{TOKENIZER_FILE} was replaced after prepare started; delete {out} and run again")
     unit_bytes = manifest.source["resume"]["unit_bytes"]
-    sample = fresh[0].sample if fresh else _first_documents(files, unit_bytes, opts.text_field)
-    encoder, why = choose_encoder(json_text, _spread(sample, CHECK_SAMPLE_CHARS))
+    if fresh:
+        sample = fresh[0].sample
+    else:  # a resumed run has no scan sample
+        sample = sample_documents(plan_units(inputs, unit_bytes), opts.text_field, CHECK_SAMPLE_CHARS)
+    encoder, why = choose_encoder(json_text, spread(sample, CHECK_SAMPLE_CHARS))
     ui.note(why)
     setup = EncodeSetup(
         tokenizer_json=json_text,
         encoder=encoder,
-        text_field=opts.text_field,
-        val_threshold=manifest.source["scan"]["val_threshold"],
+        rule=ScanRule.of(opts),
         eos_id=manifest.eos_id,
         bos_id=manifest.bos_id,
         dtype=manifest.dtype,
         spool_dir=spool_dir(out),
     )
-    return encode_corpus(pool, out, files, manifest, setup, opts.shard_tokens, ui)
+    return encode_corpus(pool, out, inputs, manifest, setup, opts.shard_tokens, ui)
 
 
-def _first_documents(files: list[InputFile], unit_bytes: int, text_field: str) -> list[str]:
-    """About CHECK_SAMPLE_CHARS of the corpus's first documents (a resumed run has no scan sample)."""
-    sample, chars = [], 0
-    for unit in plan_units(files, unit_bytes):
-        for item in read_unit(unit, text_field):
-            if isinstance(item, str) and item:
-                sample.append(item)
-                chars += len(item)
-                if chars >= CHECK_SAMPLE_CHARS:
-                    return sample
-    return sample
-
-
-def _spread(sample: list[str], max_chars: int) -> list[str]:
-    """Documents drawn evenly (seeded) from the whole sample, about max_chars in all."""
-    order = list(range(len(sample)))
-    random.Random(0).shuffle(order)
-    picked, chars = [], 0
-    for i in order:
-        if chars >= max_chars:
-            break
-        picked.append(sample[i])
-        chars += len(sample[i])
-    return picked
-
-
-def _totals(m: Manifest) -> str:
+def totals(m: Manifest) -> str:
     s, val = m.summary(), m.summary()["splits"]["val"]
     return (
         f"{s['tokens']:,} tokens in {s['shards']} {m.dtype} shards, {s['documents']:,} documents "

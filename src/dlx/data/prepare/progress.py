@@ -39,7 +39,9 @@ class PrepareProgress:
         self._progress: Progress | None = None
         self._task = None
 
-    def start(self, label: str, total_bytes: int, total_files: int, show_tokens: bool) -> None:
+    def start(
+        self, label: str, total_bytes: int, total_files: int, show_tokens: bool, count_label: str = "files"
+    ) -> None:
         self.stop()
         if not self.enabled:
             return
@@ -47,7 +49,7 @@ class PrepareProgress:
             TextColumn("{task.description}"),
             BarColumn(bar_width=20),
             TaskProgressColumn(),
-            TextColumn("{task.fields[files]:,}/{task.fields[total_files]:,} files"),
+            TextColumn("{task.fields[files]:,}/{task.fields[total_files]:,} " + count_label),
             _Rate("mb"),
             _Rate("tokens"),
             TextColumn("ETA"),

@@ -1,4 +1,5 @@
-"""Documents out of input files, streamed: one JSON line, array element, Parquet row or whole text file at a time.
+"""Documents out of input files and work units, streamed: one JSON line, JSON array element (ijson), Parquet row or
+whole text file at a time.
 
 Readers yield either a document's text (a str) or a BadRecord; they never raise for bad input, so one broken file
 costs only its own documents. Memory is bounded by the largest single document, never by the file or corpus size.
@@ -6,32 +7,35 @@ costs only its own documents. Memory is bounded by the largest single document, 
 
 from __future__ import annotations
 
-import codecs
 import gzip
 import io
 import json
+import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO
 
+import ijson
 import zstandard
 
 from dlx.data.prepare.inputs import InputFile
 from dlx.data.prepare.units import WorkUnit
 
 READ_CHUNK = 1 << 20
+PARQUET_BATCH_ROWS = 1024
 
 
 @dataclass(frozen=True)
 class BadRecord:
     path: str
     line: int
-    """1-based line (row for Parquet, 0 for the whole file); for byte-range units see `offset`."""
+    """1-based line, Parquet row or JSON array element (see `unit`), 0 for the whole file; see also `offset`."""
     reason: str
     offset: int | None = None
     """Byte offset of the line, when the reader started mid-file and could not count lines cheaply."""
     unit: str = "line"
+    """What `line` counts: `line`, `row`, `element`, or lines of the zstd frames from a byte on."""
 
     def where(self) -> str:
         if self.offset is not None:
@@ -59,10 +63,10 @@ CORRUPT_ERRORS = (OSError, EOFError, zlib.error, zstandard.ZstdError)
 
 
 def open_binary(f: InputFile) -> IO[bytes]:
-    """The decompressed bytes of a file as a buffered stream."""
-    raw = open(f.path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
+    """The decompressed bytes of a file as a buffered stream (peek shows up to READ_CHUNK bytes)."""
     if f.compression == "gz":
-        return gzip.GzipFile(fileobj=raw, mode="rb")
+        return io.BufferedReader(gzip.open(f.path, "rb"), READ_CHUNK)  # type: ignore[arg-type]
+    raw = open(f.path, "rb", buffering=READ_CHUNK)  # noqa: SIM115 - returned to the caller, who closes it
     if f.compression == "zst":
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), READ_CHUNK)
     return raw
@@ -70,30 +74,56 @@ def open_binary(f: InputFile) -> IO[bytes]:
 
 def read_unit(unit: WorkUnit, text_field: str) -> Iterator[Item]:
     """Every document (or bad record) of a work unit, in order."""
-    if unit.end is not None:
-        yield from _read_jsonl_range(unit.files[0], unit.start, unit.end, text_field)
+    if unit.end is None:
+        for f in unit.files:
+            yield from read_file(f, text_field)
         return
-    for f in unit.files:
-        yield from read_file(f, text_field)
+    f = unit.files[0]
+    if f.kind == "parquet":
+        yield from _parquet_rows(f.path, text_field, range(unit.start, unit.end))
+    elif f.compression is not None:
+        yield from _guarded(f, _jsonl_frames(f, unit, text_field))
+    else:
+        yield from _guarded(f, _jsonl_range(f, unit.start, unit.end, text_field))
+
+
+def sample_documents(units: Iterable[WorkUnit], text_field: str, max_chars: int) -> list[str]:
+    """The first documents of the units, about max_chars of them."""
+    sample, chars = [], 0
+    for unit in units:
+        for item in read_unit(unit, text_field):
+            if isinstance(item, str) and item:
+                sample.append(item)
+                chars += len(item)
+                if chars >= max_chars:
+                    return sample
+    return sample
 
 
 def read_file(f: InputFile, text_field: str) -> Iterator[Item]:
     """Every document of one whole file; unreadable or corrupt files end in a BadRecord."""
     if f.kind == "parquet":
-        from dlx.data.prepare.parquet import read_parquet
-
-        yield from read_parquet(f.path, text_field)
+        yield from _parquet_rows(f.path, text_field, None)
         return
+    yield from _guarded(f, _whole_file(f, text_field))
+
+
+def _guarded(f: InputFile, items: Iterator[Item]) -> Iterator[Item]:
+    """The items, ended by one BadRecord if the file cannot be read or decompressed."""
     try:
-        with open_binary(f) as stream:
-            if f.kind == "text":
-                yield _text_document(f.path, stream.read())
-            elif f.kind == "jsonl":
-                yield from _json_lines(f.path, stream, text_field)
-            else:
-                yield from _json_file(f.path, stream, text_field)
+        yield from items
     except CORRUPT_ERRORS as e:
         yield BadRecord(f.path, 0, f"unreadable: {getattr(e, 'strerror', None) or e}")
+
+
+def _whole_file(f: InputFile, text_field: str) -> Iterator[Item]:
+    with open_binary(f) as stream:
+        if f.kind == "text":
+            yield _text_document(f.path, stream.read())
+        elif f.kind == "jsonl" or stream.peek(READ_CHUNK).lstrip()[:1] != b"[":  # a .json of JSON lines
+            yield from _json_lines(f.path, stream, text_field)
+        else:
+            yield from _json_array(f.path, stream, text_field)
 
 
 def _text_document(path: str, data: bytes) -> Item:
@@ -126,153 +156,153 @@ def checked_text(text: object, text_field: str) -> str:
     return text
 
 
-def _parse_line(path: str, raw: bytes, text_field: str, line: int, offset: int | None) -> Item | None:
+def _parse_line(
+    path: str, raw: bytes, text_field: str, line: int, offset: int | None, unit: str = "line"
+) -> Item | None:
     if not raw.strip():
         return None
     try:
         text = raw.decode("utf-8")  # json.loads(bytes) would also accept UTF-16/32: only UTF-8 is valid JSON lines
     except UnicodeDecodeError as e:
-        return BadRecord(path, line, f"invalid UTF-8 at byte {e.start} of the line", offset)
+        return BadRecord(path, line, f"invalid UTF-8 at byte {e.start} of the line", offset, unit)
     try:
         obj = json.loads(text)
     except ValueError as e:
-        return BadRecord(path, line, f"malformed JSON: {str(e).splitlines()[0]}", offset)
+        return BadRecord(path, line, f"malformed JSON: {str(e).splitlines()[0]}", offset, unit)
     try:
         return json_text(obj, text_field)
     except NoText as e:
-        return BadRecord(path, line, str(e), offset)
+        return BadRecord(path, line, str(e), offset, unit)
 
 
-def _json_lines(path: str, stream: IO[bytes], text_field: str, first_line: int = 1) -> Iterator[Item]:
-    for line, raw in enumerate(stream, first_line):
+def _json_lines(path: str, stream: IO[bytes], text_field: str) -> Iterator[Item]:
+    for line, raw in enumerate(stream, 1):
         item = _parse_line(path, raw, text_field, line, None)
         if item is not None:
             yield item
 
 
-def _read_jsonl_range(f: InputFile, start: int, end: int, text_field: str) -> Iterator[Item]:
+def _jsonl_range(f: InputFile, start: int, end: int, text_field: str) -> Iterator[Item]:
     """The lines that start in [start, end): the unit before owns a line that straddles `start`."""
-    try:
-        with open(f.path, "rb") as stream:
-            if start > 0:
-                stream.seek(start - 1)
-                stream.readline()  # the rest of the line holding byte start-1 (just "\n" if a line starts at start)
-            pos = stream.tell()
-            while pos < end and (raw := stream.readline()):
-                item = _parse_line(f.path, raw, text_field, 0, pos)
-                if item is not None:
-                    yield item
-                pos += len(raw)
-    except OSError as e:
-        yield BadRecord(f.path, 0, f"unreadable: {e.strerror or e}")
+    with open(f.path, "rb") as stream:
+        if start > 0:
+            stream.seek(start - 1)
+            stream.readline()  # the rest of the line holding byte start-1 (just "\n" if a line starts at start)
+        pos = stream.tell()
+        while pos < end and (raw := stream.readline()):
+            item = _parse_line(f.path, raw, text_field, 0, pos)
+            if item is not None:
+                yield item
+            pos += len(raw)
 
 
-def _json_file(path: str, stream: IO[bytes], text_field: str) -> Iterator[Item]:
-    """A .json file: a JSON array of objects (WuDao) or JSON lines, told apart by the first non-blank byte."""
-    head = stream.read(READ_CHUNK)
-    first = head.lstrip()[:1]
-    if first != b"[":
-        yield from _json_lines(path, io.BufferedReader(_Prepend(head, stream)), text_field)
-        return
-    yield from _json_array(path, head, stream, text_field)
+def _jsonl_frames(f: InputFile, unit: WorkUnit, text_field: str) -> Iterator[Item]:
+    """The lines that start in the decompressed bytes of the frames (zstd) or members (BGZF) in [start, end), the
+    last one read to its end.
+
+    As for byte ranges, a line that straddles `start` belongs to the unit before; whether one does is told by the
+    last decompressed byte of the frame before.
+    """
+    assert unit.end is not None and f.compression is not None
+    where = f"{'zstd frames' if f.compression == 'zst' else 'gzip members'} from byte {unit.start}, line"
+    with open(f.path, "rb") as raw:
+        fd = raw.fileno()
+        owns_first = unit.start == 0 or _last_byte(f.compression, fd, unit.before, unit.start) == b"\n"
+        rest = None
+        for line, data in enumerate(_window(f.compression, fd, unit.start, unit.end), 1):
+            if line == 1 and not owns_first:
+                continue
+            if not data.endswith(b"\n") and unit.end < f.size:
+                rest = rest or _window(f.compression, fd, unit.end, f.size)
+                data += rest.readline()
+            item = _parse_line(f.path, data, text_field, line, None, where)
+            if item is not None:
+                yield item
 
 
-def _json_array(path: str, head: bytes, stream: IO[bytes], text_field: str) -> Iterator[Item]:
-    """Elements of a top-level JSON array, decoded one at a time so the file is never held whole."""
-    reader = _ArrayReader(stream)
-    try:
-        reader.append(head)
-        reader.peek()
-        reader.pos += 1  # the "["
-        first = True
-        while (c := reader.peek()) != "]":
-            if not first:
-                if c != ",":
-                    raise _Malformed("expected ',' or ']' between array elements")
-                reader.pos += 1
-                reader.peek()
-            first = False
-            line = reader.line
-            obj = reader.value()
-            try:
-                yield json_text(obj, text_field)
-            except NoText as e:
-                yield BadRecord(path, line, str(e))
-    except _Malformed as e:
-        yield BadRecord(path, reader.line, f"malformed JSON array: {e} (rest of the file skipped)")
+def _window(compression: str, fd: int, start: int, end: int) -> IO[bytes]:
+    """The decompressed bytes of the zstd frames or gzip members stored in [start, end) of a file."""
+    window = _Window(fd, start, end)
+    if compression == "gz":
+        return io.BufferedReader(gzip.GzipFile(fileobj=window, mode="rb"), READ_CHUNK)  # type: ignore[arg-type]
+    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(window, read_across_frames=True), READ_CHUNK)
 
 
-class _Malformed(Exception):
-    pass
+def _last_byte(compression: str, fd: int, start: int, end: int) -> bytes:
+    """The last decompressed byte of the frames in [start, end), looking further back past empty frames."""
+    last, stream = b"", _window(compression, fd, start, end)
+    while block := stream.read(READ_CHUNK):
+        last = block[-1:]
+    if not last and start > 0:
+        return _last_byte(compression, fd, 0, start)
+    return last or b"\n"
 
 
-class _ArrayReader:
-    """A growing window over a decoded JSON stream, with the line number of the read position."""
+class _Window(io.RawIOBase):
+    """Bytes [start, end) of an open file, read by position (two windows on one file do not disturb each other)."""
 
-    def __init__(self, stream: IO[bytes]):
-        self.stream, self.utf8 = stream, codecs.getincrementaldecoder("utf-8")()
-        self.buf, self.pos, self.line, self.eof = "", 0, 1, False
-
-    def append(self, data: bytes) -> None:
-        try:
-            self.buf += self.utf8.decode(data, final=not data)
-        except UnicodeDecodeError as e:
-            raise _Malformed(f"invalid UTF-8 ({e.reason})") from None
-        self.eof = not data
-
-    def fill(self) -> bool:
-        """Read more, dropping what was parsed; at least as much as is left, so a huge element costs O(its size)."""
-        if self.eof:
-            return False
-        self.buf, self.pos = self.buf[self.pos :], 0
-        self.append(self.stream.read(max(READ_CHUNK, 2 * len(self.buf))))
-        return True
-
-    def peek(self) -> str:
-        """The next non-blank character ("" at the end of the file), skipping blanks."""
-        while True:
-            buf, n = self.buf, len(self.buf)
-            while self.pos < n and buf[self.pos] in " \t\r\n":
-                self.line += buf[self.pos] == "\n"
-                self.pos += 1
-            if self.pos < n:
-                return buf[self.pos]
-            if not self.fill():
-                raise _Malformed("the file ends inside the array")
-
-    def value(self) -> object:
-        """Decode one JSON value at the read position, reading more while it may be cut off."""
-        while True:
-            try:
-                obj, end = _DECODER.raw_decode(self.buf, self.pos)
-                if end < len(self.buf) or self.eof:
-                    break
-            except json.JSONDecodeError as e:
-                if self.eof:
-                    raise _Malformed(e.msg) from None
-            self.fill()
-        self.line += self.buf.count("\n", self.pos, end)
-        self.pos = end
-        return obj
-
-
-_DECODER = json.JSONDecoder()
-
-
-class _Prepend(io.RawIOBase):
-    """A stream that first returns `head`, then the rest of `stream` (to re-read what was peeked)."""
-
-    def __init__(self, head: bytes, stream: IO[bytes]):
-        self._head, self._stream = head, stream
+    def __init__(self, fd: int, start: int, end: int):
+        self.fd, self.pos, self.end = fd, start, end
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b) -> int:
-        if self._head:
-            n = min(len(b), len(self._head))
-            b[:n], self._head = self._head[:n], self._head[n:]
-            return n
-        data = self._stream.read(len(b))
+        data = os.pread(self.fd, min(len(b), self.end - self.pos), self.pos)
         b[: len(data)] = data
+        self.pos += len(data)
         return len(data)
+
+
+def _json_array(path: str, stream: IO[bytes], text_field: str) -> Iterator[Item]:
+    """Elements of a top-level JSON array, decoded one at a time (ijson) so the file is never held whole."""
+    element = 0
+    try:
+        for element, obj in enumerate(ijson.items(stream, "item", use_float=True, buf_size=READ_CHUNK), 1):
+            try:
+                yield json_text(obj, text_field)
+            except NoText as e:
+                yield BadRecord(path, element, str(e), unit="element")
+    except ijson.JSONError as e:
+        message = e.args[0] if e.args else ""
+        reason = (message.decode("utf-8", "replace") if isinstance(message, bytes) else str(message)).splitlines()
+        yield BadRecord(
+            path,
+            element + 1,
+            f"malformed JSON array: {reason[0] if reason else e} (rest of the file skipped)",
+            unit="element",
+        )
+
+
+def _parquet_rows(path: str, text_field: str, row_groups: range | None) -> Iterator[Item]:
+    """One row is one document, read a record batch at a time from the text column only (whole file or row groups).
+
+    A file that cannot be opened or lacks the column is one BadRecord, reported by its first piece only.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    first_piece = row_groups is None or row_groups.start == 0
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as e:
+        if first_piece:
+            yield BadRecord(path, 0, f"unreadable Parquet file: {e}")
+        return
+    names = pf.schema_arrow.names
+    if text_field not in names:
+        if first_piece:
+            yield BadRecord(path, 0, f"no {text_field!r} column (columns: {', '.join(names[:8])})")
+        return
+    row = sum(pf.metadata.row_group(g).num_rows for g in range(row_groups.start)) if row_groups else 0
+    groups = list(row_groups) if row_groups is not None else None
+    try:
+        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=groups, columns=[text_field]):
+            for value in batch.column(0).to_pylist():
+                row += 1
+                try:
+                    yield checked_text(value, text_field)
+                except NoText as e:
+                    yield BadRecord(path, row, str(e), unit="row")
+    except (OSError, pa.ArrowException) as e:
+        yield BadRecord(path, row + 1, f"unreadable Parquet data: {e}", unit="row")

@@ -1,60 +1,93 @@
-"""The first pass: read every document once, without tokenizing, before anything is written.
+"""Reading documents without tokenizing them: what every pass counts, and the first pass of a one-machine run.
 
-It finds bad input (fatal under --strict, before any output exists), counts documents, fixes the validation split's
-hash threshold exactly (--val-documents N needs the N smallest hashes of the whole corpus) and collects the sample a
-tokenizer is trained on. Reading is cheap next to tokenizing (a few percent of the encode pass).
+Every pass that reads a unit (the scan, and the encode pass of a task) counts the same `ScanCounts` through
+`documents`: documents, bad records (fatal under --strict), the hashes that fix the validation split. A one-machine run
+scans the whole corpus before anything is written: it reports bad input before any output exists, fixes the
+validation split's hash threshold exactly (--val-documents N needs the N smallest hashes of the whole corpus) and
+collects the sample a tokenizer is trained on. Reading is cheap next to tokenizing (a few percent of the encode pass).
+A run split into tasks folds the tasks' counts at the merge instead, in unit order, to the very same totals.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import heapq
+import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from dlx.data.prepare.inputs import InputFile
+from dlx.data.prepare.inputs import InputList
 from dlx.data.prepare.options import PrepareOptions
 from dlx.data.prepare.pool import InlinePool, WorkerPool
 from dlx.data.prepare.progress import PrepareProgress
-from dlx.data.prepare.units import plan_units
-from dlx.data.prepare.worker import MAX_REPORTED, ScanRequest, ScanResult, scan_unit
+from dlx.data.prepare.readers import BadRecord, read_unit
+from dlx.data.prepare.units import WorkUnit, plan_units
 from dlx.errors import UserError
 
 TRAIN_SAMPLE_CHARS = 64 << 20  # text a tokenizer is trained on, spread over the whole corpus
 CHECK_SAMPLE_CHARS = 256 << 10  # text the tiktoken fast path is checked on against Hugging Face (at start-up)
 HASH_SPACE = 2**64
+MAX_REPORTED = 5
+
+
+def document_hash(text: str) -> int:
+    """A 64-bit hash of the text: documents with hash < threshold form the validation split.
+
+    Hashing content (not position) makes the split independent of input order and keeps exact duplicates together,
+    so a validation document never also appears in train.
+    """
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+@dataclass(frozen=True)
+class ScanRule:
+    """How documents are read and counted."""
+
+    text_field: str
+    strict: bool
+    """A bad record raises UserError instead of being counted."""
+    keep_smallest: int
+    """How many of the smallest hashes to keep (for an exact --val-documents)."""
+    fraction_threshold: int
+    """Count documents with hash below this (for --val-fraction)."""
+
+    @classmethod
+    def of(cls, opts: PrepareOptions) -> ScanRule:
+        return cls(opts.text_field, opts.strict, opts.val_documents or 0, int((opts.val_fraction or 0.0) * HASH_SPACE))
 
 
 @dataclass
-class ScanSummary:
+class ScanCounts:
+    """What reading found, for one unit or folded over many in unit order (memory bounded by `keep_smallest`)."""
+
+    nbytes: int = 0
+    files: int = 0
     documents: int = 0
     text_bytes: int = 0
     empty: int = 0
     bad: int = 0
     bad_examples: list[str] = field(default_factory=list)
+    """The first MAX_REPORTED bad records, `where: why`."""
     below_fraction: int = 0
     min_hash: int | None = None
     smallest: list[int] = field(default_factory=list)
-    """The largest-first negated heap of the smallest hashes seen (for --val-documents)."""
+    """The `keep_smallest` smallest hashes, ascending."""
     sample: list[str] = field(default_factory=list)
+    """Documents kept for training a tokenizer (scan pass only; never saved)."""
     val_threshold: int = 0
+    """Documents whose hash is below this go to val (set once the whole corpus is counted)."""
 
-    def add(self, res: ScanResult, keep_smallest: int) -> None:
-        """Fold in one unit's result, keeping memory bounded by keep_smallest, not by the corpus."""
-        self.documents += res.documents
-        self.text_bytes += res.text_bytes
-        self.empty += res.empty
-        self.bad += res.bad
-        for bad in res.bad_examples[: MAX_REPORTED - len(self.bad_examples)]:
-            self.bad_examples.append(f"{bad.where()}: {bad.reason}")
-        self.below_fraction += res.below_threshold
-        if res.min_hash is not None:
-            self.min_hash = res.min_hash if self.min_hash is None else min(self.min_hash, res.min_hash)
-        for h in res.smallest:
-            if len(self.smallest) < keep_smallest:
-                heapq.heappush(self.smallest, -h)
-            elif h < -self.smallest[0]:
-                heapq.heapreplace(self.smallest, -h)
-        self.sample.extend(res.sample)
+    def add(self, other: ScanCounts, keep_smallest: int) -> None:
+        """Fold in the counts of the units that follow."""
+        for name in ("nbytes", "files", "documents", "text_bytes", "empty", "bad", "below_fraction"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.bad_examples.extend(other.bad_examples[: MAX_REPORTED - len(self.bad_examples)])
+        if other.min_hash is not None:
+            self.min_hash = other.min_hash if self.min_hash is None else min(self.min_hash, other.min_hash)
+        self.smallest = list(itertools.islice(heapq.merge(self.smallest, other.smallest), keep_smallest))
+        self.sample.extend(other.sample)
 
     def record(self) -> dict:
         """For the manifest's `source.scan` (deterministic: no timings)."""
@@ -67,59 +100,116 @@ class ScanSummary:
             "val_threshold": self.val_threshold,
         }
 
+    def to_json(self) -> dict:
+        """Everything but the sample, for a task's state file."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "sample"}
+
+    @classmethod
+    def from_json(cls, data: dict) -> ScanCounts:
+        return cls(**data)
+
+
+def documents(unit: WorkUnit, rule: ScanRule, counts: ScanCounts, sample_chars: int = 0) -> Iterator[tuple[str, int]]:
+    """(text, hash) of every non-empty document of a unit, counting everything read into `counts`."""
+    heap: list[int] = []  # the keep_smallest smallest hashes, negated (a max-heap)
+    chars = 0
+    counts.nbytes += unit.nbytes
+    counts.files += unit.files_completed
+    for item in read_unit(unit, rule.text_field):
+        if isinstance(item, BadRecord):
+            if rule.strict:
+                raise UserError(f"{item.where()}: {item.reason} (--strict stops at the first bad record)")
+            counts.bad += 1
+            if len(counts.bad_examples) < MAX_REPORTED:
+                counts.bad_examples.append(f"{item.where()}: {item.reason}")
+            continue
+        if not item:
+            counts.empty += 1
+            continue
+        h = document_hash(item)
+        counts.documents += 1
+        counts.text_bytes += len(item.encode("utf-8"))
+        counts.below_fraction += h < rule.fraction_threshold
+        counts.min_hash = h if counts.min_hash is None else min(counts.min_hash, h)
+        if len(heap) < rule.keep_smallest:
+            heapq.heappush(heap, -h)
+        elif heap and h < -heap[0]:
+            heapq.heapreplace(heap, -h)
+        if chars < sample_chars:
+            counts.sample.append(item)
+            chars += len(item)
+        yield item, h
+    counts.smallest = sorted(-h for h in heap)
+
+
+@dataclass(frozen=True)
+class ScanRequest:
+    unit: WorkUnit
+    rule: ScanRule
+    sample_chars: int
+    """Keep documents up to this many characters, for training a tokenizer (0: none)."""
+
+
+def scan_unit(req: ScanRequest) -> ScanCounts:
+    """Count and hash a unit's documents without tokenizing them (in a worker)."""
+    counts = ScanCounts()
+    for _ in documents(req.unit, req.rule, counts, req.sample_chars):
+        pass
+    return counts
+
 
 def scan_corpus(
-    pool: InlinePool | WorkerPool, files: list[InputFile], unit_bytes: int, opts: PrepareOptions, ui: PrepareProgress
-) -> ScanSummary:
+    pool: InlinePool | WorkerPool, inputs: InputList, unit_bytes: int, opts: PrepareOptions, ui: PrepareProgress
+) -> ScanCounts:
     """Scan every unit (in parallel), then fix the validation threshold; UserError if there is nothing to train on."""
-    total = sum(f.size for f in files)
     budget = TRAIN_SAMPLE_CHARS if opts.train_vocab_size else CHECK_SAMPLE_CHARS
-    keep = opts.val_documents or 0
-    fraction_threshold = int((opts.val_fraction or 0.0) * HASH_SPACE)
+    rule = ScanRule.of(opts)
     requests = (
-        ScanRequest(
-            u, opts.text_field, opts.strict, keep, fraction_threshold, math.ceil(budget * u.nbytes / max(total, 1))
-        )
-        for u in plan_units(files, unit_bytes)
+        ScanRequest(u, rule, math.ceil(budget * u.nbytes / max(inputs.bytes, 1)))
+        for u in plan_units(inputs, unit_bytes)
     )
-    summary = ScanSummary()
-    ui.start("scan  ", total, len(files), show_tokens=False)
+    summary = ScanCounts()
+    ui.start("scan  ", inputs.bytes, inputs.files, show_tokens=False)
     try:
         for res in pool.imap(scan_unit, requests, window=2 * pool.n_workers + 2):
-            summary.add(res, keep)
+            summary.add(res, rule.keep_smallest)
             ui.advance(res.nbytes, res.files)
     finally:
         ui.stop()
-    if summary.documents == 0:
-        raise UserError(
-            f"no documents found in {len(files)} input file(s) ({summary.bad} bad records, "
-            f"{summary.empty} empty documents)"
-        )
-    summary.val_threshold = val_threshold(summary, opts)
+    finish_scan(summary, inputs.files, opts.val_fraction, opts.val_documents)
     return summary
 
 
-def val_threshold(summary: ScanSummary, opts: PrepareOptions) -> int:
+def finish_scan(summary: ScanCounts, n_files: int, val_fraction: float | None, val_documents: int | None) -> None:
+    """Check the corpus has documents to train on and set the validation threshold (UserError otherwise)."""
+    if summary.documents == 0:
+        raise UserError(
+            f"no documents found in {n_files} input file(s) ({summary.bad} bad records, "
+            f"{summary.empty} empty documents)"
+        )
+    summary.val_threshold = val_threshold(summary, val_fraction, val_documents)
+
+
+def val_threshold(summary: ScanCounts, val_fraction: float | None, val_documents: int | None) -> int:
     """Documents whose hash is below this go to val.
 
     --val-documents N: just above the N-th smallest hash (exactly N documents, more only if the N-th has exact
     duplicates). --val-fraction F: F of the hash space, but at least the one smallest-hash document when the corpus
     has two or more, so a small corpus still gets a validation split.
     """
-    if opts.val_documents is not None:
-        n = opts.val_documents
-        if n and n >= summary.documents:
+    if val_documents is not None:
+        if val_documents and val_documents >= summary.documents:
             raise UserError(
-                f"--val-documents {n} leaves no training data: the corpus has {summary.documents} documents"
+                f"--val-documents {val_documents} leaves no training data: the corpus has {summary.documents} documents"
             )
-        return -summary.smallest[0] + 1 if n else 0
-    if not opts.val_fraction or summary.documents < 2:
+        return summary.smallest[-1] + 1 if val_documents else 0
+    if not val_fraction or summary.documents < 2:
         return 0
     if summary.below_fraction == 0:
         assert summary.min_hash is not None
         return summary.min_hash + 1
     if summary.below_fraction == summary.documents:
         raise UserError(
-            f"--val-fraction {opts.val_fraction} puts all {summary.documents} documents in val; use a smaller fraction"
+            f"--val-fraction {val_fraction} puts all {summary.documents} documents in val; use a smaller fraction"
         )
-    return int(opts.val_fraction * HASH_SPACE)
+    return int(val_fraction * HASH_SPACE)

@@ -140,3 +140,15 @@ def train_bpe(
     )
     tok.train_from_iterator(texts, trainer)
     return tok
+
+
+def document_token_ids(folder_or_file: str | Path) -> tuple[int, int | None]:
+    """(end-of-document id, begin-of-document id or None) as `dlx prepare` picks them for this tokenizer, so that an
+    exported model stops where its training documents ended."""
+    path = tokenizer_file(folder_or_file)
+    vocab = _parse(path, _read_text(path)).get_vocab(with_added_tokens=True)
+    config = _tokenizer_config(path.parent) or {}
+    eos = _special_id(vocab, EOS_NAMES, config.get("eos_token"))
+    if eos is None:
+        raise UserError(f"tokenizer {path} has no end-of-document token (looked for {', '.join(EOS_NAMES)})")
+    return eos, _special_id(vocab, BOS_NAMES, config.get("bos_token"))

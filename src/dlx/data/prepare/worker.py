@@ -1,119 +1,46 @@
-"""What a worker process does with one work unit: scan it (count, hash, sample) or encode it into spool files.
+"""What a worker process does with one work unit: encode it into a part (see `parts`), counting what it reads.
 
-Encoding writes a unit's tokens to spool files on disk rather than sending them through a pipe, so a worker's memory
-is bounded by one batch of text however large its unit (a 50 GB .jsonl.zst is one unit), and the parent copies the
-spools into shards in unit order.
+Encoding writes a unit's tokens to files on disk rather than sending them through a pipe, so a worker's memory is
+bounded by one batch of text however large its unit (a 50 GB .jsonl.zst of one frame is one unit). The same reading
+counts the unit's documents, bad records and hashes (`scan.documents`): a task of a split run needs them at the merge.
 """
 
 from __future__ import annotations
 
-import hashlib
-import heapq
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from dlx.data.prepare.encoders import Encoder, make_encoder
-from dlx.data.prepare.readers import BadRecord, read_unit
+from dlx.data.prepare.parts import DOC_DTYPE, part_paths
+from dlx.data.prepare.scan import ScanCounts, ScanRule, documents
 from dlx.data.prepare.units import WorkUnit
-from dlx.errors import UserError
 
 BATCH_CHARS = 1 << 20  # text per encode call: large enough to amortize calls, small enough to bound memory
-MAX_REPORTED = 5
-SPLITS = ("train", "val")
-
-
-def document_hash(text: str) -> int:
-    """A 64-bit hash of the text: documents with hash < threshold form the validation split.
-
-    Hashing content (not position) makes the split independent of input order and keeps exact duplicates together,
-    so a validation document never also appears in train.
-    """
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
-
-
-@dataclass
-class ScanRequest:
-    unit: WorkUnit
-    text_field: str
-    strict: bool
-    keep_smallest: int
-    """How many of the smallest hashes to return (for an exact --val-documents)."""
-    fraction_threshold: int
-    """Count documents with hash below this (for --val-fraction)."""
-    sample_chars: int
-    """Return documents up to this many characters, for training a tokenizer (0: none)."""
-
-
-@dataclass
-class ScanResult:
-    nbytes: int = 0
-    files: int = 0
-    documents: int = 0
-    text_bytes: int = 0
-    empty: int = 0
-    below_threshold: int = 0
-    min_hash: int | None = None
-    smallest: list[int] = field(default_factory=list)
-    bad: int = 0
-    bad_examples: list[BadRecord] = field(default_factory=list)
-    sample: list[str] = field(default_factory=list)
-
-
-def scan_unit(req: ScanRequest) -> ScanResult:
-    """Count and hash a unit's documents without tokenizing them; bad records are counted (fatal if strict)."""
-    res, sample_chars, heap = (
-        ScanResult(req.unit.nbytes, req.unit.files_completed),
-        0,
-        [],
-    )  # heap: the keep_smallest smallest hashes, negated (a max-heap)
-    for item in read_unit(req.unit, req.text_field):
-        if isinstance(item, BadRecord):
-            if req.strict:
-                raise UserError(f"{item.where()}: {item.reason} (--strict stops at the first bad record)")
-            res.bad += 1
-            if len(res.bad_examples) < MAX_REPORTED:
-                res.bad_examples.append(item)
-            continue
-        if not item:
-            res.empty += 1
-            continue
-        h = document_hash(item)
-        res.documents += 1
-        res.text_bytes += len(item.encode("utf-8"))
-        res.below_threshold += h < req.fraction_threshold
-        res.min_hash = h if res.min_hash is None else min(res.min_hash, h)
-        if len(heap) < req.keep_smallest:
-            heapq.heappush(heap, -h)
-        elif heap and h < -heap[0]:
-            heapq.heapreplace(heap, -h)
-        if sample_chars < req.sample_chars:
-            res.sample.append(item)
-            sample_chars += len(item)
-    res.smallest = sorted(-h for h in heap)
-    return res
 
 
 @dataclass(frozen=True)
 class EncodeSetup:
     tokenizer_json: str
     encoder: str
-    text_field: str
-    val_threshold: int
+    rule: ScanRule
     eos_id: int
     bos_id: int | None
     dtype: str
     spool_dir: str
+    """Where parts are written."""
+    durable: bool = False
+    """fsync each part before reporting it done (a task keeps its parts; a one-machine run copies and deletes them)."""
 
 
 @dataclass
 class UnitTokens:
     index: int
-    tokens: dict[str, int]
-    documents: dict[str, int]
-    nbytes: int
-    files: int
+    tokens: int
+    counts: ScanCounts
+    """What reading the unit found (with its bytes and finished files, for progress)."""
 
 
 _setup: EncodeSetup | None = None
@@ -126,61 +53,59 @@ def setup_encoder(setup: EncodeSetup) -> None:
     _setup, _encoder = setup, make_encoder(setup.encoder, setup.tokenizer_json)
 
 
-def spool_path(spool_dir: str, index: int, split: str) -> Path:
-    return Path(spool_dir) / f"{index:08d}.{split}.bin"
-
-
 def encode_unit(unit: WorkUnit) -> UnitTokens:
-    """Tokenize a unit's documents into its spool files: [BOS] ids EOS per document, train and val apart."""
+    """Tokenize a unit's documents into its part: [BOS] ids EOS per document, and each document's hash and length."""
     assert _setup is not None and _encoder is not None, "setup_encoder must run first"
-    spools = {s: _Spool(spool_path(_setup.spool_dir, unit.index, s), _setup, _encoder) for s in SPLITS}
-    try:
-        for item in read_unit(unit, _setup.text_field):
-            if isinstance(item, str) and item:
-                spools["val" if document_hash(item) < _setup.val_threshold else "train"].add(item)
-        for spool in spools.values():
-            spool.flush()
-    finally:
-        for spool in spools.values():
-            spool.close()
-    return UnitTokens(
-        unit.index,
-        {s: spools[s].tokens for s in SPLITS},
-        {s: spools[s].documents for s in SPLITS},
-        unit.nbytes,
-        unit.files_completed,
-    )
+    counts = ScanCounts()
+    with _Part(part_paths(_setup.spool_dir, unit.index), _setup, _encoder) as part:
+        for text, h in documents(unit, _setup.rule, counts):
+            part.add(text, h)
+    return UnitTokens(unit.index, part.tokens, counts)
 
 
-class _Spool:
-    """Batches one split's documents, encodes a batch at a time and appends the tokens to a spool file."""
+class _Part:
+    """Batches documents, encodes a batch at a time and appends tokens and document entries to the part's files."""
 
-    def __init__(self, path: Path, setup: EncodeSetup, encoder: Encoder):
-        self.path, self.setup, self.encoder = path, setup, encoder
-        self.batch: list[str] = []
-        self.chars = self.tokens = self.documents = 0
-        self._file = None
+    def __init__(self, paths: tuple[Path, Path], setup: EncodeSetup, encoder: Encoder):
+        self.setup, self.encoder = setup, encoder
+        self.files = [open(p, "wb") for p in paths]  # noqa: SIM115 - closed in __exit__
+        self.texts: list[str] = []
+        self.hashes: list[int] = []
+        self.chars = self.tokens = 0
 
-    def add(self, text: str) -> None:
-        self.batch.append(text)
+    def __enter__(self) -> _Part:
+        return self
+
+    def add(self, text: str, h: int) -> None:
+        self.texts.append(text)
+        self.hashes.append(h)
         self.chars += len(text)
         if self.chars >= BATCH_CHARS:
             self.flush()
 
     def flush(self) -> None:
-        if not self.batch:
+        if not self.texts:
             return
-        arr = join_documents(self.encoder.encode(self.batch), self.setup.eos_id, self.setup.bos_id, self.setup.dtype)
-        if self._file is None:
-            self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
-        arr.tofile(self._file)
+        ids = self.encoder.encode(self.texts)
+        arr = join_documents(ids, self.setup.eos_id, self.setup.bos_id, self.setup.dtype)
+        extra = 1 + (self.setup.bos_id is not None)
+        docs = np.array(list(zip(self.hashes, (len(d) + extra for d in ids), strict=True)), dtype=DOC_DTYPE)
+        arr.tofile(self.files[0])
+        docs.tofile(self.files[1])
         self.tokens += len(arr)
-        self.documents += len(self.batch)
-        self.batch, self.chars = [], 0
+        self.texts, self.hashes, self.chars = [], [], 0
 
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            if exc_type is None:
+                self.flush()
+                for f in self.files:
+                    f.flush()
+                    if self.setup.durable:
+                        os.fsync(f.fileno())
+        finally:
+            for f in self.files:
+                f.close()
 
 
 def join_documents(ids: list[list[int]], eos_id: int, bos_id: int | None, dtype: str) -> np.ndarray:

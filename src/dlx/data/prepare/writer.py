@@ -1,19 +1,21 @@
 """One split's token stream → fixed-size shard files, each finished one fsynced and renamed into place.
 
-The shard being filled is `<name>.partial`. Its committed length lives in the manifest's resume state, written after
-the partial is fsynced; a resumed run truncates the partial back to that length and appends the same tokens again,
-which is why an interrupted run ends byte-identical to an uninterrupted one.
+The shard being filled is `<name>.partial`, hashed as it is written. Its committed length lives in the manifest's
+resume state, written after the partial is fsynced; a resumed run truncates the partial back to that length (hashing
+what stays) and appends the same tokens again, which is why an interrupted run ends byte-identical to an uninterrupted
+one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
 import numpy as np
 
 from dlx.atomic import fsync_dir
-from dlx.data.shards import PARTIAL_SUFFIX, ShardInfo, Split, sha256_file, shard_name
+from dlx.data.shards import PARTIAL_SUFFIX, ShardInfo, Split, shard_name
 from dlx.errors import UserError
 
 
@@ -32,9 +34,13 @@ class ShardWriter:
         self.folder, self.split, self.shard_tokens, self.eos_id = folder, split, shard_tokens, eos_id
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.index, self.tokens, self.documents = index, tokens, documents
+        self._sha = hashlib.sha256()
         self._file = open(self._partial, "r+b") if tokens else None  # noqa: SIM115 - closed in sync/close
         if self._file is not None:
-            self._file.seek(tokens * self.dtype.itemsize)
+            left = tokens * self.dtype.itemsize
+            while left and (block := self._file.read(min(left, 1 << 22))):
+                self._sha.update(block)
+                left -= len(block)
 
     @property
     def _partial(self) -> Path:
@@ -51,7 +57,9 @@ class ShardWriter:
             if self._file is None:
                 self._file = open(self._partial, "wb")  # noqa: SIM115 - closed when the shard is finished
             piece, tokens = tokens[: self.shard_tokens - self.tokens], tokens[self.shard_tokens - self.tokens :]
-            self._file.write(piece.astype(self.dtype, copy=False).tobytes())
+            data = piece.astype(self.dtype, copy=False).tobytes()
+            self._file.write(data)
+            self._sha.update(data)
             self.tokens += len(piece)
             self.documents += int(np.count_nonzero(piece == self.eos_id))
             if self.tokens == self.shard_tokens:
@@ -75,11 +83,12 @@ class ShardWriter:
         self._file = None
         name = shard_name(self.split, self.index)
         info = ShardInfo(
-            name=name, split=self.split, tokens=self.tokens, documents=self.documents, sha256=sha256_file(self._partial)
+            name=name, split=self.split, tokens=self.tokens, documents=self.documents, sha256=self._sha.hexdigest()
         )
         os.replace(self._partial, self.folder / name)
         fsync_dir(self.folder)
         self.index, self.tokens, self.documents = self.index + 1, 0, 0
+        self._sha = hashlib.sha256()
         return info
 
 

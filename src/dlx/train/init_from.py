@@ -1,0 +1,180 @@
+"""`model.init_from`: start a run from existing weights instead of random ones.
+
+The source is any of
+
+    a Hugging Face Llama folder   config.json + model.safetensors, or shards listed by model.safetensors.index.json
+    a dlx model folder            model_args.json + model.safetensors (`dlx import-hf` writes one)
+    a dlx checkpoint              checkpoints/step-N/ of a run
+    a dlx run folder              its newest complete checkpoint
+
+The model's shape comes from the weights (a preset or `model.*` key may only agree with them; `max_seq_len`, which
+sizes the RoPE tables and not the weights, is free). Optimizer, schedule and data start fresh: this is not --resume.
+When a tokenizer.json comes with the weights, the dataset must have been prepared with the same tokenizer, compared by
+content (`dlx.data.tokenizer_identity`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dlx.data.shards import TOKENIZER_FILE
+from dlx.errors import UserError
+from dlx.model.args import ModelArgs
+from dlx.model.hf import CONFIG_FILE, read_hf_args, read_hf_folder
+from dlx.model.io import ARGS_FILE, StoredTensor, load_weights, read_model_args, read_model_folder
+from dlx.model.llama import Transformer
+from dlx.model.presets import resolve_model_args
+from dlx.train import checkpoint as ckpt
+from dlx.train.recipe import CONFIG_FILE as RUN_CONFIG_FILE
+
+KINDS = {"hf": "Hugging Face folder", "model": "dlx model folder", "checkpoint": "dlx checkpoint", "run": "dlx run"}
+FREE_KEYS = ("max_seq_len",)
+"""ModelArgs fields a run may set whatever the weights: they size derived tables, not weights."""
+
+
+@dataclass(frozen=True)
+class InitSource:
+    """Where the initial weights are, resolved from what `model.init_from` names."""
+
+    given: Path
+    kind: str
+    """hf, model, checkpoint or run (see KINDS)."""
+    weights: Path
+    """The folder that holds the weights (a run folder's newest complete checkpoint)."""
+    tokenizer: Path | None
+    """The tokenizer.json that comes with the weights, if any."""
+    notes: tuple[str, ...] = field(default=())
+    """Damaged checkpoints passed over in a run folder, for the console."""
+
+    def describe(self) -> str:
+        where = "" if self.weights == self.given else f" ({self.weights.relative_to(self.given)})"
+        return f"{self.given}{where}, a {KINDS[self.kind]}"
+
+    def args(self) -> ModelArgs:
+        return read_hf_args(self.weights) if self.kind == "hf" else read_model_args(self.weights)
+
+    def stored(self) -> dict[str, StoredTensor]:
+        """Every stored tensor by dlx name (headers only: names, shapes, dtypes; shards and index checked)."""
+        return (read_hf_folder if self.kind == "hf" else read_model_folder)(self.weights)[1]
+
+
+def resolve_source(init_from: str | Path, role: str = "model.init_from") -> InitSource:
+    """What kind of folder `init_from` is, and where its weights and tokenizer are; one line when it is none, starting
+    with `role` (what the user gave the folder as)."""
+    path = Path(init_from)
+    if not path.is_dir():
+        raise UserError(
+            f"{role} {path} does not exist or is not a folder; give a Hugging Face model folder, a dlx model "
+            "folder, a checkpoint or a run folder"
+        )
+    if (path / CONFIG_FILE).is_file():
+        return InitSource(path, "hf", path, _file_or_none(path / TOKENIZER_FILE))
+    if (path / ckpt.STATE_FILE).is_file():
+        try:
+            ckpt.read_trainer_state(path)
+        except ckpt.DamagedCheckpoint as e:
+            raise UserError(f"{role} {path}: the checkpoint is damaged ({e}); give an earlier one") from None
+        return InitSource(path, "checkpoint", path, find_tokenizer_file(path))
+    if (path / ARGS_FILE).is_file():
+        return InitSource(path, "model", path, find_tokenizer_file(path))
+    if (path / RUN_CONFIG_FILE).is_file():
+        return _newest_checkpoint(path, role)
+    raise UserError(
+        f"{role} {path} is neither a Hugging Face folder ({CONFIG_FILE}), a dlx model folder or checkpoint "
+        f"({ARGS_FILE}) nor a run folder ({RUN_CONFIG_FILE}); give one of those"
+    )
+
+
+def _newest_checkpoint(run_dir: Path, role: str) -> InitSource:
+    notes = []
+    for path in ckpt.list_checkpoints(run_dir):
+        try:
+            ckpt.read_trainer_state(path)
+        except ckpt.DamagedCheckpoint as e:
+            notes.append(f"{role}: checkpoint {path} is damaged ({e}); taking the one before it")
+            continue
+        return InitSource(run_dir, "run", path, find_tokenizer_file(path), tuple(notes))
+    raise UserError(f"{role} {run_dir} is a run folder without a complete checkpoint; give another source")
+
+
+def find_tokenizer_file(weights: Path) -> Path | None:
+    """tokenizer.json beside the weights, or in the run folder above `checkpoints/step-N/`."""
+    for candidate in (weights / TOKENIZER_FILE, weights.parent.parent / TOKENIZER_FILE):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _file_or_none(path: Path) -> Path | None:
+    return path if path.is_file() else None
+
+
+def shape_of(args: ModelArgs) -> dict[str, Any]:
+    """What the weights fix: every ModelArgs property that changes a tensor's shape or value."""
+    return {
+        "dim": args.dim,
+        "n_layers": args.n_layers,
+        "n_heads": args.n_heads,
+        "n_kv_heads": args.kv_heads,
+        "vocab_size": args.vocab_size,
+        "ffn_hidden_dim": args.ffn_hidden_dim,
+        "norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta,
+        "tie_embeddings": args.tie_embeddings,
+        "rope_scaling": args.rope_scaling.model_dump() if args.rope_scaling else None,
+    }
+
+
+def resolve_init_args(init_from: str, preset: str | None, overrides: dict[str, Any]) -> ModelArgs:
+    """The weights' shape; `preset` (when the recipe names one) and `overrides` must agree with it, except FREE_KEYS.
+    A contradiction is one line naming the key, its value and the weights' value."""
+    weights = resolve_source(init_from).args()
+    if preset:
+        claimed = resolve_model_args(preset, **overrides)
+    else:
+        claimed = resolve_model_args(None, **{**weights.model_dump(), **overrides})
+    expected = shape_of(weights)
+    for prop, value in shape_of(claimed).items():
+        if value != expected[prop]:
+            key = _blamed_key(prop, overrides) or (None if preset else next(iter(overrides)))
+            if key is None:
+                subject, key = f"model.preset {preset!r} has {prop} {value}", "preset"
+            elif key == prop:
+                subject = f"model.{key} is {value}"
+            else:
+                subject = f"model.{key} {overrides[key]} makes {prop} {value}"
+            raise UserError(
+                f"{subject} but the weights in model.init_from {init_from} have {prop} {expected[prop]}; the shape "
+                f"comes from the weights: leave model.{key} out"
+            )
+    free = {key: getattr(claimed, key) for key in FREE_KEYS}
+    return resolve_model_args(None, **{**weights.model_dump(), **free})
+
+
+def _blamed_key(prop: str, overrides: dict[str, Any]) -> str | None:
+    """The override that changed `prop`; None when it is the preset's doing."""
+    candidates = {"ffn_hidden_dim": ("ffn_dim_multiplier", "multiple_of"), "n_kv_heads": ("n_kv_heads", "n_heads")}
+    return next((key for key in candidates.get(prop, (prop,)) if key in overrides), None)
+
+
+def load_initial_weights(model: Transformer, source: InitSource) -> None:
+    """Copy the source's weights into `model`: built by `dlx.model.io.empty_model`, or sharded (DTensor parameters,
+    e.g. FSDP2 on the meta device, then `to_empty`), when each rank reads only its own rows. Under torchrun every rank
+    reads the same files, which the operating system's page cache holds once."""
+    load_weights(model, source.stored(), str(source.weights))
+
+
+def check_tokenizer(source: InitSource, dataset_tokenizer: Path | None, data_path: Path | None) -> None:
+    """The dataset's tokenizer must be the weights' one, by content (vocabulary, merges, added tokens)."""
+    if source.tokenizer is None or dataset_tokenizer is None:
+        return
+    from dlx.data.tokenizer_identity import describe_difference, read_identity
+
+    difference = describe_difference(read_identity(source.tokenizer), read_identity(dataset_tokenizer))
+    if difference is not None:
+        raise UserError(
+            f"data.path {data_path} was prepared with another tokenizer than model.init_from's {source.tokenizer} "
+            f"({difference}); prepare the data again with --tokenizer {source.tokenizer}"
+        )

@@ -1,0 +1,86 @@
+"""What the trainer logs besides the meter's figures: the loader's epoch, the z-loss, tokens and validation loss per
+`data.mix` source; and the evaluation itself (each rank its share of the batches, the mean over ranks).
+
+Per-source figures (data.mix only):
+- `source_tokens` in every metrics record: training tokens (input positions) each source has supplied since step 0,
+  all ranks together, keyed by source name (`dlx.data.mixture.sources`); they add up to the tokens seen.
+- `source_loss` in every eval record: each source's validation loss over `eval.batches` batches of its own val split.
+  The record's `loss` is their mean weighted by the mixture's weights: the mixture's expected loss per token.
+- A source read to its end starts its next epoch in a new order; that is said on the console and in events.jsonl.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+from dlx.parallel import distributed
+from dlx.train import folder
+from dlx.train.data import build_eval_loader, build_source_eval_loaders
+from dlx.train.eval import evaluate, perplexity, training_loss
+
+if TYPE_CHECKING:
+    from dlx.train.run import Run
+
+
+def step_fields(run: Run, step: int) -> dict[str, Any]:
+    """The fields a metrics record adds to the meter's: `epoch`, and `z_loss` and `source_tokens` when they apply."""
+    fields: dict[str, Any] = {"epoch": run.loader.epoch}
+    z = run.objective.step_z_loss()
+    if z is not None:
+        fields["z_loss"] = distributed.all_reduce([float(z)], "mean", run.device)[0]
+    if run.config.data.mix is not None:
+        fields["source_tokens"] = run.loader.source_tokens()
+        note_new_source_epochs(run, step)
+    return fields
+
+
+def note_new_source_epochs(run: Run, step: int) -> None:
+    for name, epoch in run.loader.new_source_epochs():
+        run.console.print(
+            f"data.mix: source {name} was read to its end by step {step}; it is read again in a new order "
+            f"(its epoch {epoch}, counting from 0)"
+        )
+        if run.env.is_main:
+            folder.append_event(run.run_dir, event="source_epoch", step=step, source=name, epoch=epoch)
+
+
+def evaluate_run(run: Run) -> dict[str, Any]:
+    """{"loss", "perplexity", "batches", "eval_s"} over the validation split, or each data.mix source's
+    (`source_loss`, and `loss` their weighted mean); under torchrun the mean over ranks."""
+    config, env = run.config, run.env
+    if config.data.mix is None:
+        loaders = {"": build_eval_loader(config, run.device, env.dp_rank, env.dp_size)}
+    else:
+        loaders = build_source_eval_loaders(config, run.device, env.dp_rank, env.dp_size)
+    results, loss_fn = {}, functools.partial(training_loss, run.strategy)
+    try:
+        for name, loader in loaders.items():
+            inputs = run.objective.model_inputs
+            results[name] = evaluate(run.model, loader, config.eval.batches, run.precision, inputs, loss_fn)
+    finally:
+        for loader in loaders.values():
+            loader.close()
+    losses = [r["loss"] for r in results.values()]
+    if env.is_distributed:
+        losses = distributed.all_reduce(losses, "mean", run.device)
+    result = {
+        "batches": sum(r["batches"] for r in results.values()),
+        "eval_s": sum(r["eval_s"] for r in results.values()),
+    }
+    if config.data.mix is None:
+        return {"loss": losses[0], "perplexity": perplexity(losses[0]), **result}
+    weights = {s.name: s.weight for s in run.data_info.sources}
+    loss = sum(weights[name] * value for name, value in zip(results, losses, strict=True)) / sum(weights.values())
+    source_loss = dict(zip(results, losses, strict=True))
+    return {"loss": loss, "perplexity": perplexity(loss), **result, "source_loss": source_loss}
+
+
+def eval_line(step: int, result: dict[str, Any]) -> str:
+    line = (
+        f"eval step {step} | loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} "
+        f"| {result['batches']} batches in {result['eval_s']:.1f} s"
+    )
+    if "source_loss" in result:
+        line += " | " + ", ".join(f"{name} {loss:.4f}" for name, loss in result["source_loss"].items())
+    return line

@@ -1,0 +1,207 @@
+"""benchmarks/gpu/run_gpu_bench.py and offline_deps.py on a CPU: the commands it would run (`python -m dlx`, no `dlx`
+script needed), its git-free record, the wheel unpacking for a machine without network, the time budget, the
+no-GPU refusal, and the entry it writes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "gpu" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu = load("run_gpu_bench")
+deps = gpu.offline_deps
+
+
+def test_check_dry_run_prints_python_m_dlx_commands(tmp_path, capsys):
+    assert gpu.main(["--check", "--dry-run", "--out", str(tmp_path), "--wheels", str(tmp_path / "none")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    commands = [line for line in lines if line.startswith(sys.executable)]
+    assert len(commands) == 2
+    for command in commands:
+        assert command.startswith(f"{sys.executable} -m dlx bench --model llama3.2-1b --seq-len 2048 ")
+        assert "--micro-batch 4,8,16 --precision bf16" in command
+    assert "--grad-accum 1,4" in commands[0] and "--compile" not in commands[0]
+    assert commands[1].endswith(f"--compile --out {tmp_path / 'llama3.2-1b-compile'}")
+    assert not list(tmp_path.iterdir())  # a dry run writes nothing
+
+
+def test_check_needs_an_output_folder(monkeypatch, capsys):
+    monkeypatch.delenv("OUT", raising=False)
+    assert gpu.main(["--check"]) == 2
+    assert capsys.readouterr().err == "error: --check needs --out DIR or $OUT (the folder whose files come back)\n"
+
+
+def test_check_refuses_a_machine_without_cuda_after_its_imports_pass(tmp_path, capsys):
+    assert gpu.main(["--check", "--out", str(tmp_path), "--wheels", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.startswith("error: no CUDA device here")
+    assert not (tmp_path / "entry.md").exists()
+
+
+def test_the_record_needs_no_git(monkeypatch, tmp_path):
+    from peers import record
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git on the PATH
+    monkeypatch.setenv("DLX_GIT_SHA", "abc1234")
+    assert "- git: abc1234; python" in "\n".join(record.environment(["src/dlx"]))
+    monkeypatch.delenv("DLX_GIT_SHA")
+    assert "- git: unknown (no git; set DLX_GIT_SHA); python" in "\n".join(record.environment(["src/dlx"]))
+
+
+def make_wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+        archive.writestr(f"{name}-{version}.dist-info/METADATA", f"Name: {name}\nVersion: {version}\n")
+    return wheel
+
+
+def test_missing_distributions_are_unpacked_and_present_ones_kept(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    make_wheel(wheels, "dlx_fake_dep", "1.0", {"dlx_fake_dep/__init__.py": "VALUE = 7\n"})
+    make_wheel(wheels, "pluggy_extra", "2.0", {"pluggy_extra.data/purelib/pluggy_extra.py": "VALUE = 8\n"})
+    make_wheel(wheels, "typing_extensions", "0.0.1", {"typing_extensions.py": "raise ImportError('shadowed')\n"})
+    target = tmp_path / "deps"
+    assert deps.unpack_missing(wheels, target) == [
+        "dlx_fake_dep-1.0-py3-none-any.whl",
+        "pluggy_extra-2.0-py3-none-any.whl",
+    ]  # typing_extensions is installed here: kept
+    probe = "import dlx_fake_dep, pluggy_extra, typing_extensions; print(dlx_fake_dep.VALUE + pluggy_extra.VALUE)"
+    result = subprocess.run([sys.executable, "-c", probe], env={"PYTHONPATH": str(target)}, capture_output=True)
+    assert result.stdout.strip() == b"15", result.stderr
+
+
+def test_a_wheel_with_an_unsafe_path_is_refused(tmp_path):
+    wheel = make_wheel(tmp_path, "evil", "1.0", {"../outside.py": "x = 1\n"})
+    with pytest.raises(ValueError, match="unsafe path"):
+        deps.extract_wheel(wheel, tmp_path / "deps")
+    assert not (tmp_path / "outside.py").exists()
+
+
+@pytest.mark.slow
+def test_the_download_covers_what_dlx_bench_imports_and_nothing_else():
+    """Run a one-point `dlx bench` and list the distributions of every module it imported: each of dlx's core
+    dependencies among them must be downloaded, and none of the others."""
+    probe = textwrap.dedent(
+        """
+        import importlib.metadata, json, runpy, sys, tempfile
+        sys.argv = ["dlx", "bench", "--model", "debug", "--seq-len", "8", "--micro-batch", "1", "--precision",
+                    "fp32", "--steps", "1", "--warmup", "0", "--out", tempfile.mkdtemp()]
+        try:
+            runpy.run_module("dlx", run_name="__main__")
+        except SystemExit as stop:
+            assert not stop.code, stop.code
+        names = importlib.metadata.packages_distributions()
+        print(json.dumps(sorted({d for m in list(sys.modules) for d in names.get(m.split(".")[0], [])})))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    assert result.returncode == 0, result.stderr
+    imported = {deps.normalize(name) for name in json.loads(result.stdout.splitlines()[-1])}
+    import tomllib
+
+    def name(requirement: str) -> str:
+        return deps.normalize(deps.requirement_name(requirement))
+
+    all_core = {name(req) for req in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    core = {name(req) for req in deps.bench_requirements()}
+    assert core == {deps.normalize(name) for name in deps.BENCH_DISTRIBUTIONS}
+    assert imported & (all_core - {"torch"}) == core
+
+
+def test_the_pip_download_lines_target_the_device_python(tmp_path):
+    with_deps, alone = deps.download_commands(tmp_path, ["numpy==2.4.6", "tokenizers==0.23.3"], "3.12")
+    assert with_deps[1:4] == ["-m", "pip", "download"]
+    assert "--only-binary=:all:" in with_deps and with_deps[with_deps.index("--python-version") + 1] == "3.12"
+    assert with_deps[-3:] == ["--dest", str(tmp_path), "numpy==2.4.6"]
+    assert alone[-4:] == ["--dest", str(tmp_path), "--no-deps", "tokenizers==0.23.3"]
+
+
+class SleepSweep(gpu.Sweep):
+    """A sweep whose command sleeps (through a child process of its own) instead of benchmarking."""
+
+    def command(self, out: Path) -> list[str]:
+        seconds, pid_file = self.argv
+        script = f"import subprocess, pathlib; p = subprocess.Popen(['sleep', '{seconds}']); "
+        script += f"pathlib.Path('{pid_file}').write_text(str(p.pid)); p.wait()"
+        return [sys.executable, "-c", script]
+
+
+def test_sweeps_stop_at_the_time_budget_with_their_children(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu, "MIN_SWEEP_S", 1.0)
+    pids = [tmp_path / f"{n}.pid" for n in range(3)]
+    sweeps = [SleepSweep("quick", ("0.1", pids[0])), SleepSweep("long", ("60", pids[1]))]
+    sweeps.append(SleepSweep("never", ("0.1", pids[2])))
+    start = time.monotonic()
+    with open(tmp_path / "run.log", "w") as log:
+        statuses = gpu.run_sweeps(sweeps, tmp_path, gpu.child_env(None), budget_s=4.0, log=log)
+    assert time.monotonic() - start < 30
+    assert statuses[:2] == ["ok", "stopped at the time budget"]
+    assert statuses[2].startswith("not started:") and not pids[2].exists()
+    sleeper = int(pids[1].read_text())
+    assert not psutil.pid_exists(sleeper) or psutil.Process(sleeper).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_entry_has_the_summary_against_the_target_and_the_fixed_costs(tmp_path):
+    from dlx.bench.points import BenchPoint
+    from dlx.bench.results import point_row, write_rows
+
+    fixed = {"model": "llama3.2-1b", "device": "NVIDIA H200", "data": "synthetic", "compile": "off"}
+    measured = {"it_per_s": 2.0, "tokens_per_s": 1.6e4, "step_s": 0.5, "forward_s": 0.15, "backward_s": 0.3}
+    measured |= {"optimizer_s": 0.05, "peak_mem_gb": 40.0, "est_mem_gb": 38.7, "tflops": 500.0, "tflops_dense": 450.0}
+    measured |= {"peak_tflops": 989.4, "peak_source": "datasheet"}
+    rows = [
+        point_row(fixed, BenchPoint(2048, 4, 1, "bf16"), "ok", mfu=0.51, mfu_dense=0.46, **measured),
+        point_row(fixed, BenchPoint(2048, 4, 4, "bf16"), "ok", mfu=0.56, mfu_dense=0.5, **measured),
+    ]
+    rows[0] |= {"optimizer_pct": 9.0, "weight_cast_pct": 2.0}
+    rows[1] |= {"optimizer_pct": 2.5, "weight_cast_pct": 2.0}
+    (tmp_path / "llama3.2-1b").mkdir()
+    write_rows(tmp_path / "llama3.2-1b" / "bench.csv", rows)
+    sweeps = gpu.check_sweeps(5, 2)
+    lines = gpu.entry_lines(sweeps, ["ok", "not started: 10 s of the budget left"], tmp_path, ["- head"], "test")
+    text = "\n".join(lines)
+    assert lines[0].startswith("### ") and lines[0].endswith(" — test")
+    assert "- `dlx bench --model llama3.2-1b --seq-len 2048" in text and ": not started: 10 s" in text
+    assert (
+        "- llama3.2-1b, compile off: best MFU 56.0% (dense 50.0%) at seq 2048, micro-batch 4, grad accum 4 "
+        "(target ≥ 55%: met)"
+    ) in lines
+    fixed_costs = "micro-batch 4: 11.0 % at grad accum 1, 4.5 % at grad accum 4"
+    assert f"  - fixed costs (optimizer + autocast weight casts), {fixed_costs}" in lines
+    assert "| 11.0 (9.0 + 2.0) |" in text
+
+
+def test_record_appends_the_fetched_entry(tmp_path, capsys):
+    benchmarks = tmp_path / "BENCHMARKS.md"
+    benchmarks.write_text("# Benchmarks\n\n## GPU\n\nintro\n")
+    assert gpu.record(tmp_path / "missing", benchmarks) == 2
+    (tmp_path / "entry.md").write_text("### 2026-12-03 — lent device\n\n| a |\n")
+    assert gpu.record(tmp_path, benchmarks) == 0
+    assert benchmarks.read_text() == "# Benchmarks\n\n## GPU\n\nintro\n\n### 2026-12-03 — lent device\n\n| a |\n"

@@ -1,0 +1,151 @@
+"""CUDA-only paths checked on a CPU: restoring GPU random states on fewer GPUs, synthetic batches made on the device,
+Dynamo reset between bench points, the peak-memory counter reset per record, the allocator setting for sweeps, and
+the fixed costs `dlx bench` reports. Device queries are replaced where a CPU cannot answer them."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from dlx import device as dev
+from dlx.bench.points import BenchPoint, BenchSetup
+from dlx.metrics.meter import ThroughputMeter
+from dlx.metrics.peak import Peak
+from dlx.model import resolve_model_args
+from dlx.train import checkpoint as ckpt
+from dlx.train import measure
+from dlx.train.data import SyntheticLoader
+from train_helpers import single_torch_thread
+
+one_thread = pytest.fixture(autouse=True)(single_torch_thread)
+
+
+class FakeCuda:
+    """What torch.cuda would say on a machine with `count` GPUs: set_rng_state calls are recorded."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+        self.restored: list[int] = []
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: self.restored.append(device))
+
+
+def cpu_rng_state(cuda_states: int) -> dict:
+    state = ckpt.rng_state()
+    state["cuda"] = [torch.zeros(16, dtype=torch.uint8) for _ in range(cuda_states)]
+    return state
+
+
+def test_rng_restore_with_fewer_gpus_restores_what_fits_and_says_so(monkeypatch):
+    fake, notes = FakeCuda(monkeypatch, count=1), []
+    ckpt.set_rng_state(cpu_rng_state(cuda_states=2), say=notes.append)
+    assert fake.restored == [0]
+    assert notes == [
+        "resume: the checkpoint holds the random generator states of 2 GPU(s) and 1 are visible here: restored 1; "
+        "any other GPU keeps its state seeded from train.seed"
+    ]
+
+
+def test_rng_restore_with_as_many_gpus_is_silent_and_with_none_says_so(monkeypatch):
+    fake, notes = FakeCuda(monkeypatch, count=2), []
+    ckpt.set_rng_state(cpu_rng_state(cuda_states=2), say=notes.append)
+    assert fake.restored == [0, 1] and notes == []
+    fake = FakeCuda(monkeypatch, count=0)
+    ckpt.set_rng_state(cpu_rng_state(cuda_states=2), say=notes.append)
+    assert fake.restored == [] and "2 GPU(s) and 0 are visible here: restored 0" in notes[0]
+    ckpt.set_rng_state(cpu_rng_state(cuda_states=0), say=notes.append)  # a CPU checkpoint: nothing to say
+    assert len(notes) == 1
+
+
+def test_synthetic_batches_are_made_on_the_device():
+    """On the meta device every op must run there: one host tensor in the way would raise."""
+    inputs, targets = next(SyntheticLoader(512, 16, 4, seed=3, device="meta"))
+    assert inputs.device.type == targets.device.type == "meta"
+    assert inputs.shape == targets.shape == (4, 16) and inputs.dtype == torch.int64
+
+
+def test_synthetic_sequences_depend_only_on_seed_and_index():
+    one = SyntheticLoader(512, 16, 4, seed=3)
+    inputs, targets = next(one)
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])  # targets are the inputs shifted by one
+    ranks = [next(SyntheticLoader(512, 16, 2, seed=3, rank=r, world_size=2))[0] for r in (0, 1)]
+    assert torch.equal(torch.cat(ranks), inputs)  # two ranks see one process's batch
+    resumed = SyntheticLoader(512, 16, 4, seed=3)
+    resumed.load_state_dict(one.state_dict())
+    assert torch.equal(next(resumed)[0], next(one)[0])
+    assert not torch.equal(next(SyntheticLoader(512, 16, 4, seed=4))[0], inputs)
+    continued = (inputs[:, 1:] == inputs[:, :-1] + 1).float().mean().item()
+    assert 0.4 < continued < 0.7  # half the tokens continue the previous one (+ a few fresh draws that happen to)
+    assert inputs.min() >= 0 and inputs.max() < 512
+
+
+def test_synthetic_tokens_follow_the_zipf_like_distribution():
+    tokens = torch.cat([next(SyntheticLoader(64, 512, 8, seed=s))[0].flatten() for s in range(4)])
+    counts = torch.bincount(tokens, minlength=64).float()
+    assert counts[:8].sum() > counts[-8:].sum() * 3  # small ids are drawn far more often
+
+
+def test_each_compiled_bench_point_starts_from_a_fresh_dynamo(monkeypatch):
+    events: list[str] = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: events.append("reset"))
+    monkeypatch.setattr("dlx.parallel.wrap.apply_compile", lambda model: events.append("compile"))
+    for compiled in (True, False):
+        setup = BenchSetup("debug", torch.device("cpu"), compile=compiled, steps=1, warmup=0)
+        for seq_len in (16, 32):
+            measure.measure_point(setup, BenchPoint(seq_len, 1, 1, "fp32"))
+    assert events == ["reset", "compile", "reset", "compile"]  # compile off: no reset
+
+
+def test_the_meter_reports_each_windows_own_peak_through_the_device_module(monkeypatch):
+    """The CUDA calls behind dev.peak_memory_gb and dev.reset_peak_memory, faked: an allocator peak that the reset
+    brings back to what is allocated now."""
+    allocator = {"allocated": 1e9, "peak": 1e9}
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: allocator["peak"])
+    monkeypatch.setattr(
+        torch.cuda, "reset_peak_memory_stats", lambda device: allocator.update(peak=allocator["allocated"])
+    )
+    cuda = torch.device("cuda", 0)
+    meter = ThroughputMeter(resolve_model_args("debug"), 16, cuda, "bf16", peak=Peak(100.0, "test"))
+    timings = {"step_s": 1.0}
+    allocator["peak"] = 5e9  # window 1: a large step
+    first = meter.record(step=1, loss=1.0, lr=None, grad_norm=None, tokens=16, timings=timings)
+    allocator["peak"] = max(allocator["peak"], 2e9)  # window 2: smaller steps
+    second = meter.record(step=2, loss=1.0, lr=None, grad_norm=None, tokens=16, timings=timings)
+    assert (first["peak_mem_gb"], second["peak_mem_gb"]) == (5.0, 2.0)
+    assert allocator["peak"] == 1e9  # reset after the second record too
+
+
+def test_the_cpu_peak_is_reset_per_record_too():
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("the CPU peak can only be reset on Linux with a writable /proc/self/clear_refs")
+    cpu = torch.device("cpu")
+    meter = ThroughputMeter(resolve_model_args("debug"), 16, cpu, "fp32", peak=Peak(1.0, "test"))
+    block = torch.ones(100_000_000, dtype=torch.int8)  # 0.1 GB, touched
+    del block
+    first = meter.record(step=1, loss=1.0, lr=None, grad_norm=None, tokens=16, timings={"step_s": 1.0})
+    second = meter.record(step=2, loss=1.0, lr=None, grad_norm=None, tokens=16, timings={"step_s": 1.0})
+    assert second["peak_mem_gb"] < first["peak_mem_gb"] - 0.05
+
+
+def test_sweeps_prefer_expandable_segments_unless_the_user_chose(monkeypatch):
+    for name in dev.ALLOC_CONF_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert dev.prefer_expandable_segments() == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    assert dev.prefer_expandable_segments() == "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512"
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:False")
+    assert dev.prefer_expandable_segments() == "PYTORCH_ALLOC_CONF=expandable_segments:False"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+
+
+def test_bench_points_report_the_fixed_costs_share():
+    setup = BenchSetup("debug", torch.device("cpu"), steps=2, warmup=1)
+    bf16 = measure.measure_point(setup, BenchPoint(16, 2, 2, "bf16"))
+    fp32 = measure.measure_point(setup, BenchPoint(16, 2, 1, "fp32"))
+    assert 0 < bf16["optimizer_pct"] < 100 and 0 < bf16["weight_cast_pct"] < 100
+    assert bf16["optimizer_pct"] == pytest.approx(100 * bf16["optimizer_s"] / bf16["step_s"])
+    assert fp32["weight_cast_pct"] == 0.0  # nothing is cast in fp32
