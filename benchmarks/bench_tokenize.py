@@ -1,4 +1,4 @@
-"""Tokenization throughput per core (issue 3): Hugging Face `encode_batch` against dlx prepare's tiktoken fast path.
+"""Tokenization throughput per core: Hugging Face `encode_batch` against dlx prepare's tiktoken fast path.
 
 Corpus (~20 MB, nothing downloaded): the interpreter's standard library sources (code), the English docstrings
 extracted from them (prose), and synthesized Chinese text (common words and punctuation), shuffled together into
@@ -8,7 +8,7 @@ same mix, or `--tokenizer PATH` (e.g. a real Llama 3 tokenizer.json).
 Measured on one core (TOKENIZERS_PARALLELISM=false makes HF's encode_batch serial; tiktoken is called per document;
 the table's CPU/wall column checks it), in 1 MB batches as prepare's workers
 encode, the runs of each path interleaved, after an untimed warm-up:
-  hf encode_batch        Tokenizer.encode_batch(texts, add_special_tokens=False): the baseline of the issue
+  hf encode_batch        Tokenizer.encode_batch(texts, add_special_tokens=False): the baseline
   hf encode_batch_fast   the same without offsets: what prepare falls back to when the fast path does not apply
   dlx fast path          TiktokenEncoder.encode: the BPE converted to a tiktoken.Encoding
   dlx prepare, 1 worker  prepare_dataset(workers=1) end to end on the corpus as JSON lines: scan pass, fast-path check,
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BATCH_BYTES = 1 << 20
 CORPUS_GB = 200
 NOTE = (
-    "The fast path's ratio is the issue's criterion (≥ 4×). The end-to-end row includes prepare's fixed start-up "
+    "The fast path's target is ≥ 4× hf encode_batch. The end-to-end row includes prepare's fixed start-up "
     "(tokenizer loads, the fast-path check against HF on a 256 KB sample) and the scan pass, which weigh heavily "
     "on 18 MB; the projection uses each row's rate as measured."
 )

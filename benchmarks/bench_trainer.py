@@ -1,4 +1,4 @@
-"""Trainer overhead (issue 5): `dlx pretrain`'s step loop against a bare PyTorch loop, and against HF Trainer, in fp32.
+"""Trainer overhead: `dlx pretrain`'s step loop against a bare PyTorch loop, and against HF Trainer, in fp32.
 
 The three loops, the model (the `demo` preset with vocab 8192, seq 256, micro-batch 8, fused AdamW) and the interleaved
 rounds are shared with the peers benchmark: see benchmarks/peers/contenders.py. Contenders take turns round by round

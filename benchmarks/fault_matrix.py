@@ -1,4 +1,4 @@
-"""The fault matrix (issue 8): run the test of every cell, record pass/fail per cell in BENCHMARKS.md ("Fault matrix").
+"""The fault matrix: run the test of every cell, record pass/fail per cell in BENCHMARKS.md ("Fault matrix").
 
 Runs `pytest -m faults tests` (the matrix's own suite, tests/test_faults*.py) and then the cells whose tests live
 elsewhere (named in CELLS), each run with --junitxml, every process on one CPU thread. A cell's result is its test's
@@ -52,8 +52,8 @@ CELLS: list[tuple[str, str, str]] = [
     ],
     (
         "one flipped byte in a shard",
-        "dlx data verify, loader(verify=True)",
-        "tests/test_faults_data.py::test_a_flipped_byte_is_named_by_data_verify_and_the_loader",
+        "dlx data verify; dlx pretrain (loader workers)",
+        "tests/test_faults_data.py::test_a_flipped_byte_is_named_by_data_verify_and_the_run",
     ),
     (
         "one flipped byte in a shard",
@@ -62,13 +62,17 @@ CELLS: list[tuple[str, str, str]] = [
     ),
     (
         "one flipped byte in a shard",
-        "TokenLoader(verify=True)",
-        "tests/test_loader.py::test_bad_input_is_one_clear_line"
-        "[_corrupt_first_shard-options4-failed verification: train-00000.bin: checksum mismatch]",
+        "TokenLoader in-process, the first batch that reads it",
+        "tests/test_loader.py::test_a_changed_shard_stops_the_first_batch_that_reads_it",
+    ),
+    (
+        "one flipped byte in a shard",
+        "TokenLoader workers, in the background",
+        "tests/test_loader_workers.py::test_a_changed_shard_is_found_by_the_workers_while_they_build_batches",
     ),
     (
         "one flipped byte: a token id past the vocabulary",
-        "dlx pretrain reads it",
+        "dlx pretrain reads it (data.verify false)",
         "tests/test_faults_data.py::test_a_flipped_byte_past_the_vocabulary_is_named_by_the_run",
     ),
     (

@@ -18,7 +18,7 @@ from dlx.model import resolve_model_args
 from dlx.train.measure import measure_point
 from train_helpers import single_torch_thread
 
-ISSUE_COLUMNS = [
+README_COLUMNS = [
     "seq_len",
     "micro_batch",
     "grad_accum",
@@ -75,7 +75,7 @@ def test_sweep_writes_csv_table_plot_marks_oom_and_rerun_skips(tmp_path):
     first = invoke(*argv)
     assert first.exit_code == 0, first.output
     columns, rows = read_csv(tmp_path / "bench.csv")
-    assert set(ISSUE_COLUMNS) <= set(columns)  # the issue's names, spelled as it spells them
+    assert set(README_COLUMNS) <= set(columns)  # the columns README.md documents
     status = {(int(r["seq_len"]), int(r["micro_batch"])): r["status"] for r in rows}
     assert status == {
         (16, 1): "ok",

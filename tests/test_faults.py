@@ -33,7 +33,7 @@ from fault_helpers import (
     start_cli,
     wait_for_file,
 )
-from test_prepare_helpers import folder_bytes, make_documents, tiny_tokenizer, write_jsonl
+from prepare_helpers import folder_bytes, make_documents, tiny_tokenizer, write_jsonl
 from train_helpers import TINY, losses, make_dataset, train_quietly
 
 __all__ = ["tiny_tokenizer"]

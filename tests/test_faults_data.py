@@ -1,9 +1,10 @@
 """The fault matrix, data: one flipped byte in a shard of a real prepared dataset (BPE tokenizer, uint16 shards).
 
-`dlx data verify` and the loader with `verify=True` name the shard by its SHA-256 (test_prepare and test_loader check
-the same on their own fixtures; here it is one cell of the matrix). A flip that leaves the token id inside the
-vocabulary is invisible without the checksum; one that pushes it past the vocabulary (the high byte of a uint16 id)
-must still be named by the run that reads it, not end in an embedding's IndexError."""
+`dlx data verify` and a training run (its loader workers verify each shard's SHA-256) name the shard (test_prepare,
+test_loader and test_loader_workers check the same on their own fixtures; here it is one cell of the matrix). A flip
+that leaves the token id inside the vocabulary is invisible without the checksum; one that pushes it past the
+vocabulary (the high byte of a uint16 id) must be named by the run that reads it even with data.verify off, not end
+in an embedding's IndexError."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from dlx.data.loader import TokenLoader
 from dlx.errors import UserError
 from dlx.train.recipe import load_recipe
 from dlx.train.trainer import pretrain
@@ -31,7 +31,7 @@ def flip(folder: Path, offset: int, bit: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_a_flipped_byte_is_named_by_data_verify_and_the_loader(tmp_path):
+def test_a_flipped_byte_is_named_by_data_verify_and_the_run(tmp_path):
     folder = make_dataset(tmp_path / "data")
     assert run_cli(["data", "verify", str(folder)], tmp_path).returncode == 0
     flip(folder, 2 * TOKEN, 0x01)  # the low byte: still a valid token id
@@ -39,9 +39,12 @@ def test_a_flipped_byte_is_named_by_data_verify_and_the_loader(tmp_path):
     assert result.returncode == 1
     assert SHARD in result.stderr and "checksum" in result.stderr and "Traceback" not in result.stderr
     assert "val-00000.bin" not in result.stderr
-    with pytest.raises(UserError, match=f"{SHARD}: checksum mismatch") as error:
-        TokenLoader(folder, seq_len=16, micro_batch_size=2, num_workers=0, verify=True)
-    assert "\n" not in str(error.value)
+    run = [*TINY, "--data.path", str(folder), "--data.num_workers", "1", "--train.max_steps", "50"]
+    result = run_cli(["pretrain", *run, "--run-dir", str(tmp_path / "run")], tmp_path)
+    assert result.returncode == 2, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert f"shard {SHARD} does not match the checksum" in line and f"dlx data verify {folder}" in line
+    assert "Traceback" not in result.stderr
 
 
 def test_a_flipped_byte_past_the_vocabulary_is_named_by_the_run(tmp_path):
@@ -57,6 +60,8 @@ def test_a_flipped_byte_past_the_vocabulary_is_named_by_the_run(tmp_path):
             "false",
             "--data.num_workers",
             "0",
+            "--data.verify",
+            "false",
             "--train.max_steps",
             "2",
         ],

@@ -13,42 +13,17 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import counting_dataset
 from dlx.data.loader import TokenLoader, document_positions
-from dlx.data.shards import Manifest, ShardInfo, sha256_file, token_dtype, write_manifest
 from dlx.errors import UserError
 
 SEQ = 8
 
 
-def write_dataset(folder: Path, splits: dict[str, list[int]], vocab_size: int = 2**20) -> Path:
-    """Shards of consecutive integers (mod vocab_size), one stream per split, with a manifest and a tokenizer file."""
-    folder.mkdir(parents=True, exist_ok=True)
-    dtype = np.dtype(token_dtype(vocab_size)).newbyteorder("<")
-    shards = []
-    for split, lengths in splits.items():
-        start = 0
-        for i, n in enumerate(lengths):
-            path = folder / f"{split}-{i:05d}.bin"
-            (np.arange(start, start + n) % vocab_size).astype(dtype).tofile(path)
-            shards.append(ShardInfo(name=path.name, split=split, tokens=n, documents=1, sha256=sha256_file(path)))
-            start += n
-    (folder / "tokenizer.json").write_text("{}")
-    manifest = Manifest(
-        dtype=str(dtype.name),
-        vocab_size=vocab_size,
-        eos_id=0,
-        tokenizer_sha256=sha256_file(folder / "tokenizer.json"),
-        shards=shards,
-        complete=True,
-    )
-    write_manifest(folder, manifest)
-    return folder
-
-
 @pytest.fixture
 def dataset(tmp_path: Path) -> Path:
     # 1000 tokens in uneven shards: (1000 - 1) // 8 = 124 windows, several of them crossing a shard boundary.
-    return write_dataset(tmp_path / "data", {"train": [300, 1, 450, 249], "val": [200]})
+    return counting_dataset(tmp_path / "data", {"train": [300, 1, 450, 249], "val": [200]})
 
 
 def loader(folder: Path, **kwargs) -> TokenLoader:
@@ -182,7 +157,6 @@ def _corrupt_first_shard(folder: Path) -> None:
         (lambda f: (f / "manifest.json").unlink(), {}, "manifest.json missing"),
         (lambda f: (f / "train-00001.bin").unlink(), {}, "missing"),
         (_truncate_first_shard, {}, "corrupt"),
-        (_corrupt_first_shard, {"verify": True}, "failed verification: train-00000.bin: checksum mismatch"),
         (lambda f: None, {"split": "val", "micro_batch_size": 25}, "fewer than one batch"),
         (lambda f: None, {"world_size": 16, "micro_batch_size": 8}, "fewer than one batch"),
     ],
@@ -196,6 +170,33 @@ def test_bad_input_is_one_clear_line(dataset: Path, damage, options: dict, messa
 
 
 def test_split_without_tokens_is_refused(tmp_path: Path):
-    folder = write_dataset(tmp_path / "data", {"train": [100]})
+    folder = counting_dataset(tmp_path / "data", {"train": [100]})
     with pytest.raises(UserError, match="no 'val' tokens"):
         loader(folder, split="val")
+
+
+def _flip_low_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[0] ^= 1  # token 751 becomes 750: still inside the vocabulary, visible to the checksum only
+    path.write_bytes(bytes(data))
+
+
+def test_a_changed_shard_stops_the_first_batch_that_reads_it(dataset: Path):
+    _flip_low_bit(dataset / "train-00003.bin")  # tokens 751..999: windows 93 on (93 * 8 + 8 >= 751)
+    it = loader(dataset, shuffle=False)
+    assert len(take(it, 23)) == 23  # batches 0..22: windows 0..91, shards 0-2
+    with pytest.raises(UserError, match=r"shard train-00003\.bin does not match the checksum") as error:
+        next(it)  # batch 23: windows 92..95
+    assert f"dlx data verify {dataset}" in str(error.value) and "\n" not in str(error.value)
+    assert len(take(loader(dataset, shuffle=False, verify=False), 31)) == 31  # verify=False reads it as it is
+
+
+def test_each_shard_is_hashed_once_per_process_and_only_when_read(dataset: Path, monkeypatch):
+    from dlx.data import shards
+
+    hashed, sha256_file = [], shards.sha256_file
+    monkeypatch.setattr(shards, "sha256_file", lambda path: hashed.append(path.name) or sha256_file(path))
+    take(loader(dataset, shuffle=False), 9)  # windows 0..35: the first shard only
+    assert hashed == ["train-00000.bin"]
+    take(loader(dataset, shuffle=False), 31)  # a new loader (an evaluation's, say) reads the whole epoch
+    assert hashed == ["train-00000.bin", "train-00001.bin", "train-00002.bin", "train-00003.bin"]

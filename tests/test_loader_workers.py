@@ -15,13 +15,14 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
 import torch
 
-from dlx.data.loader import LoaderWorkerError, TokenLoader
-from dlx.data.shards import Manifest, ShardInfo, write_manifest
+from conftest import counting_dataset
+from dlx.data.loader import TokenLoader
+from dlx.data.pool import WorkerError
+from dlx.errors import UserError
 
 DRIVER = """
 import sys, time
@@ -44,17 +45,9 @@ for step, _ in enumerate(loader):  # no `with`: the exception and the signals mu
 """
 
 
-def write_dataset(folder: Path, n_tokens: int = 4000) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    np.arange(n_tokens, dtype="<u2").tofile(folder / "train-00000.bin")
-    shard = ShardInfo(name="train-00000.bin", split="train", tokens=n_tokens, documents=1, sha256="-")
-    write_manifest(folder, Manifest(dtype="uint16", vocab_size=2**16, eos_id=0, tokenizer_sha256="-", shards=[shard]))
-    return folder
-
-
 @pytest.fixture
 def dataset(tmp_path: Path) -> Path:
-    return write_dataset(tmp_path / "data")
+    return counting_dataset(tmp_path / "data", {"train": [4000]}, vocab_size=2**16)
 
 
 def is_resource_tracker(process: psutil.Process) -> bool:
@@ -113,7 +106,7 @@ def test_a_killed_worker_raises_within_a_second(dataset: Path):
         victim = loader.worker_pids[1]
         os.kill(victim, signal.SIGKILL)
         start = time.monotonic()
-        with pytest.raises(LoaderWorkerError, match=rf"worker 1 \(pid {victim}\).*SIGKILL \(exit code -9\)"):
+        with pytest.raises(WorkerError, match=rf"loader worker 1 \(pid {victim}\).*SIGKILL \(exit code -9\)"):
             for _ in loader:  # batches it had ready come first, then the error
                 assert time.monotonic() - start < 1.0
         assert time.monotonic() - start < 1.0
@@ -122,11 +115,25 @@ def test_a_killed_worker_raises_within_a_second(dataset: Path):
 
 
 def test_a_failing_worker_reports_its_traceback(dataset: Path):
-    loader = TokenLoader(dataset, seq_len=16, micro_batch_size=2, num_workers=1)
+    loader = TokenLoader(dataset, seq_len=16, micro_batch_size=2, num_workers=1, verify=False)
     (dataset / "train-00000.bin").unlink()  # after validation: the worker cannot open its shard
-    with pytest.raises(LoaderWorkerError, match=r"(?s)worker 0 .* failed: it exited with code 1.*FileNotFoundError"):
+    with pytest.raises(WorkerError, match=r"(?s)loader worker 0 \(pid \d+\) failed:\n.*FileNotFoundError"):
         next(loader)
     loader.close()
+
+
+def test_a_changed_shard_is_found_by_the_workers_while_they_build_batches(tmp_path: Path):
+    dataset = counting_dataset(tmp_path / "data", {"train": [2000, 2000, 2000]}, vocab_size=2**16)
+    shard = dataset / "train-00002.bin"
+    data = bytearray(shard.read_bytes())
+    data[0] ^= 1  # a token id still inside the vocabulary: only the checksum sees it
+    shard.write_bytes(bytes(data))
+    with TokenLoader(dataset, seq_len=16, micro_batch_size=2, num_workers=2, prefetch=2) as loader:
+        start = time.monotonic()
+        with pytest.raises(UserError, match=rf"shard train-00002\.bin does not match the checksum.*{dataset}"):
+            while time.monotonic() - start < 10:
+                next(loader)
+        assert loader.worker_pids == []  # the workers were stopped with the run
 
 
 @pytest.mark.parametrize("ending", ["normal", "exception", "sigint", "sigterm", "sigkill"])

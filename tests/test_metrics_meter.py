@@ -11,7 +11,7 @@ from dlx.metrics.meter import ThroughputMeter, phase_seconds
 from dlx.metrics.peak import Peak
 from dlx.model.args import ModelArgs
 
-# The seed-like tiny config. By hand: head_dim 64, FFN int(2·4·256/3) = 682 → multiple of 16 → 688.
+# A tiny config (the demo preset's shape). By hand: head_dim 64, FFN int(2·4·256/3) = 682 → multiple of 16 → 688.
 # Attention weights per layer: 256·4·64·2 (q, o) + 256·2·64·2 (k, v) = 196,608; FFN: 3·256·688 = 528,384.
 # N = 4·(196,608 + 528,384) + 256·8192 (output projection) = 2,899,968 + 2,097,152 = 4,997,120.
 ARGS = ModelArgs(dim=256, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=8192, multiple_of=16, max_seq_len=256)

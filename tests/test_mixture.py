@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -175,6 +176,30 @@ def test_worker_processes_give_the_same_batches(sources):
         assert all(torch.equal(a, b) for a, b in zip(take(it, 25), in_process, strict=True))
         assert len(it.worker_pids) == 2
     assert it.worker_pids == []
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_changed_shard_of_a_source_stops_the_run_naming_it(sources, num_workers):
+    small = Path(next(path for path in sources if path.endswith("small")))
+    shard = small / "train-00000.bin"
+    data = bytearray(shard.read_bytes())
+    data[4] ^= 1  # token 100,001 becomes 100,000: inside the vocabulary, visible to the checksum only
+    shard.write_bytes(bytes(data))
+    with mixture(sources, num_workers=num_workers, prefetch=2) as it:
+        start = time.monotonic()  # workers verify in the background: a few batches may come before the verdict
+        with pytest.raises(UserError, match=r"shard train-00000\.bin does not match the checksum") as error:
+            while time.monotonic() - start < 10:
+                next(it)
+        assert it.worker_pids == []  # the workers were stopped with the run
+    assert f"dlx data verify {small.resolve()}" in str(error.value) and "\n" not in str(error.value)
+    assert len(take(mixture(sources, verify=False), 25)) == 25  # verify=False reads it as it is
+
+
+def test_a_token_past_the_vocabulary_names_its_source_and_shard(sources):
+    big = Path(next(path for path in sources if path.endswith("big")))
+    np.full(801, 1 << 20, dtype="<u4").tofile(big / "train-00000.bin")  # one past the last id
+    with pytest.raises(UserError, match=r"data\.mix source .*big: shard .*train-00000\.bin holds token id 1048576"):
+        take(mixture(sources, verify=False), 25)
 
 
 def test_a_state_from_another_mixture_is_refused(sources, tmp_path):

@@ -11,7 +11,7 @@ from dlx.data.prepare import encode, load_tokenizer, prepare_dataset
 from dlx.data.prepare.inputs import InputList, stdlib_folder
 from dlx.data.prepare.units import plan_units
 from dlx.data.shards import read_manifest, verify_shards
-from test_prepare_helpers import (
+from prepare_helpers import (
     all_documents,
     assert_one_line_error,
     decoded_documents,

@@ -8,13 +8,13 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from dlx.data.prepare import encoders, prepare_dataset
 from dlx.data.prepare.encoders import PROBES, HFEncoder, TiktokenEncoder, choose_encoder
-from test_prepare_helpers import decoded_documents, llama3_like_tokenizer, make_documents, tiny_tokenizer, write_jsonl
+from prepare_helpers import decoded_documents, llama3_like_tokenizer, make_documents, tiny_tokenizer, write_jsonl
 
 __all__ = ["llama3_like_tokenizer", "tiny_tokenizer"]
 
 
 def _hf_reference(json_text: str, texts: list[str]) -> list[list[int]]:
-    """What the issue compares against: encode_batch, special-looking text encoded as text."""
+    """The reference the fast path must equal: encode_batch, special-looking text encoded as text."""
     tok = Tokenizer.from_str(json_text)
     tok.encode_special_tokens = True
     return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]

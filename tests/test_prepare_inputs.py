@@ -19,7 +19,7 @@ from dlx.data.prepare.inputs import InputFile, InputList, file_kind
 from dlx.data.prepare.readers import BadRecord, read_file, read_unit
 from dlx.data.prepare.units import plan_units
 from dlx.errors import UserError
-from test_prepare_helpers import all_documents, decoded_documents, make_documents, tiny_tokenizer, write_jsonl
+from prepare_helpers import all_documents, decoded_documents, make_documents, tiny_tokenizer, write_jsonl
 
 __all__ = ["tiny_tokenizer"]  # the fixture, imported for its name
 

@@ -13,7 +13,7 @@ import psutil
 from dlx.data.prepare import prepare_dataset
 from fault_helpers import committed as _committed
 from fault_helpers import signal_after_progress
-from test_prepare_helpers import folder_bytes, make_documents, tiny_tokenizer, write_jsonl
+from prepare_helpers import folder_bytes, make_documents, tiny_tokenizer, write_jsonl
 
 __all__ = ["tiny_tokenizer"]
 

@@ -26,7 +26,7 @@ from dlx.data.prepare.options import task_slot
 from dlx.data.prepare.taskdir import read_plan
 from dlx.data.prepare.units import choose_unit_bytes, plan_units
 from dlx.errors import UserError
-from test_prepare_helpers import assert_one_line_error, dlx, folder_bytes, make_documents, tiny_tokenizer, write_jsonl
+from prepare_helpers import assert_one_line_error, dlx, folder_bytes, make_documents, tiny_tokenizer, write_jsonl
 
 __all__ = ["tiny_tokenizer"]
 

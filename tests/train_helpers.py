@@ -11,8 +11,6 @@ from pathlib import Path
 
 import numpy as np
 
-from dlx.data.shards import Manifest, ShardInfo, sha256_file, write_manifest
-
 TINY = [
     "--model.preset",
     "debug",
@@ -50,34 +48,19 @@ def make_dataset(folder: Path, vocab_size: int = 300, val: bool = True) -> Path:
     from tokenizers import decoders
 
     tokenizer.decoder = decoders.ByteLevel()
-    folder.mkdir(parents=True)
-    tokenizer.save(str(folder / "tokenizer.json"))
     eos = tokenizer.token_to_id("<|endoftext|>")
-    docs = [[*tokenizer.encode(t).ids, eos] for t in texts]
+    docs = [np.asarray([*tokenizer.encode(t).ids, eos]) for t in texts]
     splits = {"train": docs[:-1], "val": docs[-1:] if val else []}
-    shards = []
-    for split, split_docs in splits.items():
-        if not split_docs:
-            continue
-        tokens = np.concatenate([np.asarray(d, dtype="<u2") for d in split_docs])
-        name = f"{split}-00000.bin"
-        tokens.tofile(folder / name)
-        shards.append(
-            ShardInfo(
-                name=name, split=split, tokens=len(tokens), documents=len(split_docs), sha256=sha256_file(folder / name)
-            )
-        )
-    tokenizer_sha = sha256_file(folder / "tokenizer.json")
-    manifest = Manifest(
-        dtype="uint16",
-        vocab_size=tokenizer.get_vocab_size(),
-        eos_id=eos,
-        tokenizer_sha256=tokenizer_sha,
-        shards=shards,
-        complete=True,
+    from conftest import write_dataset
+
+    return write_dataset(
+        folder,
+        {split: [np.concatenate(d)] for split, d in splits.items() if d},
+        tokenizer.get_vocab_size(),
+        eos,
+        documents={split: [len(d)] for split, d in splits.items()},
+        tokenizer=tokenizer.to_str(),
     )
-    write_manifest(folder, manifest)
-    return folder
 
 
 def losses(run_dir: Path) -> dict[int, float]:

@@ -1,1 +1,1 @@
-"""dlx against what users would pick instead (issue 7), and the pieces the other benchmarks share with it."""
+"""dlx against what users would pick instead, and the pieces the other benchmarks share with it."""

@@ -1,4 +1,4 @@
-"""Peers (issue 7): the same model and synthetic tokens trained by a bare PyTorch loop, by `dlx pretrain` and by HF
+"""Peers: the same model and synthetic tokens trained by a bare PyTorch loop, by `dlx pretrain` and by HF
 Trainer with transformers.LlamaForCausalLM, in fp32 and in bf16 autocast, in one run, as a ratio table.
 
 See peers/contenders.py for what each loop does. All six (three loops × two precisions) take turns round by round, the
@@ -44,7 +44,7 @@ def speed_table(results: dict[str, list[float]]) -> list[str]:
 
 
 def ratio_table(results: dict[str, list[float]], precisions: list[str], auto: str) -> list[str]:
-    """The issue's three comparisons, per precision where it applies, each against its target. dlx's default is what
+    """The three comparisons, per precision where it applies, each against its target. dlx's default is what
     `auto` gives on this CPU; where that is fp32, bf16 passed explicitly is compared too."""
     checks = []
     for precision in precisions:

@@ -162,6 +162,41 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor
 
 
+STAGING_BUFFERS = 2
+
+
+class HostToDevice:
+    """Host batches (in a buffer the caller reuses) → tensors of their own on the device.
+
+    CPU: one copy into a fresh tensor. CUDA: through a ring of pinned staging buffers and a non-blocking copy on the
+    current stream, so that the transfer overlaps the GPU's work; an event per staging buffer keeps it from being
+    refilled while its copy is in flight. Other devices: `.to(device)`.
+    """
+
+    def __init__(self, device: torch.device, shape: tuple[int, ...]):
+        self.device = device
+        self._staging: list[torch.Tensor] = []
+        if device.type == "cuda":
+            self._staging = [torch.empty(shape, dtype=torch.int64, pin_memory=True) for _ in range(STAGING_BUFFERS)]
+        self._copied: list[torch.cuda.Event | None] = [None] * len(self._staging)
+        self._next = 0
+
+    def __call__(self, host: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return host.clone()
+        if not self._staging:
+            return host.to(self.device)
+        i, self._next = self._next, (self._next + 1) % STAGING_BUFFERS
+        if self._copied[i] is not None:
+            self._copied[i].synchronize()
+        self._staging[i].copy_(host)
+        batch = self._staging[i].to(self.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        self._copied[i] = event
+        return batch
+
+
 def memory_budget_gb(device: torch.device) -> float:
     """What a run may use: the GPU's total memory on CUDA; on a CPU the memory available now (psutil)."""
     if device.type == "cuda":

@@ -18,7 +18,7 @@ class BenchPoint:
     """One configuration of the sweep; its fields are the key that a re-run uses to skip measured points."""
 
     seq_len: int
-    """Tokens per sequence (the seed's cutoff_len)."""
+    """Tokens per sequence (LLaMA-Factory's cutoff_len)."""
     micro_batch: int
     """Sequences per forward/backward pass."""
     grad_accum: int

@@ -1,5 +1,6 @@
 """`dlx bench`'s outputs: the CSV every point is appended to (which a re-run reads to skip measured points), and the
-Markdown table laid out like the seed's hand-made one (cutoff_len, batch size, accumulation, it/s, memory, FLOPS).
+Markdown table with the columns in the order users compare them (cutoff_len, batch size, accumulation, it/s, memory,
+FLOPS).
 
 Units are in the column names: `_s` seconds (mean per optimizer step over the timed steps), `_gb` 1e9 bytes,
 `tflops` 1e12 FLOP/s per device, `_pct` percent (the GPU counters of dlx.metrics.gpu_monitor, NVML, CUDA only).
@@ -88,7 +89,7 @@ def measured_row(
     peak_source: str,
     steps: int,
 ) -> dict[str, Any]:
-    """A row from a ThroughputMeter record; it/s is optimizer steps per second, as HF Trainer (and the seed) report."""
+    """A row from a ThroughputMeter record; it/s is optimizer steps per second, as HF Trainer reports it."""
     return point_row(
         fixed,
         point,

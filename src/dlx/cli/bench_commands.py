@@ -1,5 +1,5 @@
-"""`dlx bench`: the seed's throughput tables (it/s, memory, FLOPS across seq len, batch and accumulation) in one
-command, each measured point beside `dlx plan`'s estimate."""
+"""`dlx bench`: throughput tables (it/s, memory, FLOPS across seq len, batch and accumulation) in one command, each
+measured point beside `dlx plan`'s estimate."""
 
 from __future__ import annotations
 

@@ -43,9 +43,6 @@ class RMSNorm(nn.Module):
         normed = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), eps=self.eps)
         return normed.to(compute_dtype(x))
 
-    def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
-
 
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):

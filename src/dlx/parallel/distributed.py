@@ -120,6 +120,7 @@ def main_decides(fn: Callable[[], T]) -> T:
 
 
 def barrier() -> None:
+    """Every rank waits here for the others (a no-op in one process)."""
     if group_active() and dist.get_world_size() > 1:
         dist.barrier()
 

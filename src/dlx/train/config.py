@@ -103,6 +103,8 @@ class DataSection(BaseModel):
     """Datasets and weights instead of data.path: {PATH: W, ...}, or PATH=W,PATH=W; windows are drawn by weight."""
     document_mask: bool = False
     """Attention stays inside each document (ended by eos_id) and RoPE positions restart at each document's start."""
+    verify: bool = True
+    """Check each shard's SHA-256 the first time the loader maps it (in its workers); a mismatch stops the run."""
 
     @field_validator("mix", mode="before")
     @classmethod

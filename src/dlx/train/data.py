@@ -210,6 +210,7 @@ def build_train_loader(config: RunConfig, device: torch.device, rank: int = 0, w
             data.prefetch,
             data.shuffle,
             device,
+            data.verify,
         )
     if data.path == SYNTHETIC:
         return SyntheticLoader(
@@ -230,6 +231,7 @@ def build_train_loader(config: RunConfig, device: torch.device, rank: int = 0, w
         shuffle=data.shuffle,
         loop=True,
         device=device,
+        verify=data.verify,
     )
 
 
@@ -267,4 +269,5 @@ def _val_loader(path, config: RunConfig, device: torch.device, rank: int, world_
         shuffle=False,
         loop=False,
         device=device,
+        verify=data.verify,
     )

@@ -31,6 +31,7 @@ RESUMABLE_CHANGES = {
     ("train", "device"),
     ("data", "num_workers"),
     ("data", "prefetch"),
+    ("data", "verify"),
     ("eval", "every"),
     ("eval", "batches"),
     ("checkpoint", "every"),

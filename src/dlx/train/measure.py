@@ -31,8 +31,8 @@ from dlx.parallel.distributed import env_from_torchrun
 from dlx.precision import Precision, build_precision
 from dlx.train.config import RunConfig, build_config
 from dlx.train.data import build_train_loader
-from dlx.train.header import plan_steps
 from dlx.train.run import build_run_strategy, meta_model
+from dlx.train.step_plan import plan_steps
 from dlx.train.trainer import accumulate_gradients
 
 

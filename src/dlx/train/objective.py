@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from dlx.data.loader.documents import document_ids
+from dlx.data.loader import document_ids
 from dlx.model.loss import LossParts
 
 

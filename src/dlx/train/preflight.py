@@ -40,7 +40,7 @@ from dlx.data.tokenizer_identity import same_tokenizer
 from dlx.errors import UserError
 from dlx.model.args import ModelArgs
 from dlx.train.config import SYNTHETIC, RunConfig
-from dlx.train.header import resolve_grad_accum
+from dlx.train.step_plan import resolve_grad_accum
 
 
 @dataclass(frozen=True)

@@ -53,28 +53,48 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def parse_overrides(args: list[str]) -> list[tuple[str, str, str]]:
-    """`--train.lr 1e-3` or `--train.lr=1e-3` -> [("train", "lr", "1e-3")]."""
-    parsed, i = [], 0
+def scan_arguments(args: list[str]) -> tuple[list[str], list[tuple[str, str | None, list[str]]]]:
+    """The positional arguments, and each `--name VALUE` or `--name=VALUE` as (name, value or None, its arguments).
+
+    The one place that decides whether a flag takes the next argument as its value: it does unless there is none or
+    it starts with `--`.
+    """
+    positional, flags, i = [], [], 0
     while i < len(args):
         arg = args[i]
-        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
-            raise UserError(
-                f"unexpected argument {arg!r}; overrides look like --section.key VALUE, e.g. --train.lr 1e-3"
-            )
+        if not arg.startswith("--"):
+            positional.append(arg)
+            i += 1
+            continue
         name, has_value, value = arg[2:].partition("=")
+        takes_next = not has_value and i + 1 < len(args) and not args[i + 1].startswith("--")
+        flags.append((name, value if has_value else args[i + 1] if takes_next else None, args[i : i + 1 + takes_next]))
+        i += 1 + takes_next
+    return positional, flags
+
+
+def parse_overrides(args: list[str]) -> list[tuple[str, str, str]]:
+    """`--train.lr 1e-3` or `--train.lr=1e-3` -> [("train", "lr", "1e-3")]."""
+    positional, flags = scan_arguments(args)
+    if positional:
+        raise UserError(
+            f"unexpected argument {positional[0]!r}; overrides look like --section.key VALUE, e.g. --train.lr 1e-3"
+        )
+    parsed = []
+    for name, value, raw in flags:
+        if "." not in name:
+            raise UserError(
+                f"unexpected argument {raw[0]!r}; overrides look like --section.key VALUE, e.g. --train.lr 1e-3"
+            )
         name = name.replace("\n", "\\n")  # echoed in the messages below, which must stay one line
-        if not has_value:
-            if i + 1 >= len(args) or args[i + 1].startswith("--"):
-                raise UserError(f"override --{name} needs a value, e.g. --{name} VALUE")
-            value, i = args[i + 1], i + 1
+        if value is None:
+            raise UserError(f"override --{name} needs a value, e.g. --{name} VALUE")
         section, _, key = name.partition(".")
         if section not in SECTIONS:
             raise UserError(f"override --{name}: unknown section '{section}'; the sections are {', '.join(SECTIONS)}")
         if not key or "." in key:
             raise UserError(f"override --{name} must name one key of a section, e.g. --{section}.KEY VALUE")
         parsed.append((section, key, value))
-        i += 1
     return parsed
 
 
@@ -140,17 +160,10 @@ def write_resolved(config: RunConfig, run_dir: Path) -> Path:
 
 def split_command_line(args: list[str]) -> tuple[str | None, list[str]]:
     """`[RECIPE.yaml] [--section.key VALUE ...]` in any order -> (recipe or None, the override arguments)."""
-    recipe, overrides, i = None, [], 0
-    while i < len(args):
-        arg = args[i]
-        if arg.startswith("--"):
-            takes_value = "=" not in arg and i + 1 < len(args) and not args[i + 1].startswith("--")
-            overrides += args[i : i + 1 + takes_value]
-            i += 1 + takes_value
-            continue
-        if recipe is not None:
-            raise UserError(
-                f"two recipes given ({recipe!r} and {arg!r}); give one, and overrides as --section.key VALUE"
-            )
-        recipe, i = arg, i + 1
-    return recipe, overrides
+    positional, flags = scan_arguments(args)
+    if len(positional) > 1:
+        raise UserError(
+            f"two recipes given ({positional[0]!r} and {positional[1]!r}); give one, and overrides as "
+            "--section.key VALUE"
+        )
+    return (positional[0] if positional else None), [arg for _, _, raw in flags for arg in raw]

@@ -32,7 +32,6 @@ from dlx.train import folder
 from dlx.train.config import RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
-from dlx.train.header import StepPlan, plan_steps
 from dlx.train.init_from import InitSource, check_tokenizer, load_initial_weights, resolve_source
 from dlx.train.objective import Objective, build_objective
 from dlx.train.observe import build_profiler, check_observers, check_wandb_installed, open_wandb
@@ -41,6 +40,7 @@ from dlx.train.preflight import Preflight, run_preflight
 from dlx.train.recipe import write_resolved
 from dlx.train.sample import TrainingSampler
 from dlx.train.signals import GracefulStop
+from dlx.train.step_plan import StepPlan, plan_steps
 
 
 @dataclass
@@ -48,14 +48,9 @@ class Run:
     config: RunConfig
     run_dir: Path
     device: torch.device
-    precision: Precision
-    model: Transformer
-    """The bare model (under FSDP: sharded in place); checkpoints and sampling use it."""
-    train_model: nn.Module
-    """What the step calls: the model after `dlx.parallel.wrap.parallelize` (or the DeepSpeed engine)."""
     strategy: Strategy
-    """What differs between one process, DDP, FSDP and DeepSpeed: gradient sync, the update, checkpoints."""
-    optimizer: torch.optim.Optimizer
+    """What differs between one process, DDP, FSDP and DeepSpeed: gradient sync, the update, checkpoints. It holds
+    the model (bare and wrapped), the optimizer, the precision and this rank's place in the world."""
     scheduler: torch.optim.lr_scheduler.LRScheduler
     loader: Any
     """TokenLoader or SyntheticLoader (dlx.train.data)."""
@@ -71,8 +66,6 @@ class Run:
     """torch.profiler around the `profile.*` steps (nothing outside them)."""
     gpu: NvmlCounters | NoGpuCounters
     """GPU utilisation per logged record (NVML), or why there is none."""
-    env: DistEnv = field(default_factory=DistEnv)
-    """This rank and the world size (rank 0 of 1 without torchrun)."""
     preflight: Preflight | None = None
     """What was checked before step 1 (dlx.train.preflight), printed in the header."""
     objective: Objective = field(default_factory=Objective)
@@ -92,6 +85,25 @@ class Run:
     """Where the initial weights came from (model.init_from), when they were loaded."""
     sampler: TrainingSampler | None = None
     """Text generated every `eval.sample_every` steps; None when off."""
+
+    @property
+    def model(self) -> Transformer:
+        """The bare model (under FSDP: sharded in place); checkpoints and sampling use it."""
+        return self.strategy.model
+
+    @property
+    def train_model(self) -> nn.Module:
+        """What the step calls: the model after `dlx.parallel.wrap.parallelize` (or the DeepSpeed engine)."""
+        return self.strategy.train_model
+
+    @property
+    def precision(self) -> Precision:
+        return self.strategy.precision
+
+    @property
+    def env(self) -> DistEnv:
+        """This rank and the world size (rank 0 of 1 without torchrun)."""
+        return self.strategy.env
 
     def close(self) -> None:
         """Stop the loader's workers, the GPU sampler and a profile cut short; flush the logs; safe to call twice."""
@@ -249,11 +261,7 @@ def build_run(
         config=config,
         run_dir=run_dir,
         device=device,
-        precision=precision,
-        model=strategy.model,
-        train_model=strategy.train_model,
         strategy=strategy,
-        optimizer=strategy.optimizer,
         scheduler=scheduler,
         loader=loader,
         plan=plan,
@@ -264,7 +272,6 @@ def build_run(
         console=console,
         stop=stop,
         data_info=data_info,
-        env=env,
         preflight=checked,
         objective=build_objective(config.train.z_loss, config.data.document_mask, data_info.eos_id),
         last_checkpoint=last,

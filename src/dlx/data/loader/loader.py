@@ -1,31 +1,26 @@
 """`TokenLoader`: fixed-length token windows of a prepared dataset, batched per data-parallel rank.
 
 Batches are built off the training thread by worker processes (`num_workers ≥ 1`) that hand them over through shared
-memory, or in-process (`num_workers=0`, for tests and debugging). Both give the same batches in the same order.
-See `windows` (packing), `order` (permutation, ranks, tail), `plan` (what a feed builds: one split here, a
-`data.mix` mixture in `dlx.data.mixture`), `channel` and `pool` (workers), `state` (resume).
+memory, or in the calling thread (`num_workers=0`, for evaluation, tests and debugging). Both give the same batches in
+the same order. See `windows` (packing), `order` (permutation, ranks, tail, resumable state) and `feed` (workers,
+checks of what is read).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from dlx.data.loader.dataset import open_split
-from dlx.data.loader.order import Cursor, EpochWindows, Order, advance, schedule, settle
-from dlx.data.loader.plan import open_feed
-from dlx.data.loader.pool import WorkerPool
-from dlx.data.loader.state import make_state, read_state
-from dlx.data.loader.sync import SyncFeed
-from dlx.data.loader.transfer import make_transfer
-from dlx.data.loader.windows import TokenWindows, count_windows
+from dlx.data.loader.feed import InProcessFeed, ReaderJob, WorkerFeed, open_feed
+from dlx.data.loader.order import Cursor, Order, advance, make_state, read_state, schedule, settle
+from dlx.data.loader.plan import SplitPlan
+from dlx.data.loader.windows import SplitSpec, count_windows
+from dlx.data.shards import SPLITS, Manifest, open_shard, read_manifest
+from dlx.device import HostToDevice
 from dlx.errors import UserError
 from dlx.faults import pause_point
-
-SPLITS = ("train", "val")
 
 
 class TokenLoader:
@@ -54,27 +49,29 @@ class TokenLoader:
         shuffle: bool = True,
         loop: bool = True,
         device: str | torch.device = "cpu",
-        verify: bool = False,
+        verify: bool = True,
     ):
         """`num_workers`: worker processes (0 = build batches in the calling thread). `prefetch`: batches each worker
-        keeps ready in shared memory. `verify`: check every shard's SHA-256 first (reads the whole split once)."""
+        keeps ready in shared memory. `verify`: check each shard's SHA-256 against the manifest the first time it
+        is mapped (in the workers' background, or on first touch with num_workers=0); a mismatch raises UserError."""
         _check_arguments(split, seq_len, micro_batch_size, seed, rank, world_size, num_workers, prefetch)
         self.folder, self.split, self.seq_len, self.loop = Path(folder), split, seq_len, loop
         self.num_workers, self.prefetch = num_workers, prefetch
-        self._manifest, self._spec = open_split(folder, split, verify)
-        n_windows = count_windows(self._spec.n_tokens, seq_len)
+        self._manifest, spec = open_split(folder, split)
+        n_windows = count_windows(spec.n_tokens, seq_len)
         self._order = Order(n_windows, int(micro_batch_size), int(world_size), int(rank), int(seed), bool(shuffle))
         if self._order.batches_per_epoch == 0:
             raise UserError(
-                f"dataset {folder} has {self._spec.n_tokens:,} {split!r} tokens, fewer than one batch needs "
+                f"dataset {folder} has {spec.n_tokens:,} {split!r} tokens, fewer than one batch needs "
                 f"(world_size {world_size} × micro_batch_size {micro_batch_size} × seq_len {seq_len} + 1 = "
                 f"{self._order.step_windows * seq_len + 1:,}); prepare more data or use smaller batches"
             )
-        self._device = torch.device(device)
-        self._transfer = make_transfer(self._device, (2, micro_batch_size, seq_len))
+        checksums = shard_checksums(self._manifest, spec, split) if verify else ()
+        self._job = ReaderJob(SplitPlan(spec, self._order, seq_len), self._manifest.vocab_size, checksums)
+        self._transfer = HostToDevice(torch.device(device), (2, micro_batch_size, seq_len))
         self._cursor = Cursor(0, 0)
         self._epoch = 0
-        self._feed: WorkerPool | SyncFeed | None = None
+        self._feed: InProcessFeed | WorkerFeed | None = None
         self._schedule = None
 
     @property
@@ -107,7 +104,7 @@ class TokenLoader:
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the running workers (empty before the first batch, after close, or with num_workers=0)."""
-        return self._feed.pids if isinstance(self._feed, WorkerPool) else []
+        return self._feed.pids if self._feed is not None else []
 
     def __iter__(self) -> TokenLoader:
         return self
@@ -121,44 +118,18 @@ class TokenLoader:
             self._stop()
             raise StopIteration
         try:
-            host = self._feed.next_batch()
-            if int(host.max()) >= self._manifest.vocab_size:  # microseconds; a damaged shard must not reach the model
-                raise UserError(self._describe_bad_token(cursor))
-            inputs, targets = self._transfer(host)
+            batch = self._transfer(torch.from_numpy(self._feed.next_batch()))  # (2, B, seq_len)
         except BaseException:
             self._stop()  # the position is unchanged: the next call restarts cleanly from it
             raise
         self._cursor = advance(self._order, cursor)
         self._epoch = cursor.epoch
-        return inputs, targets
-
-    def _describe_bad_token(self, cursor: Cursor) -> str:
-        """Which shard holds a token id outside the vocabulary, and where (the windows re-read in this process)."""
-        windows = TokenWindows(self._spec, self.seq_len)
-        for window_id in EpochWindows(self._order)(cursor).tolist():
-            tokens = windows.window(window_id)
-            bad = np.flatnonzero(tokens >= self._manifest.vocab_size)
-            if len(bad):
-                shard, offset = windows.locate(window_id * self.seq_len + int(bad[0]))
-                return (
-                    f"dataset {self.folder}: shard {shard} holds token id {int(tokens[bad[0]])} at token {offset:,}, "
-                    f"outside the tokenizer's {self._manifest.vocab_size:,} ids: the shard is damaged or was written "
-                    f"by another tokenizer; check with `dlx data verify {self.folder}` and run `dlx prepare` again"
-                )
-        return f"dataset {self.folder}: a batch holds a token id outside the vocabulary; run `dlx data verify`"
+        return batch[0], batch[1]
 
     def _start(self) -> None:
         start = settle(self._order, self._cursor)
         self._schedule = schedule(self._order, start, self.loop)
-        spec = {
-            "order": self._order.to_json(),
-            "split": self._spec.to_json(),
-            "seq_len": self.seq_len,
-            "micro_batch_size": self._order.micro_batch_size,
-            "start": asdict(start),
-            "loop": self.loop,
-        }
-        self._feed = open_feed(spec, self.num_workers, self.prefetch)
+        self._feed = open_feed(self._job, start, self.loop, self.num_workers, self.prefetch)
 
     def _stop(self) -> None:
         feed, self._feed, self._schedule = self._feed, None, None
@@ -211,3 +182,43 @@ def _check_arguments(
             raise ValueError(f"{name} must be an integer ≥ {minimum}, got {value!r}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}")
+
+
+def open_split(folder: str | Path, split: str) -> tuple[Manifest, SplitSpec]:
+    """The manifest and the split's shards; each shard must exist with the size the manifest gives (its checksum is
+    the reader's to verify, off the training thread)."""
+    manifest = read_manifest(folder)  # UserError when the folder or its manifest is missing or damaged
+    shards = manifest.split_shards(split)
+    if not shards or manifest.split_tokens(split) == 0:
+        raise UserError(f"dataset {folder} has no {split!r} tokens; run `dlx prepare` to fill it")
+    for shard in shards:
+        open_shard(folder, shard, manifest.dtype)  # UserError on a missing or truncated file
+    spec = SplitSpec(str(Path(folder).resolve()), manifest.dtype, tuple((s.name, s.tokens) for s in shards))
+    return manifest, spec
+
+
+def shard_checksums(manifest: Manifest, spec: SplitSpec, split: str) -> tuple[tuple[str, str], ...]:
+    """(path, SHA-256 in the manifest) of each shard of the split, for the readers to verify."""
+    return tuple((str(Path(spec.folder) / s.name), s.sha256) for s in manifest.split_shards(split))
+
+
+def document_positions(inputs: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """Position of each token within its document, restarting at 0 after every eos_id; shape and device of `inputs`.
+
+    A window starts mid-document in general; its first token gets position 0 all the same.
+    """
+    _, seq_len = inputs.shape  # (B, T)
+    index = torch.arange(seq_len, device=inputs.device).expand_as(inputs)
+    starts = torch.zeros_like(inputs, dtype=torch.bool)
+    starts[:, 0] = True
+    starts[:, 1:] = inputs[:, :-1] == eos_id
+    last_start = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    return index - last_start
+
+
+def document_ids(inputs: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """Which document of its window each token belongs to, (B, T) int64 from 0: a new one begins after every eos_id
+    (the eos_id itself belongs to the document it ends). For `Transformer(..., document_ids=...)`."""
+    starts = torch.zeros_like(inputs, dtype=torch.int64)
+    starts[:, 1:] = inputs[:, :-1] == eos_id
+    return starts.cumsum(dim=1)

@@ -12,6 +12,9 @@ Progress is a `Cursor`: the epoch and how many windows of its order all ranks to
 on the rank or the world size, which is what lets a run resume on a different number of ranks: the new ranks split what
 is left of the epoch from the same position.
 
+The state a checkpoint keeps (`make_state`) is the cursor plus what identifies the order it refers to; resuming
+against a different order is refused instead of silently reading other data.
+
 The permutation is materialised once per epoch in each worker: 8 bytes per window (40 MB for 5M windows, i.e. 10B
 tokens at seq_len 2048). Beyond that size a bijective hash of the index would serve instead.
 """
@@ -19,9 +22,11 @@ tokens at seq_len 2048). Beyond that size a bijective hash of the index would se
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
+
+from dlx.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -61,9 +66,6 @@ class Order:
         """Window ids of this rank's micro-batch in the step that starts at position `consumed` of the order."""
         start = consumed + self.rank * self.micro_batch_size
         return permutation[start : start + self.micro_batch_size]
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -107,3 +109,44 @@ class EpochWindows:
             self._permutation = self.order.permutation(cursor.epoch)
             self._epoch = cursor.epoch
         return self.order.rank_share(self._permutation, cursor.consumed)
+
+
+STATE_FORMAT = "dlx-loader-state"
+STATE_VERSION = 1
+
+
+def make_state(order: Order, cursor: Cursor, split: str, seq_len: int) -> dict:
+    return {
+        "format": STATE_FORMAT,
+        "version": STATE_VERSION,
+        "epoch": cursor.epoch,
+        "consumed": cursor.consumed,
+        "split": split,
+        "seq_len": seq_len,
+        "n_windows": order.n_windows,
+        "seed": order.seed,
+        "order": "shuffled" if order.shuffle else "sequential",
+        # For the record only: a resume may use another world size or micro-batch size.
+        "world_size": order.world_size,
+        "micro_batch_size": order.micro_batch_size,
+    }
+
+
+def read_state(state: dict, order: Order, split: str, seq_len: int) -> Cursor:
+    """The cursor a saved state resumes at; UserError when it was saved for other data or another order."""
+    if state.get("format") != STATE_FORMAT or state.get("version") != STATE_VERSION:
+        raise UserError(
+            f"loader state has format {state.get('format')!r} v{state.get('version')}, expected "
+            f"{STATE_FORMAT!r} v{STATE_VERSION}"
+        )
+    expected = make_state(order, Cursor(0, 0), split, seq_len)
+    for key in ("split", "seq_len", "n_windows", "seed", "order"):
+        if state.get(key) != expected[key]:
+            raise UserError(
+                f"cannot resume the data loader: it was saved with {key}={state.get(key)!r}, this run has "
+                f"{key}={expected[key]!r} (same dataset, seq_len, seed and shuffle are needed to continue exactly)"
+            )
+    epoch, consumed = int(state["epoch"]), int(state["consumed"])
+    if epoch < 0 or not 0 <= consumed <= order.n_windows:
+        raise UserError(f"loader state is damaged: epoch={epoch}, consumed={consumed} of {order.n_windows} windows")
+    return Cursor(epoch, consumed)

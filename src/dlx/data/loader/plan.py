@@ -1,19 +1,22 @@
-"""What a feed builds, batch by batch: the seam between the feeds (`SyncFeed` in-process, `WorkerPool` in worker
-processes) and what decides which windows each batch holds.
+"""What a feed builds, batch by batch: the seam between the feeds (`dlx.data.loader.feed`) and what decides which
+windows each batch holds.
 
-A feed receives a JSON-ready spec (it crosses to the worker processes as JSON) holding `seq_len`, `start` and `loop`,
-and opens a plan from it with `open_plan`. A plan has `micro_batch_size` and two methods:
+A plan is built in the trainer's process and sent to each worker once (pickled without its memory maps, which it
+opens on first use). It has `micro_batch_size`, `seq_len` and:
 
     schedule(start, loop) -> iterator of cursors   the cursor of each batch this rank reads, from `start`
     fill(cursor, out)                              write that batch into out, (2, micro_batch_size, seq_len) int64
+    shards_of(cursor) -> set of paths              the shard files that batch reads
+    describe_bad_token(cursor, vocab_size)         the line naming the shard of an id outside the vocabulary
 
-`SplitPlan` reads one split of one dataset (`order` + `windows`); a spec with a `mixture` key opens
-`dlx.data.mixture.plan.MixturePlan`, which draws from several datasets by weight.
+`SplitPlan` reads one split of one dataset (`order` + `windows`); `dlx.data.mixture.plan.MixturePlan` draws from
+several datasets by weight. numpy only, like everything a worker imports.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 
@@ -22,34 +25,46 @@ from dlx.data.loader.windows import SplitSpec, TokenWindows
 
 
 class SplitPlan:
-    def __init__(self, spec: dict):
-        self.order = Order(**spec["order"])
-        self.micro_batch_size = self.order.micro_batch_size
-        self._windows = TokenWindows(SplitSpec.from_json(spec["split"]), spec["seq_len"])
-        self._window_ids = EpochWindows(self.order)
+    """The batches of one split in the order `order` gives this rank."""
 
-    def schedule(self, start: dict, loop: bool) -> Iterator[Cursor]:
-        return schedule(self.order, Cursor(**start), loop)
+    def __init__(self, split: SplitSpec, order: Order, seq_len: int):
+        self.split, self.order, self.seq_len = split, order, seq_len
+        self.micro_batch_size = order.micro_batch_size
+        self._windows: TokenWindows | None = None
+        self._window_ids = EpochWindows(order)
+
+    def __getstate__(self) -> dict:
+        return {"split": self.split, "order": self.order, "seq_len": self.seq_len}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    @property
+    def windows(self) -> TokenWindows:
+        if self._windows is None:
+            self._windows = TokenWindows(self.split, self.seq_len)
+        return self._windows
+
+    def schedule(self, start: Cursor, loop: bool) -> Iterator[Cursor]:
+        return schedule(self.order, start, loop)
 
     def fill(self, cursor: Cursor, out: np.ndarray) -> None:
-        self._windows.fill(self._window_ids(cursor), out)
+        self.windows.fill(self._window_ids(cursor), out)
 
+    def shards_of(self, cursor: Cursor) -> set[str]:
+        folder = Path(self.split.folder)
+        return {str(folder / name) for name in self.windows.shards_of(self._window_ids(cursor))}
 
-def open_plan(spec: dict):
-    """The plan a feed's spec describes: one split, or a mixture of datasets."""
-    if "mixture" in spec:
-        from dlx.data.mixture.plan import MixturePlan
-
-        return MixturePlan(spec)
-    return SplitPlan(spec)
-
-
-def open_feed(spec: dict, num_workers: int, prefetch: int):
-    """Batches of `spec` from its start: built in this thread (`num_workers=0`) or by worker processes."""
-    if num_workers == 0:
-        from dlx.data.loader.sync import SyncFeed
-
-        return SyncFeed(spec)
-    from dlx.data.loader.pool import WorkerPool
-
-    return WorkerPool(spec, num_workers, prefetch, spec["micro_batch_size"], spec["seq_len"])
+    def describe_bad_token(self, cursor: Cursor, vocab_size: int) -> str:
+        folder = self.split.folder
+        for window_id in self._window_ids(cursor).tolist():
+            tokens = self.windows.window(window_id)
+            bad = np.flatnonzero(tokens >= vocab_size)
+            if len(bad):
+                shard, offset = self.windows.locate(window_id * self.seq_len + int(bad[0]))
+                return (
+                    f"dataset {folder}: shard {shard} holds token id {int(tokens[bad[0]])} at token {offset:,}, "
+                    f"outside the tokenizer's {vocab_size:,} ids: the shard is damaged or was written by another "
+                    f"tokenizer; check with `dlx data verify {folder}` and run `dlx prepare` again"
+                )
+        return f"dataset {folder}: a batch holds a token id outside the vocabulary; run `dlx data verify {folder}`"

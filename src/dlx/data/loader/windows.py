@@ -18,7 +18,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class SplitSpec:
-    """Which files make up a split, as the main process validated them; sent to each worker as JSON."""
+    """Which files make up a split, as the main process validated them; sent to each worker."""
 
     folder: str
     dtype: str
@@ -29,13 +29,6 @@ class SplitSpec:
     @property
     def n_tokens(self) -> int:
         return sum(tokens for _, tokens in self.shards)
-
-    def to_json(self) -> dict:
-        return {"folder": self.folder, "dtype": self.dtype, "shards": [list(s) for s in self.shards]}
-
-    @classmethod
-    def from_json(cls, data: dict) -> SplitSpec:
-        return cls(data["folder"], data["dtype"], tuple((name, int(n)) for name, n in data["shards"]))
 
 
 def count_windows(n_tokens: int, seq_len: int) -> int:
@@ -83,6 +76,16 @@ class TokenWindows:
         """(shard file name, offset in it) of token number `token` of the stream."""
         shard = int(np.searchsorted(self._starts, token, side="right")) - 1
         return self._names[shard], token - int(self._starts[shard])
+
+    def shards_of(self, window_ids: np.ndarray) -> set[str]:
+        """File names of the shards the windows read from (a window may run on into the next shards)."""
+        return self.shards_at(np.asarray(window_ids, dtype=np.int64) * self.seq_len)
+
+    def shards_at(self, begins: np.ndarray) -> set[str]:
+        """`shards_of` for the windows starting at token positions `begins` (int64) of the stream."""
+        first = np.searchsorted(self._starts, begins, side="right") - 1
+        last = np.searchsorted(self._starts, begins + self.seq_len, side="right") - 1
+        return {self._names[i] for a, b in zip(first.tolist(), last.tolist(), strict=True) for i in range(a, b + 1)}
 
     def fill(self, window_ids: np.ndarray, out: np.ndarray) -> None:
         """Write a micro-batch into `out` (2, B, seq_len) int64: out[0] inputs, out[1] targets (shifted by one)."""

@@ -1,22 +1,23 @@
 """`MixtureLoader`: training batches drawn from several prepared datasets in proportion to their weights.
 
 The same face as `TokenLoader` (iterate `(inputs, targets)`, `epoch`, `windows_per_epoch`, `state_dict`, ...) and the
-same feeds (in-process or worker processes, `dlx.data.loader.plan`); which window of which source each row holds is
-`dlx.data.mixture.order`, a pure function of (seed, position). Every source is read whole, window by window, before any
-window of it repeats; a source read to its end starts its next epoch in a new order (`new_source_epochs` reports it).
+same feeds (in-process or worker processes, `dlx.data.loader.feed`, which verify every shard's checksum). Which window
+of which source each row holds is `dlx.data.mixture.order`, a pure function of (seed, position). Every source is read
+whole, window by window, before any window of it repeats; a source read to its end starts its next epoch in a new order
+(`new_source_epochs` reports it).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from dlx.data.loader.dataset import open_split
-from dlx.data.loader.plan import open_feed
-from dlx.data.loader.transfer import make_transfer
-from dlx.data.loader.windows import TokenWindows, count_windows
-from dlx.data.mixture.order import MixOrder, MixWindows, SourcePattern, source_epochs
+from dlx.data.loader.feed import ReaderJob, open_feed
+from dlx.data.loader.loader import open_split, shard_checksums
+from dlx.data.loader.windows import count_windows
+from dlx.data.mixture.order import MixOrder, SourcePattern, source_epochs
+from dlx.data.mixture.plan import MixturePlan
 from dlx.data.mixture.sources import Source, open_sources
+from dlx.device import HostToDevice
 from dlx.errors import UserError
 
 STATE_FORMAT = "dlx-mixture-state"
@@ -42,12 +43,14 @@ class MixtureLoader:
         prefetch: int = 4,
         shuffle: bool = True,
         device: str | torch.device = "cpu",
+        verify: bool = True,
     ):
+        """`verify`: check each shard's SHA-256 against its manifest the first time it is read (as `TokenLoader`)."""
         manifests = open_sources(sources)
         self.sources, self.seq_len = sources, seq_len
         self.num_workers, self.prefetch = num_workers, prefetch
         self._manifest = manifests[0]
-        self._splits = [open_split(s.path, "train", verify=False)[1] for s in sources]
+        self._splits = [open_split(s.path, "train")[1] for s in sources]
         n_windows = tuple(count_windows(split.n_tokens, seq_len) for split in self._splits)
         for source, n in zip(sources, n_windows, strict=True):
             if n == 0:
@@ -55,7 +58,10 @@ class MixtureLoader:
         weights = tuple(s.weight for s in sources)
         self._order = MixOrder(n_windows, weights, micro_batch_size, world_size, rank, seed, shuffle)
         self._pattern = SourcePattern(weights)
-        self._transfer = make_transfer(torch.device(device), (2, micro_batch_size, seq_len))
+        checksums = [shard_checksums(m, split, "train") for m, split in zip(manifests, self._splits, strict=True)]
+        plan = MixturePlan(self._order, self._splits, seq_len)
+        self._job = ReaderJob(plan, self._manifest.vocab_size, sum(checksums, ()) if verify else ())
+        self._transfer = HostToDevice(torch.device(device), (2, micro_batch_size, seq_len))
         self._position = 0
         """Slots (windows) consumed by all ranks together."""
         self._reported_epochs = self.source_epochs()
@@ -118,46 +124,20 @@ class MixtureLoader:
         if self._feed is None:
             self._start()
         try:
-            host = self._feed.next_batch()
-            if int(host.max()) >= self.vocab_size:  # a damaged shard must not reach the model
-                raise UserError(self._describe_bad_token())
-            inputs, targets = self._transfer(host)
+            batch = self._transfer(torch.from_numpy(self._feed.next_batch()))  # (2, B, seq_len)
         except BaseException:
             self._stop()  # the position is unchanged: the next call restarts cleanly from it
             raise
         self._position += self._order.step_windows
-        return inputs, targets
+        return batch[0], batch[1]
 
     def _start(self) -> None:
-        spec = {
-            "mixture": {"order": self._order.to_json(), "splits": [s.to_json() for s in self._splits]},
-            "seq_len": self.seq_len,
-            "micro_batch_size": self._order.micro_batch_size,
-            "start": {"position": self._position},
-            "loop": True,
-        }
-        self._feed = open_feed(spec, self.num_workers, self.prefetch)
+        self._feed = open_feed(self._job, self._position, True, self.num_workers, self.prefetch)
 
     def _stop(self) -> None:
         feed, self._feed = self._feed, None
         if feed is not None:
             feed.close()
-
-    def _describe_bad_token(self) -> str:
-        sources, windows = MixWindows(self._order)(self._position)
-        for source, window in zip(sources.tolist(), windows.tolist(), strict=True):
-            reader = TokenWindows(self._splits[source], self.seq_len)
-            tokens = reader.window(window)
-            bad = np.flatnonzero(tokens >= self.vocab_size)
-            if len(bad):
-                path = self.sources[source].path
-                shard, offset = reader.locate(window * self.seq_len + int(bad[0]))
-                return (
-                    f"data.mix source {path}: shard {shard} holds token id {int(tokens[bad[0]])} at token "
-                    f"{offset:,}, outside the tokenizer's {self.vocab_size:,} ids; check it with "
-                    f"`dlx data verify {path}` and run `dlx prepare` again"
-                )
-        return "data.mix: a batch holds a token id outside the vocabulary; run `dlx data verify` on each source"
 
     def state_dict(self) -> dict:
         """Where the next batch comes from (JSON-ready, the same on every rank) and what it refers to."""

@@ -101,21 +101,6 @@ class MixOrder:
         start = position + self.rank * self.micro_batch_size
         return np.arange(start, start + self.micro_batch_size, dtype=np.int64)
 
-    def to_json(self) -> dict:
-        return {
-            "n_windows": list(self.n_windows),
-            "weights": list(self.weights),
-            "micro_batch_size": self.micro_batch_size,
-            "world_size": self.world_size,
-            "rank": self.rank,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> MixOrder:
-        return cls(**{**data, "n_windows": tuple(data["n_windows"]), "weights": tuple(data["weights"])})
-
 
 class MixWindows:
     """(source, window id) of each row of this rank's micro-batch at a position.

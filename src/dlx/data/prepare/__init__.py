@@ -4,7 +4,7 @@
 Modules, in the order data flows: `inputs` (files, folders, globs → files in order, streamed), `units` (files → work
 units; `frames` finds where a .zst can be cut), `readers` (units → documents), `scan` (counting what is read; the first
 pass: bad input, val threshold, tokenizer sample), `tokenizer` (load or train), `encoders` (the tiktoken fast path, HF
-fallback), `worker` (a unit → a part, in a worker process), `pool` (the worker processes), `parts` (a part's files and
+fallback), `worker` (a unit → a part, in a worker process of `dlx.data.pool`), `parts` (a part's files and
 routing them to train/val), `writer` (fixed-size shards), `encode` (second pass, commits, resume), `outdir` (the --out
 folder's state, lock and manifest writes), `progress` (the bar), `pipeline` (prepare_dataset itself), `taskdir` (the
 plan and task folders of a split run), `tasks` (one task), `merge` (the merge).

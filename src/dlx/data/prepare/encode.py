@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from dlx.data.pool import InlinePool, WorkerPool
 from dlx.data.prepare.inputs import InputList
 from dlx.data.prepare.outdir import WORK_DIR, clear_work, commit_shards, remove_strays
 from dlx.data.prepare.parts import copy_split, part_paths
-from dlx.data.prepare.pool import InlinePool, WorkerPool
 from dlx.data.prepare.progress import PrepareProgress
 from dlx.data.prepare.units import plan_units
 from dlx.data.prepare.worker import EncodeSetup, UnitTokens, encode_unit, setup_encoder

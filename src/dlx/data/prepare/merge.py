@@ -26,12 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
+from dlx.data.pool import InlinePool, WorkerPool, make_pool
 from dlx.data.prepare.encode import COMMIT_SECONDS
 from dlx.data.prepare.options import default_workers
 from dlx.data.prepare.outdir import TASKS_DIR, commit_shards, locked, remove_strays, start_dataset
 from dlx.data.prepare.parts import copy_split, part_names, split_tokens
 from dlx.data.prepare.pipeline import totals
-from dlx.data.prepare.pool import InlinePool, WorkerPool, make_pool
 from dlx.data.prepare.progress import PrepareProgress
 from dlx.data.prepare.scan import ScanCounts, finish_scan
 from dlx.data.prepare.taskdir import TaskState, read_plan, read_state, task_folder, tasks_dir

@@ -13,12 +13,12 @@ import hashlib
 import time
 from pathlib import Path
 
+from dlx.data.pool import InlinePool, WorkerPool, make_pool
 from dlx.data.prepare.encode import encode_corpus, initial_resume_state, spool_dir
 from dlx.data.prepare.encoders import choose_encoder, spread
 from dlx.data.prepare.inputs import InputList
 from dlx.data.prepare.options import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, PrepareOptions, build_options
 from dlx.data.prepare.outdir import TASKS_DIR, existing_dataset, locked, start_dataset
-from dlx.data.prepare.pool import InlinePool, WorkerPool, make_pool
 from dlx.data.prepare.progress import PrepareProgress
 from dlx.data.prepare.readers import sample_documents
 from dlx.data.prepare.scan import CHECK_SAMPLE_CHARS, ScanCounts, ScanRule, scan_corpus
@@ -50,8 +50,8 @@ def prepare_dataset(
     A second call with the same inputs and options does no work; a call after an interrupted one continues it and
     ends with the same bytes as an uninterrupted run. `workers` (default: all cores) changes the speed, never the
     output. Concurrent calls on one `out` (every rank of a job, say) queue on a lock: the first prepares, the others
-    then find the finished dataset. Workers are spawned, so a calling script needs the usual
-    `if __name__ == "__main__":` guard.
+    then find the finished dataset. Workers are fresh interpreters (`dlx.data.pool`) that do not import the calling
+    script.
     """
     opts = build_options(
         inputs,

@@ -18,9 +18,9 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from dlx.data.pool import InlinePool, WorkerPool
 from dlx.data.prepare.inputs import InputList
 from dlx.data.prepare.options import PrepareOptions
-from dlx.data.prepare.pool import InlinePool, WorkerPool
 from dlx.data.prepare.progress import PrepareProgress
 from dlx.data.prepare.readers import BadRecord, read_unit
 from dlx.data.prepare.units import WorkUnit, plan_units

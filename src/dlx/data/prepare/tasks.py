@@ -16,6 +16,7 @@ import re
 import time
 from pathlib import Path
 
+from dlx.data.pool import make_pool
 from dlx.data.prepare.encode import COMMIT_SECONDS
 from dlx.data.prepare.encoders import choose_encoder, spread
 from dlx.data.prepare.inputs import InputList
@@ -23,7 +24,6 @@ from dlx.data.prepare.options import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION,
 from dlx.data.prepare.outdir import TASKS_DIR, WORK_DIR, clear_work, existing_dataset, locked
 from dlx.data.prepare.parts import part_paths
 from dlx.data.prepare.pipeline import measure_inputs
-from dlx.data.prepare.pool import make_pool
 from dlx.data.prepare.progress import PrepareProgress
 from dlx.data.prepare.readers import sample_documents
 from dlx.data.prepare.scan import CHECK_SAMPLE_CHARS, ScanRule

@@ -1,6 +1,7 @@
-"""The run's sizes (`StepPlan`) and the start-up header that prints them, in HF Trainer's words.
+"""The step plan: the run's sizes (`StepPlan`: batch, accumulation, steps) and the start-up header that prints them,
+in HF Trainer's words.
 
-HF Trainer's arithmetic, which the seed author checked by hand (16,527,707 examples × 3 epochs / 8 = 6,197,892 steps):
+HF Trainer's arithmetic (for example 16,527,707 examples × 3 epochs / 8 = 6,197,892 steps, as HF Trainer prints it):
 an example is one training window of seq_len + 1 tokens; total batch = micro-batch × accumulation × world size; steps
 per epoch = ⌊micro-batches per rank per epoch / accumulation⌋; total steps = ⌈epochs × steps per epoch⌉, unless
 train.max_steps is set.

@@ -1,0 +1,210 @@
+"""Where the loader's batches are built: in the calling thread (`InProcessFeed`, num_workers=0) or by worker processes
+of `dlx.data.pool` into shared memory (`WorkerFeed`). Both give the same batches in the same order and check what they
+read: every token id below the vocabulary size, every shard's SHA-256 against the manifest.
+
+With workers, batch number k (counted from where the feed started) is built by worker k % num_workers into slot
+k % n_slots of one shared block of n_slots = num_workers × prefetch batches; the trainer reads them back in order.
+Each batch is one small task message (the slot and the cursor) and one small reply; the tokens never pass through a
+pipe. Tasks go out half a ring at a time, so that a worker wakes once to fill several batches (fewer context switches
+stealing time from the training threads), and always before the trainer would block.
+
+Checksums are verified once per process, the first time the reader maps a shard: in a worker by a background thread
+(each worker checks every num_workers-th shard of the split, while it builds batches, so the step does not wait), in
+the calling thread (num_workers=0) when a batch first touches the shard. A mismatch stops the run with a UserError
+that names the shard.
+
+This module needs numpy only (the workers import it without torch or pydantic, so they start fast).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dlx.data.loader.order import Cursor
+from dlx.data.loader.plan import SplitPlan
+from dlx.data.pool import WorkerPool, shared_memory
+from dlx.errors import UserError
+
+if TYPE_CHECKING:
+    from dlx.data.mixture.plan import MixturePlan
+
+_verified: set[tuple[str, int, int, str]] = set()
+"""Shards this process has verified: (path, size, mtime_ns, sha256). A rebuilt loader (an evaluation's) skips them."""
+
+
+@dataclass(frozen=True)
+class ReaderJob:
+    """What a reader needs to build one rank's batches; sent to each worker once."""
+
+    plan: SplitPlan | MixturePlan
+    """Which windows each batch holds (`dlx.data.loader.plan`)."""
+    vocab_size: int
+    checksums: tuple[tuple[str, str], ...]
+    """(shard path, the manifest's SHA-256) of each shard the plan reads (empty: do not verify)."""
+    n_slots: int = 0
+    worker: int = 0
+    num_workers: int = 1
+
+
+def _shard_key(path: Path, sha256: str) -> tuple[str, int, int, str]:
+    stat = path.stat()
+    return str(path), stat.st_size, stat.st_mtime_ns, sha256
+
+
+def verify_shard(shard: str, sha256: str) -> None:
+    """UserError unless the shard's SHA-256 is the manifest's (once per process per unchanged file)."""
+    path = Path(shard)
+    folder, name = path.parent, path.name
+    key = _shard_key(path, sha256)
+    if key in _verified:
+        return
+    from dlx.data.shards import sha256_file  # imports pydantic: kept off a worker's start
+
+    if sha256_file(path) != sha256:
+        raise UserError(
+            f"dataset {folder}: shard {name} does not match the checksum in its manifest (the file changed after "
+            f"`dlx prepare` wrote it); run `dlx data verify {folder}` to list every damaged file, then `dlx prepare` "
+            "again"
+        )
+    _verified.add(key)
+
+
+class _BackgroundVerifier:
+    """Verifies some shards in a daemon thread (hashlib releases the GIL); `failure` holds the first mismatch."""
+
+    def __init__(self, shards: list[tuple[str, str]]):
+        self.failure: str | None = None
+        self._thread = threading.Thread(target=self._run, args=(shards,), daemon=True)
+        self._thread.start()
+
+    def _run(self, shards: list[tuple[str, str]]) -> None:
+        for shard, sha256 in shards:
+            try:
+                verify_shard(shard, sha256)
+            except UserError as e:
+                self.failure = str(e)
+                return
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+class BatchReader:
+    """Builds this rank's batches from the shards: (2, B, seq_len) int64, inputs and targets shifted by one."""
+
+    def __init__(self, job: ReaderJob, background: bool):
+        """`background`: verify this worker's share of the shards in a thread; else each shard on first touch."""
+        self.job = job
+        self._verifier: _BackgroundVerifier | None = None
+        self._unchecked: dict[str, str] = {}
+        if job.checksums and background:
+            self._verifier = _BackgroundVerifier(list(job.checksums[job.worker :: job.num_workers]))
+        elif job.checksums:
+            self._unchecked = dict(job.checksums)
+
+    def fill(self, cursor: Cursor | int, out: np.ndarray) -> None:
+        plan = self.job.plan
+        if self._verifier is not None and self._verifier.failure:
+            raise UserError(self._verifier.failure)
+        if self._unchecked:
+            for shard in sorted(plan.shards_of(cursor) & self._unchecked.keys()):
+                verify_shard(shard, self._unchecked.pop(shard))
+        plan.fill(cursor, out)
+        if int(out.max()) >= self.job.vocab_size:  # microseconds; a damaged shard must not reach the model
+            raise UserError(plan.describe_bad_token(cursor, self.job.vocab_size))
+
+
+class InProcessFeed:
+    """Batches built in the calling thread, into one buffer reused by the next call."""
+
+    def __init__(self, job: ReaderJob, start: Cursor | int, loop: bool):
+        self._reader = BatchReader(job, background=False)
+        self._schedule = job.plan.schedule(start, loop)
+        self._batch = np.empty((2, job.plan.micro_batch_size, job.plan.seq_len), dtype=np.int64)
+
+    @property
+    def pids(self) -> list[int]:
+        return []
+
+    def next_batch(self) -> np.ndarray:
+        self._reader.fill(next(self._schedule), self._batch)
+        return self._batch
+
+    def close(self) -> None:
+        pass
+
+
+# The worker's side: one reader per worker process, filling slots of the pool's shared memory.
+
+_reader: BatchReader | None = None
+_slots: np.ndarray | None = None
+
+
+def open_reader(job: ReaderJob) -> None:
+    global _reader, _slots
+    _reader = BatchReader(job, background=True)
+    shape = (job.n_slots, 2, job.plan.micro_batch_size, job.plan.seq_len)
+    _slots = np.ndarray(shape, dtype=np.int64, buffer=shared_memory())
+
+
+def fill_slot(task: tuple[int, Cursor | int]) -> None:
+    slot, cursor = task
+    assert _reader is not None and _slots is not None, "open_reader runs first"
+    _reader.fill(cursor, _slots[slot])
+
+
+class WorkerFeed:
+    """Batches built by `num_workers` pool workers, `prefetch` each ahead of the trainer, read back in order."""
+
+    def __init__(self, job: ReaderJob, start: Cursor | int, loop: bool, num_workers: int, prefetch: int):
+        self._n_slots = num_workers * prefetch
+        shape = (self._n_slots, 2, job.plan.micro_batch_size, job.plan.seq_len)
+        self._pool = WorkerPool(num_workers, shared_bytes=int(np.prod(shape)) * 8, name="loader worker")
+        self._slots = np.ndarray(shape, dtype=np.int64, buffer=self._pool.shared)
+        for worker in range(num_workers):
+            share = replace(job, n_slots=self._n_slots, worker=worker, num_workers=num_workers)
+            self._pool.submit(worker, open_reader, share)
+        self._opening = set(range(num_workers))  # workers whose open_reader reply is still to be received
+        self._cursors = job.plan.schedule(start, loop)
+        self._sent = self._received = 0
+        self._send(self._n_slots)
+
+    @property
+    def pids(self) -> list[int]:
+        return self._pool.pids
+
+    def _send(self, n: int) -> None:
+        for cursor in itertools.islice(self._cursors, n):
+            task = (self._sent % self._n_slots, cursor)
+            self._pool.submit(self._sent % self._pool.n_workers, fill_slot, task)
+            self._sent += 1
+
+    def next_batch(self) -> np.ndarray:
+        """The next batch as a (2, B, seq_len) view of shared memory, valid until the next call."""
+        worker = self._received % self._pool.n_workers
+        free = self._n_slots - (self._sent - self._received)  # the previous batch's slot is free again by now
+        if free >= max(1, self._n_slots // 2) or (free and not self._pool.ready(worker)):
+            self._send(free)
+        if worker in self._opening:
+            self._pool.receive(worker)
+            self._opening.discard(worker)
+        self._pool.receive(worker)
+        self._received += 1
+        return self._slots[(self._received - 1) % self._n_slots]
+
+    def close(self) -> None:
+        self._slots = None
+        self._pool.close()
+
+
+def open_feed(job: ReaderJob, start: Cursor | int, loop: bool, num_workers: int, prefetch: int):
+    """Batches of `job` from `start`: built in this thread (`num_workers=0`) or by worker processes."""
+    if num_workers == 0:
+        return InProcessFeed(job, start, loop)
+    return WorkerFeed(job, start, loop, num_workers, prefetch)
