@@ -42,9 +42,9 @@ from dlx.parallel.distributed import DistEnv
 from dlx.precision import build_precision
 from dlx.train.config import build_config
 from dlx.train.data import build_train_loader
-from dlx.train.header import plan_steps
 from dlx.train.objective import build_objective
 from dlx.train.run import build_model, build_run_strategy
+from dlx.train.step_plan import plan_steps
 from dlx.train.trainer import accumulate_gradients
 from peers.contenders import round_parser, spread
 from peers.record import environment, record_section

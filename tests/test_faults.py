@@ -152,7 +152,9 @@ def test_prepare_signalled(name, corpus, tiny_tokenizer, tmp_path):
     err = proc.stderr.read()
     proc.stderr.close()
 
-    assert proc.returncode != 0
+    assert proc.returncode == EXIT_CODES[name], err
+    if name != "SIGKILL":  # says what it kept and how to go on
+        assert f"stopped by {name}: {out} keeps " in err and "run the same command again to continue" in err, err
     assert len(tree) >= 3, "prepare should have run its two workers"
     assert not left_running(tree), "processes of prepare outlived it"
     assert not leaked_shm(shm_before)

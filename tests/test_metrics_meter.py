@@ -79,18 +79,3 @@ def test_bad_step_s_and_world_size() -> None:
         make_meter(Peak(0.5, "x"), world_size=0)
     with pytest.raises(ValueError, match="step_s"):
         make_meter(Peak(0.5, "x")).record(step=1, loss=1, lr=1, grad_norm=1, tokens=1, timings={"step_s": 0.0})
-
-
-@pytest.mark.parametrize(("flags", "has_peak"), [(set(), False), ({"avx512_bf16"}, True), ({"amx_bf16"}, True)])
-def test_cpu_bf16_peak_only_where_bf16_is_native(monkeypatch, flags, has_peak) -> None:
-    """Emulated bf16 has no meaningful peak (the probe ran slower than training: MFU 160-330 %); fp32 always has one."""
-    from dlx import device
-    from dlx.metrics import peak as peaks
-    from dlx.metrics.peak import peak_for
-
-    monkeypatch.setattr(device, "_cpu_flags", lambda: flags)
-    monkeypatch.setattr(peaks, "measure_cpu_peak", lambda precision: Peak(1.0, f"probe {precision}"))  # seconds saved
-    peak = peak_for(torch.device("cpu"), "bf16")
-    assert (peak.tflops is not None and peak.tflops > 0) == has_peak
-    assert has_peak or "emulated" in peak.source
-    assert peak_for(torch.device("cpu"), "fp32").tflops > 0

@@ -55,13 +55,18 @@ def test_report_from_logged_run(tmp_path: Path) -> None:
         "fake peak",
         verdict.kind,
         verdict.suggestion,
-        "Final eval loss",
-        "perplexity",
+        "| train (nats/token) | 3.8940 (step 1) | 0.6767 (step 8) | 0.6767 (step 8) | ",
+        "| validation (nats/token) | 1.9394 (step 4) | 0.7767 (step 8) | 0.7767 (step 8) | |",
+        "Validation perplexity at step 8: 2.17 (e^loss)",
+        "Confidence: ",
         "MFU, dense convention",
         "![loss](loss.png)",
     ):
         assert needle in text, needle
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temporaries
+    losses = [5.0 * math.exp(-step / 4) for step in range(1, 9)]
+    ema = sum(0.6 ** (8 - i) * 0.4 * x for i, x in enumerate(losses, start=1)) / (1 - 0.6**8)  # debiased EMA, by hand
+    assert f"| 0.6767 (step 8) | {ema:.4f} |" in text
 
 
 def test_report_without_peak_or_eval(tmp_path: Path) -> None:
@@ -84,5 +89,5 @@ def test_report_without_peak_or_eval(tmp_path: Path) -> None:
     ]
     path = write_report(tmp_path, records, bottleneck_verdict(records), ["MFU omitted: unknown device"])
     text = path.read_text()
-    assert "No evaluation was logged" in text and "| MFU, attention convention | n/a |" in text
+    assert "| validation | not evaluated (eval.every 0) |" in text and "| MFU, attention convention | n/a |" in text
     assert (tmp_path / "throughput.png").read_bytes()[:8] == PNG_MAGIC

@@ -123,3 +123,22 @@ def test_cuda_path_uses_events_one_sync_per_window_and_pools_events(monkeypatch:
         assert timings["forward"] >= 0.006 and timings["data_wait"] >= 0.002
     assert len(syncs) == 2  # one synchronize per window, none per phase or step
     assert FakeEvent.created == 8  # 2 steps × 2 spans × 2 events, reused in the second window
+
+
+def test_spread_is_the_std_of_each_steps_host_wall_time_without_pauses(monkeypatch) -> None:
+    """A fake clock: a 1 s step, a 5 s pause, a 3 s step; then the window, read at 11 s."""
+    clock = iter([0.0, 0.0, 1.0, 1.0, 2.0, 7.0, 9.0, 9.0, 9.0, 11.0])
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    timer = PhaseTimer(CPU)
+    with timer.phase("forward"):  # the window starts at 0; the phase runs 0 → 1
+        pass
+    timer.end_step()  # at 1: step 1 took 1 s
+    with timer.paused():  # 2 → 7: not step time
+        pass
+    with timer.phase("forward"):  # 9 → 9
+        pass
+    timer.end_step()  # at 9: step 2 took 9 − 1 − 5 = 3 s
+    timings = timer.window()  # at 11
+    assert timings["step_s"] == (11 - 0 - 5) / 2
+    assert timer.spread() == {"window_steps": 2, "step_s_std": 1.0}  # population std of 1 s and 3 s
+    assert next(clock, None) is None  # every reading of the clock above was counted

@@ -15,7 +15,7 @@ from dlx.metrics.cuda_memory import write_snapshot_files
 from dlx.metrics.profiler import ProfileWindow, StepProfiler
 from dlx.metrics.timing import PhaseTimer
 from dlx.train.recipe import load_recipe
-from dlx.train.sample import TrainingSampler, sample_during_training, sample_text
+from dlx.train.sample import TrainingSampler, build_sampler, sample_during_training, sample_text
 from dlx.train.trainer import pretrain
 from train_helpers import TINY, losses, make_dataset, run_cli
 
@@ -150,9 +150,13 @@ def test_sampling_needs_a_tokenizer_and_a_profile_within_the_run(tmp_path):
     config = load_recipe(
         None, tiny(bare, "--train.max_steps", "3", "--eval.sample_every", "1", "--eval.sample_prompts", "[a]")
     )
-    with pytest.raises(UserError, match=f"eval.sample_every needs the dataset's tokenizer.json and data.path {bare}"):
+    with pytest.raises(UserError, match=f"data.path {bare} has no tokenizer.json"):  # preflight, before any sampler
         pretrain(config, "t", tmp_path / "run")
-    config = load_recipe(None, tiny(bare, "--train.epochs", "0.01", "--profile.start", "50", "--profile.steps", "2"))
+    sampler = config.eval.model_copy(update={"sample_every": 1, "sample_prompts": ["a"]})
+    with pytest.raises(UserError, match=f"eval.sample_every needs the dataset's tokenizer.json and data.path {bare}"):
+        build_sampler(sampler, None, str(bare))  # the sampler's own check, for data that reach it without one
+    data = make_dataset(tmp_path / "data")
+    config = load_recipe(None, tiny(data, "--train.epochs", "0.01", "--profile.start", "50", "--profile.steps", "2"))
     with pytest.raises(UserError, match=r"profile.start 50 \+ profile.steps 2 run past the run's \d+ optimizer steps"):
         pretrain(config, "t", tmp_path / "run")
     assert not (tmp_path / "run").exists()

@@ -100,7 +100,7 @@ def test_resume_refuses_a_different_run(tmp_path):
     run(tmp_path / "r")
     with pytest.raises(UserError, match=r"train\.lr is 0\.001 but the run was started with 0\.003"):
         run(tmp_path / "r", "--train.lr", "1e-3", resume=True)
-    with pytest.raises(UserError, match="already exists; add --resume"):
+    with pytest.raises(UserError, match="already exists and holds a run; add --resume"):
         run(tmp_path / "r")
 
 

@@ -134,14 +134,25 @@ def supports_native_bf16(device: torch.device) -> bool:
 
 
 def _cpu_flags() -> set[str]:
+    info = cpu_info()
+    return set((info.get("flags") or info.get("Features") or "").split())
+
+
+def cpu_info() -> dict[str, str]:
+    """The first processor's block of /proc/cpuinfo (`model name`, `flags`, `cpu MHz`, ...); empty without one."""
+    info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                if not line.strip():
+                    if "flags" in info or "Features" in info:
+                        break
+                    continue
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return set()
+    return info
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -157,8 +157,8 @@ def _conventions(rows: list[dict[str, Any]]) -> list[str]:
     over = sorted({r["precision"] for r in rows if isinstance(r["mfu"], float) and r["mfu"] > 1.0})
     if over:
         lines.append(
-            f"- MFU above 100 % ({', '.join(over)}): training ran faster than the peak it is divided by, so that peak "
-            "(on a CPU, a matmul probe) does not describe this device; those MFU figures mean nothing"
+            f"- MFU above 100 % ({', '.join(over)}): training ran faster than the peak it is divided by, which a "
+            "ceiling rules out: the peak entry or the FLOPs count is wrong for this device (a bug to report)"
         )
     return lines
 

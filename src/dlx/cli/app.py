@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 
@@ -31,10 +32,48 @@ def _register_commands() -> None:
     data_commands.register(app)
 
 
+BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+"""Values a boolean flag also takes, as in a recipe: `--json true`, `--json=false`."""
+
+
+def spell_bool_flags(command: Any, args: list[str]) -> list[str]:
+    """`--flag true|false` (or `--flag=true`) as click's flags take them: `--flag`, or nothing (`--no-flag` where
+    the flag has one), for the (sub)command that `args` invoke. Other arguments pass through unchanged."""
+    start = 0
+    while start < len(args) and args[start] in (getattr(command, "commands", None) or {}):
+        command, start = command.commands[args[start]], start + 1
+    flags = _bool_flags(command)
+    out, i = list(args[:start]), start
+    while i < len(args):
+        name, has_value, value = args[i].partition("=")
+        if name in flags and not has_value and i + 1 < len(args) and args[i + 1].lower() in BOOL_WORDS:
+            has_value, value, i = True, args[i + 1], i + 1
+        if name not in flags or not has_value:
+            out.append(args[i])
+        elif value.lower() not in BOOL_WORDS:
+            raise UserError(f"{name} takes true or false (or no value), not {value!r}")
+        else:
+            spelled = flags[name][0 if BOOL_WORDS[value.lower()] else 1]
+            out += [spelled] if spelled else []
+        i += 1
+    return out
+
+
+def _bool_flags(command: Any) -> dict[str, tuple[str | None, str | None]]:
+    """Each boolean flag's spellings -> (what sets it true, what sets it false: its --no- twin or nothing)."""
+    flags: dict[str, tuple[str | None, str | None]] = {}
+    for param in command.params:
+        if getattr(param, "is_bool_flag", False):
+            on, off = param.opts[0], (param.secondary_opts or [None])[0]
+            flags.update(dict.fromkeys(param.opts, (on, off)))
+            flags.update(dict.fromkeys(param.secondary_opts, (off, on)))
+    return flags
+
+
 def main() -> None:
     _register_commands()
     try:
-        app()
+        app(args=spell_bool_flags(typer.main.get_command(app), sys.argv[1:]))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -117,6 +120,40 @@ def _refuse_with_merge(**given: object) -> None:
         )
 
 
+def says_what_it_kept(command: Callable[..., None]) -> Callable[..., None]:
+    """The command, saying on Ctrl-C or SIGTERM (which prepare raises as KeyboardInterrupt("signal 15")) what --out
+    kept and how to continue, then exiting with 128 + the signal number."""
+
+    @functools.wraps(command)
+    def run(**options: Any) -> None:
+        try:
+            command(**options)
+        except KeyboardInterrupt as stop:
+            number = int(str(stop).split()[-1]) if str(stop).startswith("signal ") else int(signal.SIGINT)
+            print(interrupted_note(options["out"], signal.Signals(number).name), file=sys.stderr)
+            raise typer.Exit(128 + number) from None
+
+    return run
+
+
+def interrupted_note(out: Path, signal_name: str) -> str:
+    """What a stopped `dlx prepare` kept in --out, and how to continue."""
+    from dlx.data.shards import MANIFEST_FILE, read_manifest
+
+    if not (out / MANIFEST_FILE).is_file():
+        return (
+            f"stopped by {signal_name} before the first shard was written: {out} holds nothing to keep; run the same "
+            "command to start again"
+        )
+    manifest = read_manifest(out)
+    tokens = sum(s.tokens for s in manifest.shards)
+    return (
+        f"stopped by {signal_name}: {out} keeps {len(manifest.shards)} finished shard(s) ({tokens:,} tokens) and the "
+        "position reached; run the same command again to continue from there (the result is byte-identical to an "
+        "uninterrupted run)"
+    )
+
+
 @data_app.command("info")
 def info(
     folder: Annotated[Path, typer.Argument(help="A prepared dataset folder.")],
@@ -153,5 +190,5 @@ def verify(folder: Annotated[Path, typer.Argument(help="A prepared dataset folde
 
 
 def register(app: typer.Typer) -> None:
-    app.command("prepare")(prepare)
+    app.command("prepare")(says_what_it_kept(prepare))
     app.add_typer(data_app, name="data")

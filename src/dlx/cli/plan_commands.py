@@ -23,7 +23,10 @@ def plan(
     ] = None,
     tp: Annotated[int, typer.Option(help="Tensor-parallel ranks per model replica (parallel.tp).")] = 1,
     activation_checkpointing: Annotated[str, typer.Option(help="none, full or selective.")] = "none",
-    gpu: Annotated[str, typer.Option(help="GPU name in the peak table, for the predicted step time.")] = "H100",
+    gpu: Annotated[
+        str,
+        typer.Option(help="GPU of the peak table for the step time: H100, 'H100 PCIe', L40S, 'RTX 4090', MI300X ..."),
+    ] = "H100",
     mfu: Annotated[float, typer.Option(help="Assumed MFU (0-1, attention convention) for the step time.")] = 0.4,
     memory_gb: Annotated[float, typer.Option(help="Device memory, for the largest micro-batch that fits.")] = 80.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -31,10 +34,13 @@ def plan(
     """Estimate memory per rank (weights, gradients, optimizer, activations, logits), FLOPs per token and step time."""
     from dlx.bench.estimate import TrainingShape
     from dlx.errors import UserError
+    from dlx.metrics.peak import GPUS, find_gpu
 
     if not 0 < mfu <= 1:
         raise UserError(f"--mfu must be in (0, 1], got {mfu}")
     world_size = tp if world_size is None else world_size
+    if find_gpu(gpu) is None:
+        raise UserError(f"--gpu {gpu!r} is not in dlx's peak table; the known GPUs: {', '.join(s.name for s in GPUS)}")
     shape = TrainingShape(
         seq_len=seq_len,
         micro_batch=micro_batch,

@@ -16,6 +16,7 @@ N, L, H, Q, T and both conventions are defined in `dlx.metrics.flops`; the peak 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -38,6 +39,29 @@ def phase_seconds(record: dict[str, Any]) -> dict[str, float]:
     names = [*STANDARD_PHASES]
     names += [k[:-2] for k in record if k.endswith("_s") and k not in NON_PHASE_SECONDS and k[:-2] not in names]
     return {name: float(record.get(f"{name}_s") or 0.0) for name in names}
+
+
+class Ema:
+    """Exponential moving average with TensorBoard's debiasing: after values x₁…xₙ it is
+    Σ wⁿ⁻ⁱ (1 − w) xᵢ / (1 − wⁿ), so the first value is itself and early values are not pulled towards 0.
+    Non-finite values (a NaN loss) are skipped."""
+
+    def __init__(self, weight: float) -> None:
+        if not 0 <= weight < 1:
+            raise ValueError(f"weight must be in [0, 1), got {weight}")
+        self.weight = weight
+        self._biased = 0.0
+        self._count = 0
+
+    def update(self, value: float) -> float | None:
+        if math.isfinite(value):
+            self._biased = self.weight * self._biased + (1 - self.weight) * value
+            self._count += 1
+        return self.value
+
+    @property
+    def value(self) -> float | None:
+        return self._biased / (1 - self.weight**self._count) if self._count else None
 
 
 class ThroughputMeter:
@@ -124,6 +148,7 @@ class ThroughputMeter:
             lines.append(f"MFU omitted: {self.peak.source}")
         else:
             lines.append(f"MFU = TFLOPS ÷ peak {self.peak.tflops:.4g} TFLOPS ({self.precision}; {self.peak.source})")
+            lines += attainable_lines(self.peak, self.precision)
         lines.append(f"Peak memory: {device_mod.peak_memory_method(self.device)}; reset after every record")
         return lines
 
@@ -149,6 +174,24 @@ class ThroughputMeter:
         if record.get(PROFILED_KEY):
             parts.append(f"profiled steps {record[PROFILED_KEY]}: left out of the summary")
         return " | ".join(parts)
+
+
+BUSY_AT_START = 0.5
+"""An attainable matmul below this share of the CPU peak at start-up is called out: the machine was likely busy."""
+
+
+def attainable_lines(peak: Peak, precision: str) -> list[str]:
+    """The CPU matmul probe beside the theoretical peak, and what a low ratio means."""
+    if peak.attainable_tflops is None or not peak.tflops:
+        return []
+    share = peak.attainable_tflops / peak.tflops
+    line = (
+        f"  attainable at start-up: {peak.attainable_tflops:.4g} TFLOPS "
+        f"(best 1024³ {precision} matmul, {share:.0%} of peak)"
+    )
+    if share < BUSY_AT_START:
+        line += "; below half the peak: other processes were likely using these cores"
+    return [line]
 
 
 _SHORT = {"data_wait": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "communication": "comm"}

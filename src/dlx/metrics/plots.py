@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dlx.atomic import atomic_write_bytes
-from dlx.metrics.meter import phase_seconds
+from dlx.metrics.meter import Ema, phase_seconds
 
 PHASE_COLOURS = {
     "data_wait": "tab:red",
@@ -25,11 +25,24 @@ PHASE_COLOURS = {
 }
 
 
+PLOT_SMOOTHING = 0.6
+"""EMA weight of the loss plot's line over the logged points (TensorBoard's default smoothing)."""
+
+
+def smoothed(values: Sequence[float], weight: float = PLOT_SMOOTHING) -> list[float]:
+    """The debiased EMA after each value (see `dlx.metrics.meter.Ema`)."""
+    ema = Ema(weight)
+    return [ema.update(v) for v in values]  # type: ignore[misc]  # values are finite: never None
+
+
 def plot_loss(path: Path, records: Sequence[dict[str, Any]], eval_records: Sequence[dict[str, Any]]) -> Path:
+    """Each logged step's train loss as a point, their EMA as a line, and the validation loss."""
     fig, ax = _figure()
-    ax.plot(*_series(records, "loss"), label="train loss", linewidth=1)
+    steps, losses = _series(records, "loss")
+    ax.plot(steps, losses, "o", markersize=3, alpha=0.35, color="tab:blue", label="train loss (logged steps)")
+    ax.plot(steps, smoothed(losses), color="tab:blue", linewidth=1.5, label=f"train loss, EMA {PLOT_SMOOTHING}")
     if eval_records:
-        ax.plot(*_series(eval_records, "loss"), "o-", label="eval loss", markersize=4)
+        ax.plot(*_series(eval_records, "loss"), "s-", color="tab:orange", label="validation loss", markersize=4)
     ax.set(xlabel="optimizer step", ylabel="cross-entropy (nats/token)", title="Loss")
     ax.legend()
     return _save(fig, path)

@@ -76,8 +76,9 @@ def _conventions() -> list[str]:
         f"- **Dense convention** (`tflops_dense`, `mfu_dense`): {flops.CONVENTIONS['dense']}.",
         "- L layers, H query heads, Q head dim, T sequence length. Forward is 2 FLOPs per weight per token, backward"
         " twice that. Activation recomputation is not counted: MFU is useful model FLOPs over the device's peak.",
-        "- TFLOPS are per device (tokens/s ÷ world size × FLOPs/token); MFU above 100 % is reported as it is,"
-        " never clipped: it means the peak or the count does not fit the device.",
+        "- TFLOPS are per device (tokens/s ÷ world size × FLOPs/token). The peak is a ceiling (a GPU's datasheet"
+        " entry; on a CPU cores × clock × FLOPs per cycle, see the header), so MFU above 100 % is a bug: it is"
+        " reported as it is, never clipped.",
     ]
 
 
@@ -113,19 +114,40 @@ def _phases(verdict: Verdict) -> list[str]:
 
 
 def _losses(records: Sequence[dict[str, Any]], evals: list[dict[str, Any]]) -> list[str]:
-    lines = ["## Loss", ""]
-    train = [r for r in records if isinstance(r.get("loss"), (int, float))]
+    """Train loss (logged steps and their EMA, as loss.png draws them) and validation loss, first / last / best.
+    A data mixture's per-source figures belong in the section right after this one."""
+    lines = ["## Loss", "", "| loss | first | last | best | last, smoothed |", "|---|---:|---:|---:|---:|"]
+    train = [r for r in records if _finite(r.get("loss"))]
     if train:
-        last = train[-1]
-        lines.append(f"- Final train loss: {last['loss']:.4f} at step {last['step']}.")
-    evaluated = [r for r in evals if isinstance(r.get("loss"), (int, float))]
+        ema = plots.smoothed([r["loss"] for r in train])[-1]
+        lines.append(f"| train (nats/token) | {_at(train[0])} | {_at(train[-1])} | {_at(_best(train))} | {ema:.4f} |")
+    else:
+        lines.append("| train (nats/token) | n/a | n/a | n/a | n/a |")
+    evaluated = [r for r in evals if _finite(r.get("loss"))]
     if evaluated:
         last = evaluated[-1]
-        ppl = math.exp(last["loss"]) if last["loss"] < 700 else math.inf
-        lines.append(f"- Final eval loss: {last['loss']:.4f}, perplexity {ppl:,.2f} (e^loss) at step {last['step']}.")
+        lines.append(f"| validation (nats/token) | {_at(evaluated[0])} | {_at(last)} | {_at(_best(evaluated))} | |")
+        lines.append(f"\nValidation perplexity at step {last['step']}: {_perplexity(last['loss']):,.2f} (e^loss).")
     else:
-        lines.append("- No evaluation was logged.")
+        lines.append("| validation | not evaluated (eval.every 0) | | | |")
+    lines.append(f"\nThe smoothed column is the EMA (weight {plots.PLOT_SMOOTHING}) over the logged steps.")
     return lines
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _best(records: list[dict[str, Any]]) -> dict[str, Any]:
+    return min(records, key=lambda r: r["loss"])
+
+
+def _at(record: dict[str, Any]) -> str:
+    return f"{record['loss']:.4f} (step {record['step']})"
+
+
+def _perplexity(loss: float) -> float:
+    return math.exp(loss) if loss < 700 else math.inf
 
 
 def _z_loss(records: Sequence[dict[str, Any]]) -> list[str]:
@@ -172,9 +194,10 @@ def _verdict(verdict: Verdict) -> list[str]:
     return [
         "## Bottleneck verdict",
         "",
-        f"**{verdict.kind}**: {verdict.reason}.",
+        f"**{verdict.kind}**{'' if verdict.confident else ' (tentative)'}: {verdict.reason}.",
         "",
         f"- Evidence: {verdict.evidence_line()}",
+        f"- Confidence: {verdict.confidence_line()}",
         f"- Try: {verdict.suggestion}",
         f"- Rules: {thresholds} of step time (overhead = unaccounted + communication); otherwise compute-bound, "
         f"with MFU below {LOW_MFU:.0%} called low. The largest excess over its threshold wins.",

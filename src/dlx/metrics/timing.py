@@ -25,11 +25,17 @@ first phase entered) to this one, after its synchronize, divided by the steps in
 cost, including work outside any phase (zero_grad, the scheduler, logging, Python), which the meter reports as
 `other_s` and the verdict as unaccounted time. Wrap evaluation and checkpointing in `timer.paused()` so they do not
 count as step time. Phases must not nest: their sum must not exceed the step, so a nested phase raises.
+
+`spread()` gives the window's step-time spread (for the verdict's confidence) without another wait: each step's host
+wall time from the previous `end_step` to its own, paused time left out. On a CPU that is the step's time. On CUDA the
+host runs at most one step ahead (the trainer reads each step's loss value), so the host intervals follow the device's
+pace; their mean is close to `step_s`, not equal to it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -56,6 +62,10 @@ class PhaseTimer:
         self._event_pool: list[Any] = []
         self._window_start: float | None = None
         self._paused_s = 0.0
+        self._step_start: float | None = None  # host clock at the previous end_step (or the window's start)
+        self._paused_in_step = 0.0
+        self._step_walls: list[float] = []  # host wall seconds of each step ended in this window
+        self._spread: dict[str, float] = {"window_steps": 0, "step_s_std": 0.0}
         self._active: str | None = None
 
     @contextlib.contextmanager
@@ -65,6 +75,8 @@ class PhaseTimer:
             raise RuntimeError(f"phase '{name}' entered inside phase '{self._active}': phases must not nest")
         if self._window_start is None:
             self._window_start = time.perf_counter()
+        if self._step_start is None:
+            self._step_start = self._window_start
         self._active = name
         try:
             if self._use_events and name not in HOST_PHASES:
@@ -97,7 +109,9 @@ class PhaseTimer:
         finally:
             device_mod.synchronize(self.device)  # and the pause's own kernels to the pause
             if self._window_start is not None:  # before the first phase no step clock is running
-                self._paused_s += time.perf_counter() - start_s
+                paused_s = time.perf_counter() - start_s
+                self._paused_s += paused_s
+                self._paused_in_step += paused_s
 
     def end_step(self) -> None:
         """Close this optimizer step (no wait for the device); its timings are read by the next `window()`."""
@@ -105,6 +119,10 @@ class PhaseTimer:
             raise RuntimeError(f"end_step called inside phase '{self._active}'")
         self._ended.append((self._host_s, self._spans))
         self._host_s, self._spans = {}, []
+        now = time.perf_counter()
+        if self._step_start is not None:  # None only for a step that entered no phase before its window
+            self._step_walls.append(max(now - self._step_start - self._paused_in_step, 0.0))
+        self._step_start, self._paused_in_step = now, 0.0
 
     def window(self) -> dict[str, float]:
         """Seconds per step, averaged over the steps ended since the last window: every standard phase present, plus
@@ -128,7 +146,18 @@ class PhaseTimer:
         timings = {name: seconds / steps for name, seconds in sums.items()}
         timings["step_s"] = max(now - window_start - self._paused_s, 0.0) / steps
         self._ended, self._paused_s, self._window_start = [], 0.0, now
+        self._spread = {"window_steps": steps, "step_s_std": _pstdev(self._step_walls)}
+        self._step_walls, self._step_start, self._paused_in_step = [], now, 0.0
         return timings
+
+    def spread(self) -> dict[str, float]:
+        """The last window's `window_steps` and `step_s_std` (population standard deviation of its steps' host wall
+        times, seconds); the verdict pools them into the step-time coefficient of variation."""
+        return dict(self._spread)
 
     def _take_event(self) -> Any:
         return self._event_pool.pop() if self._event_pool else device_mod.timing_event(self.device)
+
+
+def _pstdev(values: list[float]) -> float:
+    return statistics.pstdev(values) if len(values) > 1 else 0.0

@@ -14,10 +14,16 @@ Rules, with the thresholds in THRESHOLDS:
                    convention) the math itself runs inefficiently (fp32, small matmuls, unfused kernels, or
                    launch-bound small kernels, which on a GPU show up inside the forward/backward spans).
 When several rules fire, the kind whose share exceeds its threshold by the largest factor wins.
+
+Confidence: the coefficient of variation (standard deviation ÷ mean) of the per-step times judged. Above NOISY_CV the
+step times moved more than the shares the rules compare, usually because other processes shared the device, so the
+verdict says it is tentative instead of diagnosing with confidence. Advice names only what the device has: bf16 only
+where it runs natively, GPU features only on GPUs.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,6 +36,18 @@ THRESHOLDS = {"data-bound": 0.10, "optimizer-bound": 0.30, "overhead-bound": 0.2
 """Share of step time at or above which a kind is flagged."""
 LOW_MFU = 0.30
 """Compute-bound below this MFU (attention convention) means the model math itself is slow."""
+NOISY_CV = 0.15
+"""Step times whose coefficient of variation exceeds this make the verdict tentative."""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the advice may name: the device kind, the precision trained in, and whether bf16 runs natively."""
+
+    kind: str = "cuda"
+    """torch device type: cuda or cpu."""
+    precision: str = "bf16"
+    native_bf16: bool = True
 
 
 @dataclass(frozen=True)
@@ -41,7 +59,22 @@ class Verdict:
     suggestion: str
     """One concrete thing to try first."""
     evidence: dict[str, float | None] = field(default_factory=dict)
-    """<phase>_pct shares (other_pct included), median_step_s, median_tokens_per_s, median_mfu(_dense), steps."""
+    """<phase>_pct shares (other_pct included), median_step_s, median_tokens_per_s, median_mfu(_dense) over the
+    records judged, records, steps (the optimizer steps those records average), step_cv (coefficient of variation of
+    the per-step times)."""
+
+    @property
+    def confident(self) -> bool:
+        return (self.evidence.get("step_cv") or 0.0) <= NOISY_CV
+
+    def confidence_line(self) -> str:
+        cv = self.evidence.get("step_cv") or 0.0
+        if self.confident:
+            return f"step times vary by {cv:.0%} (coefficient of variation, at most {NOISY_CV:.0%} for a firm verdict)"
+        return (
+            f"tentative: step times vary by {cv:.0%} (coefficient of variation, above {NOISY_CV:.0%}), so other "
+            "processes likely shared the device; rerun on a quiet machine before acting on this verdict"
+        )
 
     def evidence_line(self) -> str:
         ev = self.evidence
@@ -51,15 +84,23 @@ class Verdict:
             mfu += f" (dense {100 * ev['median_mfu_dense']:.1f}%)"
         return (
             f"{shares}; median step {1e3 * ev['median_step_s']:.1f} ms, "
-            f"{ev['median_tokens_per_s']:,.0f} tokens/s, {mfu}, over {ev['steps']:.0f} steps"
+            f"{ev['median_tokens_per_s']:,.0f} tokens/s, {mfu}, over {ev['steps']:.0f} steps "
+            f"({ev['records']:.0f} logged records)"
         )
 
     def __str__(self) -> str:
-        return f"Bottleneck: {self.kind}: {self.reason}.\nEvidence: {self.evidence_line()}\nTry: {self.suggestion}"
+        kind = self.kind if self.confident else f"{self.kind} (tentative)"
+        return (
+            f"Bottleneck: {kind}: {self.reason}.\nEvidence: {self.evidence_line()}\n"
+            f"Confidence: {self.confidence_line()}\nTry: {self.suggestion}"
+        )
 
 
-def bottleneck_verdict(records: Sequence[dict[str, Any]], skip_first: int = 1) -> Verdict:
-    """Judge the step records (ThroughputMeter.record dicts, or metrics.jsonl lines) of one run."""
+def bottleneck_verdict(
+    records: Sequence[dict[str, Any]], skip_first: int = 1, hardware: Hardware | None = None
+) -> Verdict:
+    """Judge the step records (ThroughputMeter.record dicts, or metrics.jsonl lines) of one run on `hardware`
+    (default: a CUDA device training in bf16)."""
     if not records:
         raise ValueError("no step records to judge: the run logged no steps")
     used = list(records[skip_first:]) if len(records) > skip_first else list(records)
@@ -72,7 +113,7 @@ def bottleneck_verdict(records: Sequence[dict[str, Any]], skip_first: int = 1) -
     }
     ratios = {kind: s / THRESHOLDS[kind] for kind, s in flagged.items() if s >= THRESHOLDS[kind]}
     kind = max(ratios, key=ratios.__getitem__) if ratios else "compute-bound"
-    reason, suggestion = _ADVICE[kind](share, evidence["median_mfu"])
+    reason, suggestion = _ADVICE[kind](share, evidence["median_mfu"], hardware or Hardware())
     return Verdict(kind=kind, reason=reason, suggestion=suggestion, evidence=evidence)
 
 
@@ -88,8 +129,23 @@ def _evidence(records: list[dict[str, Any]]) -> dict[str, float | None]:
     evidence["median_tokens_per_s"] = statistics.median(float(rec["tokens_per_s"]) for rec in records)
     evidence["median_mfu"] = _median([rec.get("mfu") for rec in records])
     evidence["median_mfu_dense"] = _median([rec.get("mfu_dense") for rec in records])
-    evidence["steps"] = float(len(records))
+    evidence["records"] = float(len(records))
+    evidence["steps"] = float(sum(rec.get("window_steps") or 1 for rec in records))
+    evidence["step_cv"] = step_time_cv(records)
     return evidence
+
+
+def step_time_cv(records: Sequence[dict[str, Any]]) -> float:
+    """Coefficient of variation of the per-step times behind the records. A record averages `window_steps` steps
+    (1 when absent) whose times had standard deviation `step_s_std` (0 when absent); pooled exactly:
+    variance = Σ nᵢ (sᵢ² + (mᵢ − m)²) / Σ nᵢ over records i with nᵢ steps of mean mᵢ, m the overall mean."""
+    counts = [float(rec.get("window_steps") or 1) for rec in records]
+    means = [float(rec["step_s"]) for rec in records]
+    stds = [float(rec.get("step_s_std") or 0.0) for rec in records]
+    total = sum(counts)
+    mean = sum(n * m for n, m in zip(counts, means, strict=True)) / total
+    variance = sum(n * (s * s + (m - mean) ** 2) for n, m, s in zip(counts, means, stds, strict=True)) / total
+    return math.sqrt(variance) / mean if mean > 0 else 0.0
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -97,37 +153,40 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-def _data(share: dict[str, float], mfu: float | None) -> tuple[str, str]:
-    return (
-        f"the device waits for data {share['data_wait']:.0%} of each step (threshold {THRESHOLDS['data-bound']:.0%})",
-        "raise data.workers and the loader's prefetch depth so batches are ready before the step asks; "
-        "if batches are tokenized on the fly, prepare the dataset into shards first",
+def _data(share: dict[str, float], mfu: float | None, hw: Hardware) -> tuple[str, str]:
+    reason = (
+        f"the device waits for data {share['data_wait']:.0%} of each step (threshold {THRESHOLDS['data-bound']:.0%})"
     )
+    if hw.kind == "cpu":
+        return reason, (
+            "raise data.prefetch so batches are ready before the step asks; on a CPU the loader's workers take cores "
+            "from training, so raise data.num_workers only while cores are idle"
+        )
+    return reason, "raise data.num_workers and data.prefetch so batches are ready before the step asks"
 
 
-def _optimizer(share: dict[str, float], mfu: float | None) -> tuple[str, str]:
+def _optimizer(share: dict[str, float], mfu: float | None, hw: Hardware) -> tuple[str, str]:
     return (
         f"the optimizer takes {share['optimizer']:.0%} of each step (threshold {THRESHOLDS['optimizer-bound']:.0%})",
-        "use fused (CUDA) or foreach AdamW, and raise train.grad_accum so each optimizer step serves more tokens",
+        "raise train.grad_accum or data.micro_batch_size so each optimizer step serves more tokens",
     )
 
 
-def _overhead(share: dict[str, float], mfu: float | None) -> tuple[str, str]:
+def _overhead(share: dict[str, float], mfu: float | None, hw: Hardware) -> tuple[str, str]:
     if share["communication"] > share["other"]:
         return (
             f"exposed communication takes {share['communication']:.0%} of each step",
             "raise train.grad_accum (gradients are all-reduced once per optimizer step) so the all-reduce is "
-            "amortised over more tokens, and let DDP's buckets overlap it with backward",
+            "amortised over more tokens",
         )
     return (
         f"{share['other']:.0%} of each step is outside data, forward, backward and optimizer "
         f"(threshold {THRESHOLDS['overhead-bound']:.0%}): Python, kernel launches, logging",
-        "raise data.micro_batch_size for larger kernels, enable train.compile (or CUDA graphs on a GPU), "
-        "and log less often",
+        "raise data.micro_batch_size for larger kernels, enable train.compile, and raise log.every",
     )
 
 
-def _compute(share: dict[str, float], mfu: float | None) -> tuple[str, str]:
+def _compute(share: dict[str, float], mfu: float | None, hw: Hardware) -> tuple[str, str]:
     math_share = share["forward"] + share["backward"]
     if mfu is None:
         return (
@@ -138,13 +197,26 @@ def _compute(share: dict[str, float], mfu: float | None) -> tuple[str, str]:
     if mfu < LOW_MFU:
         return (
             f"forward and backward take {math_share:.0%} of each step, at only {mfu:.1%} MFU",
-            "train in bf16 if not already, enable train.compile, and make the matmuls larger "
-            "(bigger micro-batch or sequence length)",
+            _faster_math(hw),
         )
+    more = "more GPUs (parallel.strategy fsdp)" if hw.kind == "cuda" else "more cores or a GPU"
     return (
         f"forward and backward take {math_share:.0%} of each step at {mfu:.1%} MFU: the device is doing model math",
-        "what remains is fused kernels (flash attention, train.compile) or more devices",
+        f"what remains is train.compile (fused kernels) or {more}",
     )
+
+
+def _faster_math(hw: Hardware) -> str:
+    """Ways to run the model math faster that this device has."""
+    ways = []
+    if hw.precision == "fp32" and hw.native_bf16:
+        ways.append("train.precision bf16 (this device runs bf16 natively)")
+    ways.append("train.compile")
+    ways.append("larger matmuls (data.micro_batch_size or data.seq_len)")
+    advice = ", ".join(ways[:-1]) + f" and {ways[-1]}"
+    if hw.kind == "cpu" and not hw.native_bf16:
+        advice += "; stay in fp32: bf16 is emulated on this CPU (no AVX512-BF16 or AMX) and trains 10-30x slower"
+    return advice
 
 
 _ADVICE = {"data-bound": _data, "optimizer-bound": _optimizer, "overhead-bound": _overhead, "compute-bound": _compute}

@@ -1,7 +1,9 @@
 """What a run shows on the terminal: the header, one line per logged step, notes, and a rich progress bar.
 
-The bar (loss, tokens/s, MFU, ETA) appears only on a terminal; piped output gets the plain lines alone. It refreshes
-twice a second from rich's thread, which costs far below 1 % of a step.
+The bar (smoothed loss, tokens/s, MFU, ETA) appears only on a terminal; piped output gets the plain lines alone. It
+moves every step: the loss shown is an exponential moving average of every step's loss (weight LOSS_SMOOTHING,
+debiased), while tokens/s and MFU come from the latest logged record. It refreshes twice a second from rich's thread,
+which costs far below 1 % of a step.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+
+from dlx.metrics.meter import Ema
+
+LOSS_SMOOTHING = 0.9
+"""EMA weight of the bar's loss: each step's loss counts 10 %, so the figure follows about the last 10 steps."""
 
 
 class RunConsole:
@@ -38,6 +45,9 @@ class RunConsole:
             disable=not show_bar,
         )
         self.task = self.progress.add_task("train", total=total_steps, completed=start_step, stats="")
+        self.loss = Ema(LOSS_SMOOTHING)
+        self._throughput = ""
+        """tokens/s and MFU of the latest logged record."""
 
     def print(self, text: str = "") -> None:
         if self.is_main:
@@ -51,15 +61,22 @@ class RunConsole:
     def start(self) -> None:
         self.progress.start()
 
-    def advance(self, step: int, record: dict[str, Any] | None) -> None:
-        fields = {}
+    def advance(self, step: int, record: dict[str, Any] | None, loss: float | None = None) -> None:
+        """Every step: the step's loss (or the logged record's, which holds it) into the average, and the bar on."""
         if record is not None:
+            loss = record.get("loss")
             mfu = record.get("mfu")
             mfu_text = f"MFU {100 * mfu:.1f}%" if mfu is not None else "MFU n/a"
-            loss = record.get("loss")
-            loss_text = f"{loss:.4f}" if loss is not None else "n/a"
-            fields["stats"] = f"loss {loss_text} · {record['tokens_per_s']:,.0f} tok/s · {mfu_text}"
-        self.progress.update(self.task, completed=step, **fields)
+            self._throughput = f" · {record['tokens_per_s']:,.0f} tok/s · {mfu_text}"
+        if loss is not None:
+            self.loss.update(float(loss))
+        self.progress.update(self.task, completed=step, stats=self.stats())
+
+    def stats(self) -> str:
+        """The bar's text: `loss ~2.3456 (smoothed) · 1,234 tok/s · MFU 12.3%`."""
+        smoothed = self.loss.value
+        loss_text = "loss n/a" if smoothed is None else f"loss ~{smoothed:.4f} (smoothed)"
+        return loss_text + self._throughput
 
     def stop(self) -> None:
         self.progress.stop()

@@ -81,8 +81,13 @@ def new_run_dir(name: str, run_dir: Path | None) -> Path:
         while run_dir.exists():
             suffix += 1
             run_dir = RUNS_ROOT / f"{name}-{stamp}-{suffix}"
-    elif run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        raise UserError(f"run folder {run_dir} already exists; add --resume to continue it, or pick another --run-dir")
+    elif run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--run-dir {run_dir} is a file, not a folder; pick another --run-dir")
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        what = "holds a run" if (run_dir / CONFIG_FILE).is_file() else "is not empty"
+        raise UserError(
+            f"run folder {run_dir} already exists and {what}; add --resume to continue it, or pick another --run-dir"
+        )
     return run_dir
 
 
@@ -93,9 +98,35 @@ def existing_run_dir(name: str, run_dir: Path | None) -> Path:
         if not candidates:
             raise UserError(f"--resume: no earlier '{name}' run under {RUNS_ROOT}/; pass --run-dir RUN_DIR")
         return candidates[-1]
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise UserError(f"--resume: {run_dir} is not a run folder ({CONFIG_FILE} missing); check --run-dir")
+    check_holds_a_run(run_dir)
     return run_dir
+
+
+def check_holds_a_run(run_dir: Path) -> None:
+    """--resume needs a folder that a run was started in; say which of the three it is not."""
+    if not run_dir.exists():
+        raise UserError(f"--resume: {run_dir} does not exist, so there is no run to resume; start one without --resume")
+    if not run_dir.is_dir():
+        raise UserError(f"--resume: {run_dir} is a file, not a run folder; pass the run's folder as --run-dir")
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise UserError(
+            f"--resume: {run_dir} holds no run ({CONFIG_FILE} is missing: no run was started there); start one "
+            "without --resume, or pass the run's folder as --run-dir"
+        )
+
+
+def no_checkpoint_note(run_dir: Path) -> str:
+    """What --resume says when the run folder has nothing to resume from: no checkpoint yet, or only damaged ones."""
+    damaged = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*.damaged"))
+    if damaged:
+        return (
+            f"--resume: {run_dir} has no complete checkpoint (damaged, set aside: {', '.join(damaged)}); "
+            "starting the run again from step 0"
+        )
+    return (
+        f"--resume: {run_dir} has no checkpoint yet (the run stopped before its first save); starting the run again "
+        "from step 0"
+    )
 
 
 def _mtime(path: Path) -> float:
@@ -103,6 +134,7 @@ def _mtime(path: Path) -> float:
 
 
 def saved_config(run_dir: Path) -> dict[str, Any]:
+    check_holds_a_run(run_dir)
     try:
         data = yaml.safe_load((run_dir / CONFIG_FILE).read_text())
     except (OSError, yaml.YAMLError) as e:

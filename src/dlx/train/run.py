@@ -36,6 +36,7 @@ from dlx.train.init_from import InitSource, check_tokenizer, load_initial_weight
 from dlx.train.objective import Objective, build_objective
 from dlx.train.observe import build_profiler, check_observers, check_wandb_installed, open_wandb
 from dlx.train.optim import ScheduledLR, build_optimizer, build_scheduler
+from dlx.train.preflight import Preflight, run_preflight
 from dlx.train.recipe import write_resolved
 from dlx.train.sample import TrainingSampler
 from dlx.train.signals import GracefulStop
@@ -65,6 +66,8 @@ class Run:
     """torch.profiler around the `profile.*` steps (nothing outside them)."""
     gpu: NvmlCounters | NoGpuCounters
     """GPU utilisation per logged record (NVML), or why there is none."""
+    preflight: Preflight | None = None
+    """What was checked before step 1 (dlx.train.preflight), printed in the header."""
     objective: Objective = field(default_factory=Objective)
     """The z-loss (train.z_loss) and document ids for the model (data.document_mask), in the step and in eval."""
     last_checkpoint: Path | None = None
@@ -231,6 +234,7 @@ def build_run(
     data_info = inspect_dataset(config)
     check_layout(config.parallel, env.world_size)
     run_dir = main_decides(lambda: resolve_run_dir(config, name, run_dir, resume))
+    checked = main_decides(lambda: run_preflight(config, run_dir, resume, env.dp_size))
     precision = build_precision(config.train.precision, device, engine_managed=config.parallel.strategy == "deepspeed")
     loader = build_train_loader(config, device, env.dp_rank, env.dp_size)  # the TP ranks of a replica: one batch
     try:
@@ -268,6 +272,7 @@ def build_run(
         console=console,
         stop=stop,
         data_info=data_info,
+        preflight=checked,
         objective=build_objective(config.train.z_loss, config.data.document_mask, data_info.eos_id),
         last_checkpoint=last,
         init=init,
@@ -293,7 +298,7 @@ def restore(
     if not resume:
         return ckpt.TrainerState(), None
     if loaded is None:
-        console.warn(f"--resume: {run_dir} holds no complete checkpoint; starting it again from step 0")
+        console.warn(folder.no_checkpoint_note(run_dir))
         return ckpt.TrainerState(), None
     state = ckpt.apply_checkpoint(loaded, strategy, scheduler, strategy.precision.scaler, say=console.warn)
     if state.loader is not None:

@@ -25,7 +25,7 @@ from torch import nn
 from dlx.errors import UserError
 from dlx.metrics.report import write_report
 from dlx.metrics.timing import PhaseTimer
-from dlx.metrics.verdict import bottleneck_verdict
+from dlx.metrics.verdict import Hardware, bottleneck_verdict
 from dlx.parallel import distributed
 from dlx.parallel.strategy import Strategy
 from dlx.precision import Precision
@@ -129,7 +129,7 @@ def train_loop(run: Run) -> None:
         if step % run.config.log.every == 0 or step in (1, run.plan.total_steps):  # step 1: the starting loss
             log_step(run, step, loss_value, lr, grad_norm, run.timer.window())
         else:
-            run.console.advance(step, None)
+            run.console.advance(step, None, loss_value)
         stopped_between = between_steps(run, step)
         if stop_requested or stopped_between:
             run.stopped_early = True
@@ -235,6 +235,7 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
     if run.env.is_distributed and record.get("peak_mem_gb") is not None:
         record["peak_mem_gb"] = distributed.all_reduce([record["peak_mem_gb"]], "max", run.device)[0]
     record.update(step_fields(run, step))  # epoch; z_loss and source_tokens when they apply
+    record.update(run.timer.spread())  # window_steps, step_s_std: the verdict's confidence
     record.update(observed_columns(run))  # GPU counters, profiled steps
     run.logger.log(record)
     run.records.append(record)
@@ -298,12 +299,18 @@ def finish(run: Run) -> None:
     elif run.config.eval.every and not (run.eval_records and run.eval_records[-1]["step"] == step):
         run_eval(run, step)
     if run.records and run.env.is_main:
-        run.verdict = bottleneck_verdict(run.records)
+        run.verdict = bottleneck_verdict(run.records, hardware=hardware(run))
         run.console.print(str(run.verdict))
         weights = {source.name: source.weight for source in run.data_info.sources}  # data.mix; empty otherwise
         write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records, source_weights=weights)
         run.logger.finish_run(step, run.verdict, report_files(run.run_dir))
     run.console.print(f"run folder: {run.run_dir} (report.md, metrics.jsonl, checkpoints/)")
+
+
+def hardware(run: Run) -> Hardware:
+    from dlx.device import supports_native_bf16
+
+    return Hardware(run.device.type, run.precision.name, supports_native_bf16(run.device))
 
 
 def print_header(run: Run) -> None:
@@ -312,6 +319,7 @@ def print_header(run: Run) -> None:
     # ds_numel: a ZeRO-3 parameter's full size (its local tensor is empty); a DTensor's numel is already the full one
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in run.model.parameters() if p.requires_grad)
     run.header = header_lines(run.plan, trainable, run.precision.name, device_name(run.device)) + run.meter.header()
+    run.header += run.preflight.lines() if run.preflight else []
     run.header += observer_header(run)
     if run.init is not None:
         run.header.append(f"initial weights: {run.init.describe()}")

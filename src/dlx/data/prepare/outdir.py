@@ -56,6 +56,8 @@ def existing_dataset(out: Path, request: dict, tokenizer_sha256: str | None) -> 
             f"{manifest.tokenizer_sha256[:12]}, yours {tokenizer_sha256[:12]}); choose a new --out or "
             f"delete {out}"
         )
+    if tokenizer_sha256 == manifest.tokenizer_sha256:  # --tokenizer is the folder's own (its tokenizer.json, say)
+        request = {**request, "tokenizer": recorded.get("tokenizer")}
     if recorded.get("tokenizer") != request["tokenizer"]:
         raise UserError(
             f"--out {out} holds shards made with another tokenizer ({_describe(recorded.get('tokenizer'))}"
