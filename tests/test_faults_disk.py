@@ -55,13 +55,20 @@ def check_refused_save(result: subprocess.CompletedProcess, run_dir, cause: str)
 
 @pytest.mark.skipif(not user_namespaces_work(), reason="unprivileged user namespaces (unshare -rm) are not available")
 def test_a_full_filesystem_during_a_save(tmp_path):
-    used = first_checkpoint(tmp_path / "run")
-    mount, back = tmp_path / "mnt", tmp_path / "after"
+    """Preflight sees room for two checkpoints; the disk fills while the step-6 save has written its weights, so the
+    rest of the save meets ENOSPC. (Too little room at start is preflight's refusal: tests/test_train_preflight.py.)"""
+    first_checkpoint(tmp_path / "run")
+    mount, back, faults = tmp_path / "mnt", tmp_path / "after", tmp_path / "faults"
     mount.mkdir()
+    faults.mkdir()
     dlx = shlex.join([sys.executable, "-c", NO_PLOTS, *RESUME, "--run-dir", str(mount / "run")])
+    marker, filler = faults / "checkpoint_save", mount / "filler"
     script = (
-        f"mount -t tmpfs -o size={used + (1 << 20)} tmpfs {mount} && cp -a {tmp_path / 'run'} {mount / 'run'} && "
-        f"{{ {dlx}; rc=$?; cp -a {mount / 'run'} {back}; exit $rc; }}"
+        f"mount -t tmpfs -o size=64m tmpfs {mount} && cp -a {tmp_path / 'run'} {mount / 'run'} && "
+        f"{{ DLX_FAULT_PAUSE=checkpoint_save DLX_FAULT_DIR={faults} {dlx} & pid=$!; "
+        f"while [ ! -e {marker} ]; do sleep 0.05; done; "
+        f"dd if=/dev/zero of={filler} bs=64k 2>/dev/null; rm {marker}; "
+        f"wait $pid; rc=$?; cp -a {mount / 'run'} {back}; exit $rc; }}"
     )
     result = subprocess.run(
         ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],

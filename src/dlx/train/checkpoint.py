@@ -214,11 +214,7 @@ class PendingSave:
         if not any_rank(error is not None, self.device):
             return
         main_decides(lambda: shutil.rmtree(self.tmp, ignore_errors=True))  # the older checkpoints were never touched
-        raise UserError(
-            f"cannot save checkpoint {self.path.name}: {_reason(error)}; the previous checkpoint "
-            f"({next(iter(list_checkpoints(self.run_dir)), None) or 'none'}) is intact. Free space in {self.run_dir} "
-            "and resume with --resume"
-        ) from None
+        raise _save_refused(self.path, self.run_dir, error) from None
 
     def abandon(self) -> None:
         """On the way out after an error: let the background write finish or fail, so that no thread outlives the
@@ -279,11 +275,16 @@ def _publish(tmp: Path, path: Path, state: TrainerState, run_dir: Path, keep_las
         publish_dir(tmp, path, overwrite=True)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(
-            f"cannot save checkpoint {path.name}: {_reason(e)}; the previous checkpoint is intact. Free space in "
-            f"{run_dir} and resume with --resume"
-        ) from None
+        raise _save_refused(path, run_dir, e) from None
     prune_checkpoints(run_dir, keep_last)
+
+
+def _save_refused(path: Path, run_dir: Path, error: BaseException | None) -> UserError:
+    previous = next(iter(list_checkpoints(run_dir)), None)
+    return UserError(
+        f"cannot save checkpoint {path.name}: {_reason(error)}; the previous checkpoint ({previous or 'none'}) is "
+        f"intact. Free space in {run_dir} and resume with --resume"
+    )
 
 
 class _KeepWriteError:
