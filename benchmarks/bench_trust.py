@@ -295,8 +295,8 @@ def main() -> None:
         "",
         *preflight,
         "",
-        "- per-shard checksum verification in the loader's workers (issue 15, Build 3): measured by "
-        "benchmarks/bench_loader.py; figure pending from that change",
+        "- per-shard checksum verification in the loader's workers: its cost is the data wait with and without "
+        "checksums in benchmarks/bench_loader.py (section Loader contest, table (c))",
     ]
     if policies:
         lines += ["", *POLICY_HEAD, "", *policies]
