@@ -198,7 +198,11 @@ def test_an_offline_wandb_run_holds_the_logged_steps(tmp_path, data, monkeypatch
     assert run["display_name"] == "tiny" and run["project"] == "dlx"
     assert run["config"]["update"]["train"]["max_steps"] == 4
     summary = {k: v for r in records if r["type"] == "summary" for k, v in r["summary"].get("update", {}).items()}
-    assert f"Bottleneck: {summary['verdict/kind']}: {summary['verdict/reason']}." in result.stdout
+    kind = summary["verdict/kind"]  # printed "(tentative)" when the step times were too noisy to be sure
+    assert f"Bottleneck: {kind}: {summary['verdict/reason']}." in result.stdout or (
+        f"Bottleneck: {kind} (tentative): {summary['verdict/reason']}." in result.stdout
+    )
+    assert f"Confidence: {summary['verdict/confidence']}" in result.stdout
 
 
 def test_wandb_without_credentials_or_package_is_refused_before_anything_is_written(tmp_path, data, monkeypatch):

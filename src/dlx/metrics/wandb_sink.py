@@ -98,6 +98,7 @@ class WandbSink:
             if verdict is not None:
                 self.run.summary.update({"verdict/kind": verdict.kind, "verdict/reason": verdict.reason})
                 self.run.summary["verdict/suggestion"] = verdict.suggestion
+                self.run.summary["verdict/confidence"] = verdict.confidence_line()
             pngs = [p for p in files if p.suffix == ".png" and p.is_file()]
             if pngs:
                 self.run.log({f"plots/{p.stem}": self.wandb.Image(str(p)) for p in pngs}, step=step)
