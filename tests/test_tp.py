@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from dlx.errors import UserError
 from dlx.model.hf import dlx_to_hf_name
+from dlx.model.io import empty_model
 from dlx.model.llama import Transformer
 from dlx.model.presets import resolve_model_args
 from dlx.parallel.config import ParallelConfig
@@ -24,7 +25,7 @@ from dlx.parallel.strategy import Strategy, check_format
 from dlx.parallel.tensor import check_layout
 from dlx.train.checkpoint import load_checkpoint_model
 from dlx.train.config import build_config
-from dlx.train.init_from import resolve_source
+from dlx.train.init_from import load_initial_weights, resolve_source
 from dlx.train.launch import launch
 from test_parallel import LOSS_TOLERANCE, PARAM_TOLERANCE, RUN, TESTS, final_weights, max_difference, torchrun
 from train_helpers import losses, run_cli, train_quietly
@@ -147,6 +148,32 @@ def test_export_hf_reads_a_dcp_checkpoint(tp2_run, tmp_path):
     assert found.weights == run_dir / "checkpoints" / step2.name
     earlier = load_checkpoint_model(found.weights).state_dict()
     assert not torch.equal(earlier["output.weight"], saved["output.weight"])
+
+
+def test_init_from_reads_a_checkpoint_that_has_dcp_shards_only(tp2_run, tmp_path):
+    """checkpoint.full_weights last leaves step 2 without model.safetensors: model.init_from reads its DCP shards, in
+    one process (the weights export-hf reads) and shard-wise under fsdp 2 (the same first loss); with neither weights
+    shards it is one line."""
+    step2 = tp2_run[0] / "checkpoints" / "step-00000002"
+    source = resolve_source(step2)
+    assert source.in_shards
+    source.check()
+    model = empty_model(source.args(), "cpu")
+    load_initial_weights(model, source)
+    expected = load_checkpoint_model(step2).state_dict()
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in model.state_dict().items())
+    start = [*RUN, "--model.init_from", str(step2), "--train.max_steps", "1", "--checkpoint.every", "0"]
+    one = train_quietly(start, tmp_path / "one")
+    two = tmp_path / "two"
+    result, _ = torchrun(["pretrain", *start, "--parallel.strategy", "fsdp", "--run-dir", str(two)], tmp_path)
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert abs(losses(two)[1] - losses(one)[1]) <= LOSS_TOLERANCE
+    assert losses(one)[1] != losses(tp2_run[0])[1]  # from step 2's weights, not from the seed's random ones
+    no_shards = tmp_path / "no-shards"
+    shutil.copytree(step2, no_shards)
+    shutil.rmtree(no_shards / "dcp")
+    with pytest.raises(UserError, match=r"no-shards: the checkpoint is damaged \(dcp/\.metadata is missing\)"):
+        resolve_source(no_shards)
 
 
 def test_materialised_model_is_the_seeded_init():

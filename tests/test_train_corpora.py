@@ -58,7 +58,10 @@ def mix_args(prose: Path, code: Path, *extra: str) -> list[str]:
 def test_a_mixture_run_logs_tokens_and_validation_loss_per_source(two_corpora, tmp_path):
     prose, code = two_corpora
     extra = ["--train.max_steps", "8", "--eval.every", "4", "--eval.batches", "2", "--train.grad_accum", "2"]
+    extra += ["--eval.sample_every", "4", "--eval.sample_prompts", '["def "]', "--eval.sample_tokens", "3"]
     result = pretrain(load_recipe(None, mix_args(prose, code, *extra)), "t", tmp_path / "run")
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [4, 8]  # sampled with the sources' shared tokenizer
     tokens_per_step = 2 * 2 * 16  # micro-batch × accumulation × seq_len
     for record in result.records:
         assert sum(record["source_tokens"].values()) == record["step"] * tokens_per_step
@@ -166,6 +169,10 @@ def test_bad_sources_are_refused_before_anything_is_written(two_corpora, tmp_pat
     [
         (["--data.mix", "a=1,b=x"], "error: recipe: data.mix: weight 'x' of b is not a number"),
         (["--data.mix", "a=1,./a=1"], "error: recipe: data.mix: a and ./a are the same folder"),
+        (["--data.mix", "a=1,b=0"], "error: recipe: data.mix: the weight of b is 0.0;"),
+        (["--data.mix", "a=-2,b=1"], "error: recipe: data.mix: the weight of a is -2.0;"),
+        (["--data.mix", "a=nan,b=1"], "error: recipe: data.mix: the weight of a is nan;"),
+        (["--data.mix", "a=1,b=inf"], "error: recipe: data.mix: the weight of b is inf;"),
         (["--data.mix", "a=1", "--data.path", "a"], "error: recipe: data.mix and data.path are exclusive"),
         (["--train.decay_ratio", "2"], "error: recipe: train.decay_ratio: input should be less than or equal to 1"),
         (["--data.mix", "{PROSE}=1,{ODD}=1"], "error: data.mix sources {PROSE} and {ODD} have different tokenizers"),
@@ -207,3 +214,12 @@ def test_two_ranks_train_a_mixture_like_one_process(two_corpora, tmp_path):
     evaluated = json.loads((tmp_path / "two" / "eval.jsonl").read_text())
     for name, loss in one.eval_records[-1]["source_loss"].items():
         assert abs(evaluated["source_loss"][name] - loss) <= LOSS_TOLERANCE
+
+
+@pytest.mark.parametrize("weight", ["true", '"2"'])
+def test_a_recipe_weight_must_be_a_number_as_written(tmp_path, weight):
+    """YAML `true` or a quoted "2" is refused, not read as 1.0 or 2.0."""
+    recipe = tmp_path / "mix.yaml"
+    recipe.write_text(f"data:\n  mix:\n    a: 1\n    b: {weight}\n")
+    with pytest.raises(UserError, match=r"the weight of b is (True|'2'); data\.mix takes PATH=W"):
+        load_recipe(recipe, [])

@@ -70,6 +70,31 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> No
     set_state_dict(model, optimizer, model_state_dict=state[MODEL_KEY], optim_state_dict=state[OPTIMIZER_KEY])
 
 
+def load_model_weights(model: nn.Module, folder: Path) -> None:
+    """Only the model weights of a DCP checkpoint (written by any layout) into `model` in any layout (whole, FSDP2 or
+    tensor-parallel shards): each rank reads what it holds. Every rank of a process group calls it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    weights = get_model_state_dict(model)
+    with _one_process():
+        dcp.load({MODEL_KEY: weights}, checkpoint_id=folder, no_dist=not _group_active())
+    set_model_state_dict(model, weights)
+
+
+def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """The model tensors a DCP checkpoint holds and their full shapes, from its metadata (no tensor data read)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    prefix = f"{MODEL_KEY}."
+    entries = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    return {
+        name.removeprefix(prefix): tuple(entry.size)
+        for name, entry in entries.items()
+        if name.startswith(prefix) and hasattr(entry, "size")
+    }
+
+
 def load_whole_model(model: Transformer, folder: Path) -> None:
     """Read a DCP checkpoint's model weights (not the optimizer state) into a whole, unsharded model, in one process
     and without a process group: DCP reads every rank's shards into place."""

@@ -109,14 +109,11 @@ class DataSection(BaseModel):
     @field_validator("mix", mode="before")
     @classmethod
     def _parse_mix(cls, value: Any) -> Any:
-        return parse_mix(value) if isinstance(value, str) else value
-
-    @field_validator("mix")
-    @classmethod
-    def _check_mix(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value is not None:
-            check_mix(value)
-        return value
+        """Weights are checked as written, before pydantic would turn `true` or "2" into a number."""
+        mix = parse_mix(value) if isinstance(value, str) else value
+        if isinstance(mix, dict):
+            check_mix(mix)
+        return mix
 
     @model_validator(mode="after")
     def _mix_or_path(self) -> DataSection:
@@ -342,10 +339,10 @@ class RunConfig(BaseModel):
             )
 
     def _check_observers(self) -> None:
-        if self.eval.sample_every and self.data.path == SYNTHETIC:
+        if self.eval.sample_every and self.data.path == SYNTHETIC and not self.data.mix and not self.model.init_from:
             raise ValueError(
                 "eval.sample_every needs a tokenizer and synthetic data has none; set data.path to a prepared "
-                "dataset or eval.sample_every 0"
+                "dataset (or model.init_from to weights with their tokenizer) or eval.sample_every 0"
             )
         last = self.profile.start + self.profile.steps - 1
         if self.profile.steps and self.train.max_steps is not None and last > self.train.max_steps:

@@ -4,7 +4,8 @@ The source is any of
 
     a Hugging Face Llama folder   config.json + model.safetensors, or shards listed by model.safetensors.index.json
     a dlx model folder            model_args.json + model.safetensors (`dlx import-hf` writes one)
-    a dlx checkpoint              checkpoints/step-N/ of a run
+    a dlx checkpoint              checkpoints/step-N/ of a run: its model.safetensors, or, where a sharded run saved
+                                  none (checkpoint.full_weights last or never), its DCP shards, read shard-wise
     a dlx run folder              its newest complete checkpoint
 
 The model's shape comes from the weights (a preset or `model.*` key may only agree with them; `max_seq_len`, which
@@ -19,13 +20,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
 from dlx.model.args import ModelArgs
 from dlx.model.hf import CONFIG_FILE, read_hf_args, read_hf_folder
-from dlx.model.io import ARGS_FILE, StoredTensor, load_weights, read_model_args, read_model_folder
+from dlx.model.io import (
+    ARGS_FILE,
+    WEIGHTS_FILE,
+    StoredTensor,
+    load_weights,
+    read_model_args,
+    read_model_folder,
+    unique_state_dict,
+)
 from dlx.model.llama import Transformer
 from dlx.model.presets import resolve_model_args
+from dlx.parallel import dcp
+from dlx.parallel.strategy import DCP_FOLDER
 from dlx.train import checkpoint as ckpt
 from dlx.train.recipe import CONFIG_FILE as RUN_CONFIG_FILE
 
@@ -52,12 +65,50 @@ class InitSource:
         where = "" if self.weights == self.given else f" ({self.weights.relative_to(self.given)})"
         return f"{self.given}{where}, a {KINDS[self.kind]}"
 
+    @property
+    def in_shards(self) -> bool:
+        """A checkpoint without model.safetensors (a sharded run's, as checkpoint.full_weights last or never leaves
+        all but its last): the weights are read from its DCP shards."""
+        return self.kind in ("checkpoint", "run") and not (self.weights / WEIGHTS_FILE).is_file()
+
     def args(self) -> ModelArgs:
-        return read_hf_args(self.weights) if self.kind == "hf" else read_model_args(self.weights)
+        if self.kind == "hf":
+            return read_hf_args(self.weights)
+        return _sharded_checkpoint_args(self.weights) if self.in_shards else read_model_args(self.weights)
 
     def stored(self) -> dict[str, StoredTensor]:
         """Every stored tensor by dlx name (headers only: names, shapes, dtypes; shards and index checked)."""
         return (read_hf_folder if self.kind == "hf" else read_model_folder)(self.weights)[1]
+
+    def check(self) -> None:
+        """Every header, shard and shape checked, no tensor data read: a broken source fails before anything starts."""
+        if not self.in_shards:
+            self.stored()
+            return
+        with torch.device("meta"):
+            expected = {name: tuple(t.shape) for name, t in unique_state_dict(Transformer(self.args())).items()}
+        try:
+            stored = dcp.stored_shapes(self.weights / DCP_FOLDER)
+        except Exception as e:  # DCP raises bare exceptions for unreadable metadata
+            raise UserError(f"{self.weights}: its DCP metadata cannot be read ({e}); give another checkpoint") from None
+        wrong = [name for name, shape in expected.items() if stored.get(name) != shape]
+        if wrong:
+            raise UserError(
+                f"{self.weights}: its DCP shards do not hold {wrong[0]} with shape {list(expected[wrong[0]])} as its "
+                f"{ARGS_FILE} says; give another checkpoint"
+            )
+
+
+def _sharded_checkpoint_args(folder: Path) -> ModelArgs:
+    if not (folder / ckpt.DCP_METADATA).is_file():
+        raise UserError(
+            f"{folder} holds neither {WEIGHTS_FILE} nor DCP shards (a DeepSpeed checkpoint without full weights); "
+            f"give a checkpoint that has {WEIGHTS_FILE} (the run's last, or save with checkpoint.full_weights every)"
+        )
+    try:
+        return ModelArgs.model_validate_json((folder / ARGS_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{folder / ARGS_FILE} is missing or damaged ({e}); give another checkpoint") from None
 
 
 def resolve_source(init_from: str | Path, role: str = "model.init_from") -> InitSource:
@@ -162,8 +213,17 @@ def _blamed_key(prop: str, overrides: dict[str, Any]) -> str | None:
 def load_initial_weights(model: Transformer, source: InitSource) -> None:
     """Copy the source's weights into `model`: built by `dlx.model.io.empty_model`, or sharded (DTensor parameters,
     e.g. FSDP2 on the meta device, then `to_empty`), when each rank reads only its own rows. Under torchrun every rank
-    reads the same files, which the operating system's page cache holds once."""
-    load_weights(model, source.stored(), str(source.weights))
+    reads the same files, which the operating system's page cache holds once. From a checkpoint's DCP shards, each rank
+    reads the parts its layout holds (every rank calls this then: the read is collective)."""
+    if not source.in_shards:
+        load_weights(model, source.stored(), str(source.weights))
+        return
+    try:
+        dcp.load_model_weights(model, source.weights / DCP_FOLDER)
+    except (RuntimeError, ValueError, KeyError) as e:  # DCP's CheckpointException is a RuntimeError
+        raise UserError(
+            f"{source.weights}: its DCP shards cannot be read ({str(e).splitlines()[0][:160]}); give another checkpoint"
+        ) from None
 
 
 def check_tokenizer(source: InitSource, dataset_tokenizer: Path | None, data_path: Path | None) -> None:

@@ -150,7 +150,7 @@ def resolve_initial_weights(
 
     def resolve() -> InitSource:
         source = resolve_source(config.model.init_from)
-        source.stored()  # every header, shard and shape checked before anything is written
+        source.check()  # every header, shard and shape checked before anything is written
         check_tokenizer(source, data_info.tokenizer, data_info.path)
         return source
 
