@@ -191,6 +191,8 @@ def test_bad_task_runs_and_merges_are_one_line_and_change_nothing(tmp_path, tiny
     assert_one_line_error(dlx(*other, "--tasks", "3", "--task-index", "1"), "differs in: inputs")
     assert_one_line_error(dlx(*task, "--tasks", "3", "--task-index", "3"), "out of range", "0 … 2")
     assert_one_line_error(dlx(*task, "--tasks", "3", "--train-tokenizer", "300"), "--train-tokenizer")
+    untokenized = [arg for arg in task if arg not in ("--tokenizer", str(tiny_tokenizer))]
+    assert_one_line_error(dlx(*untokenized, "--tasks", "3", "--task-index", "1"), "--tasks needs --tokenizer")
     assert_one_line_error(dlx("prepare", "--out", str(out), "--merge"), "2 of 3 tasks are not done", "1 (not started)")
     assert_one_line_error(dlx("prepare", a, "--out", str(out), "--merge"), "drop INPUTS")
     assert_one_line_error(dlx(*task), "split into tasks")  # a one-machine run into a folder of tasks

@@ -227,3 +227,17 @@ def test_a_shard_filler_replaces_the_random_init():
         model = Transformer(args)
     materialize(model, torch.device("cpu"), seed=5, fill=fill)
     assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in stored.items())
+
+
+def test_checkpoint_keys_a_layout_does_not_use_are_named():
+    from dlx.train.config import CheckpointSection
+    from dlx.train.run import unused_checkpoint_keys
+
+    both = CheckpointSection.model_validate({"async": True, "full_weights": "every"})
+    assert [note.split(" applies")[0] for note in unused_checkpoint_keys(both, "full")] == [
+        "checkpoint.async",
+        "checkpoint.full_weights",
+    ]
+    assert [note.split(" applies")[0] for note in unused_checkpoint_keys(both, "deepspeed")] == ["checkpoint.async"]
+    assert unused_checkpoint_keys(both, "dcp") == []
+    assert unused_checkpoint_keys(CheckpointSection(), "full") == []

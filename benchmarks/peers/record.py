@@ -40,7 +40,7 @@ def versions() -> str:
 
 def environment(watched: list[str]) -> list[str]:
     """The exact command, code version (flagged when files under `watched` differ from it), versions and hardware."""
-    sha = _git("rev-parse", "--short", "HEAD") or os.environ.get("DLX_GIT_SHA", "unknown (no git; set DLX_GIT_SHA)")
+    sha = _git("rev-parse", "--short", "HEAD") or os.environ.get("DLX_GIT_SHA") or "unknown (no git; set DLX_GIT_SHA)"
     dirty = _git("status", "--porcelain", "--", *watched)
     executable = Path(sys.executable)
     python = str(executable.relative_to(ROOT)) if executable.is_relative_to(ROOT) else executable.name

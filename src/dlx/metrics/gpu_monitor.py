@@ -5,7 +5,7 @@ Record keys, in percent, each the mean over the record's wall-clock window (eval
     gpu_util_pct       NVML utilization.gpu: share of time one or more kernels ran. Not how busy the SMs were: one
                        small kernel at a time counts as 100 %.
     mem_util_pct       NVML utilization.memory: share of time device memory was read or written (the memory
-                       controller busy); the seed's "memory bandwidth" column.
+                       controller busy), what GPU tables often call "memory bandwidth".
     sm_active_pct      NVML GPM SM_UTIL: share of the SMs busy.
     tensor_active_pct  NVML GPM ANY_TENSOR_UTIL: share of time the SMs ran tensor-core instructions ("tensor core").
     fp32_active_pct    NVML GPM FP32_UTIL / FP16_UTIL: non-tensor floating-point math ("fp engine").

@@ -29,7 +29,7 @@ from dlx.parallel.tensor import check_layout
 from dlx.precision import Precision, build_precision
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
-from dlx.train.config import RunConfig
+from dlx.train.config import CheckpointSection, RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
 from dlx.train.init_from import InitSource, check_tokenizer, load_initial_weights, resolve_source
@@ -178,6 +178,19 @@ def initial_weights(init: InitSource | None, device: torch.device, config: RunCo
     return fill
 
 
+def unused_checkpoint_keys(section: CheckpointSection, checkpoint_format: str) -> list[str]:
+    """Notes for checkpoint keys the recipe set that this layout's checkpoints do not use."""
+    notes = []
+    if section.async_save and checkpoint_format != "dcp":
+        notes.append(
+            f"checkpoint.async applies to sharded (DCP) checkpoints (fsdp, parallel.tp > 1); this run's are in the "
+            f"{checkpoint_format} format and are written before training goes on"
+        )
+    if "full_weights" in section.model_fields_set and checkpoint_format == "full":
+        notes.append("checkpoint.full_weights applies to sharded checkpoints; this run's always hold model.safetensors")
+    return notes
+
+
 def build_run_strategy(
     model: Transformer,
     config: RunConfig,
@@ -253,6 +266,8 @@ def build_run(
         loader.close()
         raise
     console.progress.update(console.task, completed=state.step)
+    for note in unused_checkpoint_keys(config.checkpoint, strategy.checkpoint_format):
+        console.warn(note)
     resume_step = state.step if resume else None
     wandb = open_wandb(config, run_dir, env, console)
     logger = MetricsLogger(run_dir, config.log.tensorboard, is_main=env.is_main, resume_step=resume_step, wandb=wandb)
