@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import write_dataset
 from dlx.data.mixture import MixtureLoader
 from dlx.data.mixture.order import MixOrder, MixWindows, SourcePattern, quotas
 from dlx.data.mixture.sources import mix_sources, parse_mix
-from dlx.data.shards import Manifest, ShardInfo, sha256_file, write_manifest
 from dlx.errors import UserError
 
 SEQ = 8
@@ -29,23 +29,8 @@ TOKENIZER = {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}, 
 
 def write_source(folder: Path, n_tokens: int, offset: int, tokenizer: dict = TOKENIZER) -> Path:
     """A prepared dataset whose train split is offset, offset + 1, ... (one shard) and a val split of 100 tokens."""
-    folder.mkdir(parents=True)
-    shards = []
-    for split, n, start in (("train", n_tokens, offset), ("val", 100, offset + 50_000)):
-        path = folder / f"{split}-00000.bin"
-        np.arange(start, start + n, dtype="<u4").tofile(path)
-        shards.append(ShardInfo(name=path.name, split=split, tokens=n, documents=1, sha256=sha256_file(path)))
-    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
-    manifest = Manifest(
-        dtype="uint32",
-        vocab_size=1 << 20,
-        eos_id=0,
-        tokenizer_sha256=sha256_file(folder / "tokenizer.json"),
-        shards=shards,
-        complete=True,
-    )
-    write_manifest(folder, manifest)
-    return folder
+    splits = {"train": [np.arange(offset, offset + n_tokens)], "val": [np.arange(offset + 50_000, offset + 50_100)]}
+    return write_dataset(folder, splits, vocab_size=1 << 20, tokenizer=json.dumps(tokenizer))
 
 
 @pytest.fixture

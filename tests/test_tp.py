@@ -5,6 +5,7 @@ reads a DCP checkpoint; asynchronous saves; bad layouts are one line."""
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from pathlib import Path
@@ -241,3 +242,16 @@ def test_checkpoint_keys_a_layout_does_not_use_are_named():
     assert [note.split(" applies")[0] for note in unused_checkpoint_keys(both, "deepspeed")] == ["checkpoint.async"]
     assert unused_checkpoint_keys(both, "dcp") == []
     assert unused_checkpoint_keys(CheckpointSection(), "full") == []
+    assert unused_checkpoint_keys(CheckpointSection(full_weights="last"), "full") == []  # as a resumed recipe says
+
+
+def test_bench_measures_a_point_under_torchrun_with_tp_2(tmp_path):
+    """`dlx bench --tp 2` on 2 ranks measures the step pretrain runs in that layout; rank 0 alone writes bench.csv."""
+    out = tmp_path / "bench"
+    point = ["--model", "debug", "--seq-len", "32", "--micro-batch", "2", "--precision", "fp32", "--steps", "1"]
+    result, _ = torchrun(["bench", *point, "--warmup", "0", "--tp", "2", "--out", str(out)], tmp_path)
+    assert result.returncode == 0, result.stderr[-6000:]
+    with (out / "bench.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(row["status"], row["seq_len"], row["micro_batch"]) for row in rows] == [("ok", "32", "2")]
+    assert float(rows[0]["tokens_per_s"]) > 0 and float(rows[0]["est_mem_gb"]) > 0

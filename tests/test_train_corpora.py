@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from dlx.data.shards import Manifest, ShardInfo, read_manifest, sha256_file, write_manifest
+from conftest import write_dataset
+from dlx.data.shards import read_manifest, sha256_file, write_manifest
 from dlx.errors import UserError
 from dlx.model.loss import whole_logits_loss
 from dlx.train.objective import Objective
@@ -31,22 +32,14 @@ def two_corpora(tmp_path_factory) -> tuple[Path, Path]:
 
     root = tmp_path_factory.mktemp("corpora")
     prose = make_dataset(root / "prose")
-    code = root / "code"
-    code.mkdir()
-    shutil.copyfile(prose / "tokenizer.json", code / "tokenizer.json")
-    tokenizer = Tokenizer.from_file(str(code / "tokenizer.json"))
+    tokenizer_json = (prose / "tokenizer.json").read_text()
+    tokenizer = Tokenizer.from_str(tokenizer_json)
     base = read_manifest(prose)
-    shards = []
+    splits, documents = {}, {}
     for split, modules in (("train", (string, inspect)), ("val", (shutil,))):
-        documents = [[*tokenizer.encode(inspect.getsource(m)).ids, base.eos_id] for m in modules]
-        name = f"{split}-00000.bin"
-        np.concatenate([np.asarray(d, dtype="<u2") for d in documents]).tofile(code / name)
-        tokens = sum(len(d) for d in documents)
-        shards.append(
-            ShardInfo(name=name, split=split, tokens=tokens, documents=len(documents), sha256=sha256_file(code / name))
-        )
-    manifest = base.model_copy(update={"shards": shards, "tokenizer_sha256": sha256_file(code / "tokenizer.json")})
-    write_manifest(code, Manifest.model_validate(manifest.model_dump()))
+        texts = [[*tokenizer.encode(inspect.getsource(m)).ids, base.eos_id] for m in modules]
+        splits[split], documents[split] = [np.concatenate(texts)], [len(texts)]
+    code = write_dataset(root / "code", splits, base.vocab_size, base.eos_id, documents, tokenizer_json)
     return prose, code
 
 

@@ -186,7 +186,7 @@ def unused_checkpoint_keys(section: CheckpointSection, checkpoint_format: str) -
             f"checkpoint.async applies to sharded (DCP) checkpoints (fsdp, parallel.tp > 1); this run's are in the "
             f"{checkpoint_format} format and are written before training goes on"
         )
-    if "full_weights" in section.model_fields_set and checkpoint_format == "full":
+    if section.full_weights != "last" and checkpoint_format == "full":  # a resumed run's recipe names every key
         notes.append("checkpoint.full_weights applies to sharded checkpoints; this run's always hold model.safetensors")
     return notes
 
