@@ -208,14 +208,14 @@ def environment() -> list[str]:
         ),
         platform.processor(),
     )
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    from peers.record import machine_load
+
     memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return [
         f"- command: `{shlex.join([os.path.relpath(sys.executable, ROOT), *sys.argv])}` (from the repository root)",
         f"- git: {sha}; python {platform.python_version()}, torch {torch.__version__}, transformers "
         f"{transformers.__version__}",
-        f"- hardware: {cpu}, {os.cpu_count()} logical CPUs, {memory_gib:.0f} GiB; load average before the run {load} "
-        "(other agents were loading the machine while this ran)",
+        f"- hardware: {cpu}, {os.cpu_count()} logical CPUs, {memory_gib:.0f} GiB; {machine_load()}",
     ]
 
 

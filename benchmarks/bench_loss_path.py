@@ -143,7 +143,6 @@ def main() -> None:
         f"- before: {args.before} ({before_sha}); after: this tree; {args.rounds} interleaved rounds, "
         f"{args.steps} timed steps after {args.warmup} warm-up per measurement, synthetic data, "
         f"OMP_NUM_THREADS={args.threads} in each measurement",
-        "- other agents were loading the machine while this ran: ratios within a round are what to read",
         "",
         *table(grid, results),
     ]

@@ -313,8 +313,7 @@ def main() -> None:
         f"- wandb {wandb.__version__} (offline); NVML: a fake pynvml (no GPU here), so the nvml row is dlx's own cost",
         "",
         f"Demo recipe (demo preset, seq 256, micro-batch 8, fp32 on this CPU), {args.steps} steps per run, median "
-        f"step after {args.warmup}, log.every 1, {args.rounds} interleaved rounds; other agents were loading the "
-        "machine while this ran.",
+        f"step after {args.warmup}, log.every 1, {args.rounds} interleaved rounds.",
         "",
         *report(results, costs, nvml, profiles),
     ]

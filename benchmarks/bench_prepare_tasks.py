@@ -49,6 +49,7 @@ from dlx.data.prepare.readers import read_file
 from dlx.data.prepare.tokenizer import train_bpe
 from dlx.data.prepare.writer import ShardWriter
 from dlx.data.shards import read_manifest
+from peers.record import machine_load
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## Prepare across machines"
@@ -280,13 +281,11 @@ def environment(tok_name: str) -> list[str]:
     )
     from importlib.metadata import version
 
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return [
         f"- command: `{shlex.join(['python', *sys.argv])}` (from the repository root)",
         f"- git: {sha.strip()}; python {platform.python_version()}, tokenizers {version('tokenizers')}, "
         f"tiktoken {version('tiktoken')}, ijson {version('ijson')}, numpy {version('numpy')}",
-        f"- hardware: {cpu}, {os.cpu_count()} logical CPUs; load average before the run {load} (the machine is shared "
-        "with other agents' builds and tests while this ran: compare the ratios within a round, not absolute figures)",
+        f"- hardware: {cpu}, {os.cpu_count()} logical CPUs; {machine_load()}",
         f"- tokenizer: {tok_name}",
     ]
 

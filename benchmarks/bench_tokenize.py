@@ -45,6 +45,7 @@ from dlx.data.prepare import prepare_dataset
 from dlx.data.prepare.encoders import TiktokenEncoder
 from dlx.data.prepare.inputs import InputList
 from dlx.data.prepare.tokenizer import train_bpe
+from peers.record import machine_load
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH_BYTES = 1 << 20
@@ -200,12 +201,11 @@ def environment(tokenizer_name: str) -> list[str]:
         ),
         platform.processor(),
     )
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return [
         f"- command: `{shlex.join(['python', *sys.argv])}` (from the repository root)",
         f"- git: {sha.strip()}; python {platform.python_version()}, tokenizers {tokenizers.__version__}, "
         f"tiktoken {_version('tiktoken')}, numpy {np.__version__}",
-        f"- hardware: {cpu}, {os.cpu_count()} logical CPUs; load average before the run {load} (the machine is shared)",
+        f"- hardware: {cpu}, {os.cpu_count()} logical CPUs; {machine_load()}",
         f"- tokenizer: {tokenizer_name}",
     ]
 

@@ -187,8 +187,8 @@ def main() -> None:
 
 
 INTRO = (
-    "Measured by `benchmarks/bench_tp.py` on CPU with gloo; other agents were loading the machine (2 cores shared) "
-    "while these ran, so times are noisy and compared only within one run. Byte counts are exact."
+    "Measured by `benchmarks/bench_tp.py` on CPU with gloo; times are compared only within one run (each entry "
+    "states the machine's load). Byte counts are exact."
 )
 
 if __name__ == "__main__":

@@ -45,15 +45,23 @@ def environment(watched: list[str]) -> list[str]:
     executable = Path(sys.executable)
     python = str(executable.relative_to(ROOT)) if executable.is_relative_to(ROOT) else executable.name
     threads = os.environ.get("OMP_NUM_THREADS")
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     modified = f" ({', '.join(watched)}: modified)" if dirty.strip() else ""
     return [
         f"- command: `{shlex.join([python, *sys.argv])}` (from the repository root"
         f"{f', OMP_NUM_THREADS={threads}' if threads else ''})",
         f"- git: {sha}{modified}; {versions()}",
         f"- hardware: {cpu_name()}, {os.cpu_count()} logical CPUs, torch threads {torch.get_num_threads()}; "
-        f"load average before the run {load} (the machine is shared)",
+        f"{machine_load()}",
     ]
+
+
+def machine_load() -> str:
+    """The load average before the run, called busy when the 1-minute figure is above half the logical CPUs (then
+    other processes share the CPUs, and only ratios measured within one round mean much)."""
+    one, five, fifteen = os.getloadavg()
+    busy = one > (os.cpu_count() or 1) / 2
+    remark = "busy: other processes share the CPUs; compare ratios within a round" if busy else "quiet"
+    return f"load average before the run {one:.2f}, {five:.2f}, {fifteen:.2f} ({remark})"
 
 
 def _git(*args: str) -> str:
