@@ -198,18 +198,11 @@ def environment() -> list[str]:
     import torch
     import transformers
 
+    from peers.record import cpu_name, machine_load
+
     git = ["git", "-C", str(ROOT)]
     sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    from peers.record import machine_load
-
+    cpu = cpu_name()
     memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return [
         f"- command: `{shlex.join([os.path.relpath(sys.executable, ROOT), *sys.argv])}` (from the repository root)",

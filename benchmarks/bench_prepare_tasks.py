@@ -49,7 +49,7 @@ from dlx.data.prepare.readers import read_file
 from dlx.data.prepare.tokenizer import train_bpe
 from dlx.data.prepare.writer import ShardWriter
 from dlx.data.shards import read_manifest
-from peers.record import machine_load
+from peers.record import cpu_name, machine_load
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## Prepare across machines"
@@ -271,14 +271,7 @@ def projection(part1: dict, part2: dict) -> list[str]:
 
 def environment(tok_name: str) -> list[str]:
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if "model name" in line
-        ),
-        platform.processor(),
-    )
+    cpu = cpu_name()
     from importlib.metadata import version
 
     return [

@@ -45,7 +45,7 @@ from dlx.data.prepare import prepare_dataset
 from dlx.data.prepare.encoders import TiktokenEncoder
 from dlx.data.prepare.inputs import InputList
 from dlx.data.prepare.tokenizer import train_bpe
-from peers.record import machine_load
+from peers.record import cpu_name, machine_load
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH_BYTES = 1 << 20
@@ -193,14 +193,7 @@ def table(seconds: dict[str, list[float]], cpu_share: dict[str, float], text_byt
 
 def environment(tokenizer_name: str) -> list[str]:
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
+    cpu = cpu_name()
     return [
         f"- command: `{shlex.join(['python', *sys.argv])}` (from the repository root)",
         f"- git: {sha.strip()}; python {platform.python_version()}, tokenizers {tokenizers.__version__}, "
