@@ -308,3 +308,57 @@ def test_a_prepared_dataset_instead_of_synthetic_tokens(tmp_path):
     ]
     missing = invoke("bench", "--model", "debug", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "b2"))
     assert isinstance(missing.exception, UserError) and "does not exist" in str(missing.exception)
+
+
+def test_document_mask_is_part_of_a_points_key_and_changes_what_is_trained(tmp_path):
+    import numpy as np
+
+    from conftest import write_dataset
+
+    tokens = np.random.default_rng(0).integers(1, 512, 4096)
+    tokens[::10] = 0  # eos_id 0: a document boundary inside every window of 16 tokens
+    data = write_dataset(tmp_path / "data", {"train": [tokens], "val": [tokens[:256]]}, vocab_size=512)
+    out = tmp_path / "bench"
+    argv = ["bench", "--model", "debug", "--data", str(data), "--seq-len", "16", "--micro-batch", "2"]
+    argv += ["--precision", "fp32", "--steps", "1", "--warmup", "0", "--out", str(out)]
+    for extra in (["--document-mask"], []):
+        result = invoke(*argv, *extra)
+        assert result.exit_code == 0, result.output
+    columns, rows = read_csv(out / "bench.csv")
+    assert columns.index("document_mask") == columns.index("compile") + 1
+    assert [(r["document_mask"], r["status"]) for r in rows] == [("on", "ok"), ("off", "ok")]
+    table = (out / "bench.md").read_text()
+    assert f"{data} data, document mask, compile off" in table and f"{data} data, compile off" in table
+
+    # A CSV written before the column existed: its rows measured without the mask, and a re-run skips them.
+    lines = (out / "bench.csv").read_text().splitlines()
+    at = columns.index("document_mask")
+    old = [",".join(f for i, f in enumerate(line.split(",")) if i != at) for line in lines if ",on," not in line]
+    (out / "bench.csv").write_text("\n".join(old) + "\n")
+    rerun = invoke(*argv)
+    assert rerun.exit_code == 0 and "skipped" in rerun.output, rerun.output
+
+    cpu = torch.device("cpu")
+    losses = [
+        measure_point(
+            BenchSetup("debug", cpu, str(data), steps=1, warmup=0, document_mask=m), BenchPoint(16, 2, 1, "fp32")
+        )["loss"]
+        for m in (True, False)
+    ]
+    assert losses[0] != losses[1]  # the same weights and windows: only the mask differs
+
+
+def test_document_mask_needs_a_dataset_whose_vocabulary_fits_the_model(tmp_path):
+    from conftest import write_dataset
+
+    synthetic = invoke("bench", "--model", "debug", "--document-mask", "--out", str(tmp_path / "b"))
+    assert isinstance(synthetic.exception, UserError)
+    assert str(synthetic.exception) == (
+        "--document-mask needs --data DATASET: synthetic tokens have no document boundaries"
+    )
+    data = write_dataset(tmp_path / "data", {"train": [list(range(1, 1000))]}, vocab_size=1000)
+    too_big = invoke("bench", "--model", "debug", "--data", str(data), "--out", str(tmp_path / "b"))
+    assert isinstance(too_big.exception, UserError)
+    message = str(too_big.exception)
+    assert "vocab_size 1,000, larger than the 512 of --model debug" in message and "\n" not in message
+    assert not (tmp_path / "b").exists()

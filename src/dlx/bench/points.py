@@ -55,6 +55,8 @@ class BenchSetup:
     """parallel.tp of every point: tensor-parallel ranks per model replica."""
     world_size: int = 1
     """Ranks torchrun started (1 without torchrun)."""
+    document_mask: bool = False
+    """data.document_mask of every point: attention stays inside each document of the data (eos_id boundaries)."""
 
 
 def parse_positive_ints(option: str, text: str) -> list[int]:

@@ -21,7 +21,10 @@ from dlx.atomic import atomic_write_text
 from dlx.bench.points import BenchPoint
 from dlx.metrics.flops import CONVENTIONS
 
-KEY_COLUMNS = ("model", "device", "data", "compile", "precision", "seq_len", "micro_batch", "grad_accum")
+KEY_COLUMNS = (
+    *("model", "device", "data", "compile", "document_mask"),
+    *("precision", "seq_len", "micro_batch", "grad_accum"),
+)
 """What identifies a point: a re-run skips rows whose key is already in the CSV (unless marked `oom_estimate`)."""
 COLUMNS = (
     *KEY_COLUMNS,
@@ -56,7 +59,11 @@ STATUSES = {
     "oom_estimate": "not run: the estimate exceeds the memory budget (re-evaluated on every run)",
 }
 INT_COLUMNS = frozenset({"seq_len", "micro_batch", "grad_accum", "steps"})
-TEXT_COLUMNS = frozenset({"model", "device", "data", "compile", "precision", "status", "peak_source", "note"})
+TEXT_COLUMNS = frozenset(
+    {"model", "device", "data", "compile", "document_mask", "precision", "status", "peak_source", "note"}
+)
+DEFAULTS = {"document_mask": "off"}
+"""Key columns added since a CSV may have been written: what its rows measured."""
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, ...]:
@@ -64,8 +71,8 @@ def row_key(row: dict[str, Any]) -> tuple[str, ...]:
 
 
 def point_row(fixed: dict[str, Any], point: BenchPoint, status: str, **values: Any) -> dict[str, Any]:
-    """A CSV row: the fixed key columns (model, device, data, compile), the point, its status and whatever was
-    measured (missing columns stay empty)."""
+    """A CSV row: the fixed key columns (model, device, data, compile, document mask), the point, its status and
+    whatever was measured (missing columns stay empty)."""
     assert status in STATUSES, status
     row = dict.fromkeys(COLUMNS, "")
     row.update(
@@ -108,7 +115,10 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     with open(path, newline="") as f:
-        return [{name: _parse(name, row.get(name, "")) for name in COLUMNS} for row in csv.DictReader(f)]
+        return [
+            {name: _parse(name, row.get(name) or DEFAULTS.get(name, "")) for name in COLUMNS}
+            for row in csv.DictReader(f)
+        ]
 
 
 def _parse(name: str, text: str | None) -> Any:
@@ -130,9 +140,11 @@ def markdown_table(rows: list[dict[str, Any]], header: list[str]) -> str:
     lines = [*header, "", *_conventions(rows), ""]
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for row in rows:
-        groups.setdefault((row["model"], row["device"], row["data"], row["compile"]), []).append(row)
-    for (model, device, data, compiled), group in groups.items():
-        lines += [f"### {model} on {device}, {data} data, compile {compiled}", "", *_table(group), ""]
+        key = (row["model"], row["device"], row["data"], row["compile"], row["document_mask"])
+        groups.setdefault(key, []).append(row)
+    for (model, device, data, compiled, masked), group in groups.items():
+        mask = ", document mask" if masked == "on" else ""
+        lines += [f"### {model} on {device}, {data} data{mask}, compile {compiled}", "", *_table(group), ""]
     return "\n".join(lines)
 
 

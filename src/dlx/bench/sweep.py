@@ -80,6 +80,7 @@ def run_sweep(
         "device": dev.device_name(setup.device),
         "data": setup.data,
         "compile": "on" if setup.compile else "off",
+        "document_mask": "on" if setup.document_mask else "off",
     }
     csv_path = out_dir / CSV_NAME
     rows = {row_key(row): row for row in read_rows(csv_path)}

@@ -47,8 +47,15 @@ def bench(
     ] = False,
     strategy: Annotated[str, typer.Option(help="Under torchrun: none, ddp or fsdp (parallel.strategy).")] = "none",
     tp: Annotated[int, typer.Option(help="Under torchrun: tensor-parallel ranks per replica (parallel.tp).")] = 1,
+    document_mask: Annotated[
+        bool,
+        typer.Option(
+            "--document-mask", help="Attention inside each document of --data (data.document_mask; needs a dataset)."
+        ),
+    ] = False,
 ) -> None:
     from dlx.bench.points import BenchSetup, expand_points, parse_positive_ints, parse_precisions
+    from dlx.data import SYNTHETIC
     from dlx.device import prefer_expandable_segments, resolve_device
     from dlx.errors import UserError
     from dlx.parallel.distributed import env_from_torchrun
@@ -63,7 +70,11 @@ def bench(
     torch_device = resolve_device(device, env_from_torchrun().local_rank)
     seq_lens = parse_positive_ints("--seq-len", seq_len)
     precisions = parse_precisions(precision, resolve_precision("auto", torch_device))
-    setup = BenchSetup(model, torch_device, data, compile_blocks, steps, warmup, strategy, tp, world_size)
+    if document_mask and data == SYNTHETIC:
+        raise UserError("--document-mask needs --data DATASET: synthetic tokens have no document boundaries")
+    setup = BenchSetup(
+        model, torch_device, data, compile_blocks, steps, warmup, strategy, tp, world_size, document_mask
+    )
     points = expand_points(
         seq_lens,
         parse_positive_ints("--micro-batch", micro_batch),
@@ -107,13 +118,29 @@ def ranks_share_the_sweep(setup: Any, out_dir: Path) -> Iterator[Path]:
 
 def check_inputs(setup: Any, points: list) -> None:
     """The model and the dataset, checked before anything runs (a UserError names what is wrong)."""
+    from dlx.data import SYNTHETIC
     from dlx.parallel.tensor import check_layout
     from dlx.train.data import inspect_dataset
     from dlx.train.measure import point_config
 
     config = point_config(setup, max(points, key=lambda p: p.seq_len))
     check_layout(config.parallel, setup.world_size)
+    if setup.data != SYNTHETIC:
+        check_vocab_fits(Path(setup.data), setup.model, config.model.args.vocab_size)
     inspect_dataset(config)
+
+
+def check_vocab_fits(data: Path, model: str, model_vocab: int) -> None:
+    """bench's own line for a dataset whose ids outgrow the model (`dlx pretrain`'s names a flag bench lacks)."""
+    from dlx.data.shards import read_manifest
+    from dlx.errors import UserError
+
+    vocab = read_manifest(data).vocab_size
+    if vocab > model_vocab:
+        raise UserError(
+            f"--data {data} has vocab_size {vocab:,}, larger than the {model_vocab:,} of --model {model}; give --model "
+            f"a YAML/JSON of ModelArgs with vocab_size {vocab} (`dlx params {model} --json` prints its model_args)"
+        )
 
 
 def memory_budget(device: Any, limit_gb: float | None) -> Any:

@@ -31,6 +31,7 @@ from dlx.parallel.distributed import env_from_torchrun
 from dlx.precision import Precision, build_precision
 from dlx.train.config import RunConfig, build_config
 from dlx.train.data import build_train_loader
+from dlx.train.objective import build_objective
 from dlx.train.run import build_run_strategy, meta_model
 from dlx.train.step_plan import plan_steps
 from dlx.train.trainer import accumulate_gradients
@@ -48,7 +49,12 @@ def point_config(setup: BenchSetup, point: BenchPoint) -> RunConfig:
         "device": str(setup.device),
         "compile": setup.compile,
     }
-    data = {"path": setup.data, "seq_len": point.seq_len, "micro_batch_size": point.micro_batch}
+    data = {
+        "path": setup.data,
+        "seq_len": point.seq_len,
+        "micro_batch_size": point.micro_batch,
+        "document_mask": setup.document_mask,
+    }
     parallel = {"strategy": setup.strategy, "tp": setup.tp}
     log = {"progress": False}
     return build_config({"model": model, "data": data, "train": train, "log": log, "parallel": parallel})
@@ -65,9 +71,11 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
     try:
         plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
         strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan)
+        objective = build_objective(0.0, setup.document_mask, loader.eos_id)
 
         def step(timer: PhaseTimer) -> float:
-            loss = accumulate_gradients(strategy.train_model, loader, plan.grad_accum, precision, timer, strategy)
+            model = strategy.train_model
+            loss = accumulate_gradients(model, loader, plan.grad_accum, precision, timer, strategy, objective)
             with timer.phase("optimizer"):  # the loop's one wait for the device, then the real update
                 loss_value = loss.item()
                 strategy.optimizer_step()
