@@ -120,3 +120,16 @@ def test_step_time_cv_pools_windows_exactly() -> None:
     records = [{"step_s": 1.0, "window_steps": 3, "step_s_std": 0.1}, {"step_s": 2.0, "window_steps": 1}]
     assert step_time_cv(records) == pytest.approx(0.195**0.5 / 1.25, rel=1e-12)
     assert step_time_cv([{"step_s": 2.0}, {"step_s": 2.0}]) == 0.0
+
+
+def test_the_first_record_after_a_resume_is_left_out_like_the_first_of_the_run() -> None:
+    from dlx.metrics.verdict import STARTUP_KEY
+
+    resumed = {**record(step=4, fwd=5.0, bwd=0.1, opt=0.1, step_s=5.2), STARTUP_KEY: True}  # the resume's compilation
+    records = [*run()[:4], resumed, *[record(step=i) for i in (5, 6)]]
+    verdict = bottleneck_verdict(records)
+    assert verdict.evidence["records"] == 5 and verdict.confident  # steps 1-3, 5, 6
+    assert verdict.evidence["median_step_s"] == 1.0 and verdict.evidence["forward_pct"] == pytest.approx(30.0)
+    assert bottleneck_verdict(records, skip_first=0).evidence["records"] == 6  # only the marked one is left out
+    only_startups = [{**record(step=1), STARTUP_KEY: True}, {**record(step=2), STARTUP_KEY: True}]
+    assert bottleneck_verdict(only_startups).evidence["records"] == 1  # nothing steady: what there is

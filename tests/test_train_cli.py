@@ -59,8 +59,9 @@ def test_train_resume_with_the_run_folder_alone_then_generate(tmp_path):
     again = run_cli(["pretrain", "--run-dir", str(run), "--resume", "--train.max_steps", "6"], cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert "resuming from" in again.stdout and "step-00000004" in again.stdout
-    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4, 5, 6]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in records if r.get("first_of_process")] == [1, 5]  # each start's warm-up, marked
     sample = run_cli(["generate", str(run), "--prompt", "def ", "--max-new-tokens", "8"], cwd=tmp_path)
     assert sample.returncode == 0, sample.stderr
     assert sample.stdout.startswith("def ")

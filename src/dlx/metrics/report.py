@@ -15,8 +15,8 @@ from typing import Any
 
 from dlx.atomic import atomic_write_text
 from dlx.metrics import flops, plots
-from dlx.metrics.profiler import profile_report_section, unprofiled
-from dlx.metrics.verdict import LOW_MFU, THRESHOLDS, Verdict
+from dlx.metrics.profiler import profile_report_section
+from dlx.metrics.verdict import LOW_MFU, THRESHOLDS, Verdict, steady_records
 
 REPORT_FILE = "report.md"
 
@@ -45,7 +45,7 @@ def write_report(
     `source_weights`: data.mix's {source name: weight}, for the realised mixture against them."""
     run_dir = Path(run_dir)
     evals = [{"step": r["step"], "loss": r.get("loss", r.get("eval_loss"))} for r in eval_records]
-    used = unprofiled(list(records[skip_first:]) if len(records) > skip_first else list(records))
+    used = steady_records(records, skip_first)
     if records:
         plots.plot_loss(run_dir / "loss.png", records, evals)
         plots.plot_throughput(run_dir / "throughput.png", records)

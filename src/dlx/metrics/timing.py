@@ -17,8 +17,11 @@ launches, not the work: each device phase records a CUDA event on the current st
 when it is left, and the events are read only at `window()`, after ONE `synchronize` per window: `end_step` does not
 wait, so the host queues the next step while the device finishes this one's update, and the step's only wait is the
 trainer's (the loss value, for the NaN policy). Recording an event costs a few µs, so measuring stays far below 1 % of
-a step; the events are pooled, not created per step. `data_wait` is a host-side wait for the loader, so it is timed on
-the host clock on every device.
+a step; the events are pooled, not created per step. `data_wait` is timed with events too: on the device's clock it is
+how long the device went without work while the host fetched the batch (plus the batch's copy), which is what starves
+an accelerator. A host clock would also count the host's own blocking while the device is busy: with grad_accum > 1
+the host runs ahead, and once CUDA's launch queue is full it blocks in whichever phase launches next, the loader's
+included (an H200 showed 11–51 ms of such "data wait" per step at grad accum 4 on device-side synthetic data).
 
 `step_s` is host wall time per step over the window: from the previous `window()` (or, for the first window, the
 first phase entered) to this one, after its synchronize, divided by the steps in it. So it counts everything the steps
@@ -46,8 +49,6 @@ from dlx import device as device_mod
 
 STANDARD_PHASES = ("data_wait", "forward", "backward", "optimizer", "communication")
 """Always present in `end_step`'s result (0.0 when not entered); other names are allowed and added as they occur."""
-HOST_PHASES = frozenset({"data_wait"})
-"""Phases timed on the host clock even on CUDA: the host waits, the device does nothing of its own."""
 
 
 class PhaseTimer:
@@ -79,7 +80,7 @@ class PhaseTimer:
             self._step_start = self._window_start
         self._active = name
         try:
-            if self._use_events and name not in HOST_PHASES:
+            if self._use_events:
                 start = self._take_event()
                 start.record()
                 try:

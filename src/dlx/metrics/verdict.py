@@ -1,8 +1,8 @@
 """The bottleneck verdict: which part of the step limits throughput, the evidence, and one thing to try.
 
-Shares are each phase's total time over the total step time of the records used (the first `skip_first` records are
-warm-up: compilation, allocator growth, loader start-up; records of profiled steps are left out too), so a share says
-where the run's time actually went.
+Shares are each phase's total time over the total step time of the records used (`steady_records`: the first
+`skip_first` records and the first record after each resume are warm-up: compilation, allocator growth, loader start-up;
+records of profiled steps are left out too), so a share says where the run's time actually went.
 `other` is step time in no phase (zero_grad, scheduler, logging, Python and kernel-launch gaps).
 
 Rules, with the thresholds in THRESHOLDS:
@@ -38,6 +38,16 @@ LOW_MFU = 0.30
 """Compute-bound below this MFU (attention convention) means the model math itself is slow."""
 NOISY_CV = 0.15
 """Step times whose coefficient of variation exceeds this make the verdict tentative."""
+STARTUP_KEY = "first_of_process"
+"""Set on the first record each process logs, a resumed run's too: its window holds that process's compilation and
+start-up (a resume on an H200 logged 556 ms steps in it against 17 ms after), so summaries leave it out."""
+
+
+def steady_records(records: Sequence[dict[str, Any]], skip_first: int = 1) -> list[dict[str, Any]]:
+    """The records summaries judge: not the first `skip_first` (metrics files from before STARTUP_KEY), not the first
+    of a process, not profiled; when that leaves none, the ones it can."""
+    later = list(records[skip_first:]) if len(records) > skip_first else list(records)
+    return unprofiled([r for r in later if not r.get(STARTUP_KEY)] or later)
 
 
 @dataclass(frozen=True)
@@ -103,8 +113,7 @@ def bottleneck_verdict(
     (default: a CUDA device training in bf16)."""
     if not records:
         raise ValueError("no step records to judge: the run logged no steps")
-    used = list(records[skip_first:]) if len(records) > skip_first else list(records)
-    evidence = _evidence(unprofiled(used))
+    evidence = _evidence(steady_records(records, skip_first))
     share = {k[:-4]: (v or 0.0) / 100 for k, v in evidence.items() if k.endswith("_pct")}
     flagged = {
         "data-bound": share["data_wait"],

@@ -76,6 +76,8 @@ class Run:
     header: list[str] = field(default_factory=list)
     """The start-up header, repeated in report.md."""
     records: list[dict[str, Any]] = field(default_factory=list)
+    resumed_records: int = 0
+    """How many of `records` a resumed run read back from metrics.jsonl (this process logged the rest)."""
     eval_records: list[dict[str, Any]] = field(default_factory=list)
     verdict: Any = None
     """The bottleneck verdict, once the run has finished (rank 0)."""
@@ -272,6 +274,8 @@ def build_run(
     wandb = open_wandb(config, run_dir, env, console)
     logger = MetricsLogger(run_dir, config.log.tensorboard, is_main=env.is_main, resume_step=resume_step, wandb=wandb)
     timer = PhaseTimer(device)
+    # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
+    records = read_jsonl(run_dir / METRICS_FILE)
     return Run(
         config=config,
         run_dir=run_dir,
@@ -291,8 +295,8 @@ def build_run(
         objective=build_objective(config.train.z_loss, config.data.document_mask, data_info.eos_id),
         last_checkpoint=last,
         init=init,
-        # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
-        records=read_jsonl(run_dir / METRICS_FILE),
+        records=records,
+        resumed_records=len(records),
         eval_records=read_jsonl(run_dir / EVAL_FILE),
         profiler=build_profiler(config, run_dir, env, device, timer, console),
         gpu=open_gpu_counters(device, config.log.nvml),

@@ -25,7 +25,7 @@ from torch import nn
 from dlx.errors import UserError
 from dlx.metrics.report import write_report
 from dlx.metrics.timing import PhaseTimer
-from dlx.metrics.verdict import Hardware, bottleneck_verdict
+from dlx.metrics.verdict import STARTUP_KEY, Hardware, bottleneck_verdict
 from dlx.parallel import distributed
 from dlx.parallel.strategy import Strategy
 from dlx.precision import Precision
@@ -237,6 +237,8 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
     record.update(step_fields(run, step))  # epoch; z_loss and source_tokens when they apply
     record.update(run.timer.spread())  # window_steps, step_s_std: the verdict's confidence
     record.update(observed_columns(run))  # GPU counters, profiled steps
+    if len(run.records) == run.resumed_records:
+        record[STARTUP_KEY] = True  # this process's compilation and start-up: left out of summaries
     run.logger.log(record)
     run.records.append(record)
     run.console.print(run.meter.format_line(record))
