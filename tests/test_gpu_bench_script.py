@@ -205,3 +205,11 @@ def test_record_appends_the_fetched_entry(tmp_path, capsys):
     (tmp_path / "entry.md").write_text("### 2026-12-03 — lent device\n\n| a |\n")
     assert gpu.record(tmp_path, benchmarks) == 0
     assert benchmarks.read_text() == "# Benchmarks\n\n## GPU\n\nintro\n\n### 2026-12-03 — lent device\n\n| a |\n"
+
+
+def test_a_given_sha_wins_over_the_git_of_the_copy(monkeypatch):
+    """A device machine's tree can carry a .git of an older commit: the SHA the caller names is the one recorded."""
+    from peers import record
+
+    monkeypatch.setenv("DLX_GIT_SHA", "2af69bfb7fb3512e3b74f76900d6a0cd1b23cf80")
+    assert "- git: 2af69bf; python" in "\n".join(record.environment(["src/dlx"]))

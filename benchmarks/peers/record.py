@@ -40,8 +40,10 @@ def versions() -> str:
 
 def environment(watched: list[str]) -> list[str]:
     """The exact command, code version (flagged when files under `watched` differ from it), versions and hardware."""
-    sha = _git("rev-parse", "--short", "HEAD") or os.environ.get("DLX_GIT_SHA") or "unknown (no git; set DLX_GIT_SHA)"
-    dirty = _git("status", "--porcelain", "--", *watched)
+    # DLX_GIT_SHA first: a device machine's copy of the tree can carry a .git of an older commit than the files.
+    given = os.environ.get("DLX_GIT_SHA", "")[:7]
+    sha = given or _git("rev-parse", "--short", "HEAD") or "unknown (no git; set DLX_GIT_SHA)"
+    dirty = "" if given else _git("status", "--porcelain", "--", *watched)
     executable = Path(sys.executable)
     python = str(executable.relative_to(ROOT)) if executable.is_relative_to(ROOT) else executable.name
     threads = os.environ.get("OMP_NUM_THREADS")

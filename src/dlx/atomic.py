@@ -1,6 +1,9 @@
 """Atomic writes: write beside the target under a temporary name, fsync, then rename over it.
 
 A reader (or a resumed run) sees either the old complete file/folder or the new complete one, never half of one.
+What is published gets the permissions `open()` and `mkdir()` would give under the process's umask (usually 0644 and
+0755), not the 0600/0700 of `tempfile`'s private names: on a shared cluster a teammate can read the checkpoints and
+datasets.
 """
 
 from __future__ import annotations
@@ -21,10 +24,28 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def process_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it; elsewhere set and restored at once."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def make_temp_file(path: Path) -> tuple[int, str]:
+    """(open descriptor, name) of a new file beside `path` (`.NAME.XXXX.tmp`), with the permissions `open()` gives."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o666 & ~process_umask())
+    return fd, tmp
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = make_temp_file(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -58,7 +79,9 @@ def make_temp_dir(path: str | os.PathLike) -> Path:
     """An empty folder beside `path` under a hidden temporary name (`.NAME.XXXX.tmp`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    tmp.chmod(0o777 & ~process_umask())  # mkdtemp's are 0700
+    return tmp
 
 
 def publish_dir(tmp: Path, path: str | os.PathLike, overwrite: bool = False) -> None:

@@ -17,11 +17,10 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlx.atomic import atomic_write_text, fsync_dir
+from dlx.atomic import atomic_write_text, fsync_dir, make_temp_file
 from dlx.data.prepare.outdir import TASKS_DIR
 from dlx.data.prepare.scan import ScanCounts
 from dlx.data.shards import TOKENIZER_FILE
@@ -79,7 +78,7 @@ def read_plan(out: Path) -> dict:
 
 def _create_once(path: Path, text: str) -> None:
     """Create `path` holding `text` (fsynced) unless it exists; never replaces it, even when two writers race."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = make_temp_file(path)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
