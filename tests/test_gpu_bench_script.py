@@ -213,3 +213,17 @@ def test_a_given_sha_wins_over_the_git_of_the_copy(monkeypatch):
 
     monkeypatch.setenv("DLX_GIT_SHA", "2af69bfb7fb3512e3b74f76900d6a0cd1b23cf80")
     assert "- git: 2af69bf; python" in "\n".join(record.environment(["src/dlx"]))
+
+
+def test_first_contact_fits_one_device_call_and_names_its_steps():
+    """Its steps' time limits add up to at most one device call (600 s); `--only` of no step is refused."""
+    script = str(ROOT / "benchmarks" / "gpu" / "first_contact.py")
+    listed = subprocess.run([sys.executable, script, "--dry-run"], capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    names = [line.split(" (≤ ")[0] for line in lines]
+    assert names == ["check", "mfu-large", "prepare", "docmask-on", "docmask-off", "pretrain", "resume", "generate"]
+    assert sum(int(line.split(" (≤ ")[1].split(" s)")[0]) for line in lines) <= 600
+    assert "--document-mask" in lines[3] and "--resume" in lines[6]
+    refused = subprocess.run([sys.executable, script, "--only", "nothing"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: --only names no step")

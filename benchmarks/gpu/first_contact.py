@@ -129,8 +129,7 @@ def main() -> int:
         return 0
     chosen = [s for s in steps(Path("WORK")) if not args.only or s[0] in args.only.split(",")]
     if not chosen:
-        print(f"error: --only names no step; choose from {', '.join(s[0] for s in steps(Path('WORK')))}")
-        return 2
+        return run_gpu_bench.fail(f"--only names no step; choose from {', '.join(s[0] for s in steps(Path('WORK')))}")
     with tempfile.TemporaryDirectory(prefix="dlx-first-contact-") as tmp:
         return run_steps(Path(tmp), chosen, args.out)
 
