@@ -12,6 +12,7 @@ What differs between one process, DDP, FSDP and DeepSpeed (gradient sync, the up
 
 from __future__ import annotations
 
+import gc
 import math
 import signal
 from collections.abc import Iterator
@@ -82,22 +83,28 @@ def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, 
                 train(run, resume)
             finally:
                 run.close()
+            result = RunResult(
+                run.run_dir,
+                run.state.step,
+                run.records,
+                run.eval_records,
+                run.verdict,
+                run.last_checkpoint,
+                stop.signal_name,
+                run.model,
+            )
         every_rank_ends = True
     except UserError:
         every_rank_ends = True  # raised on every rank alike (main_decides, any_rank, the agreed loss)
         raise
     finally:
+        # The wrappers (DDP's reducer, the DeepSpeed engine, the optimizer) hold the process group; freed now, it is
+        # destroyed below with its gloo threads joined, not at interpreter exit, where a gloo thread still holding a
+        # tensor aborts the rank ("terminate called without an active exception", seen once in CI).
+        run = None
+        gc.collect()
         distributed.teardown(meet=every_rank_ends)
-    return RunResult(
-        run.run_dir,
-        run.state.step,
-        run.records,
-        run.eval_records,
-        run.verdict,
-        run.last_checkpoint,
-        stop.signal_name,
-        run.model,
-    )
+    return result
 
 
 def train(run: Run, resume: bool) -> None:
