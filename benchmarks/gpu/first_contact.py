@@ -127,15 +127,16 @@ def main() -> int:
         for name, argv, seconds in steps(Path(tempfile.gettempdir()) / "dlx-first-contact-WORK"):
             print(f"{name} (≤ {seconds:.0f} s): {shlex.join(argv)}")
         return 0
-    chosen = [s for s in steps(Path("WORK")) if not args.only or s[0] in args.only.split(",")]
+    names = [name for name, _, _ in steps(Path("WORK"))]
+    chosen = [name for name in names if not args.only or name in args.only.split(",")]
     if not chosen:
-        return run_gpu_bench.fail(f"--only names no step; choose from {', '.join(s[0] for s in steps(Path('WORK')))}")
+        return run_gpu_bench.fail(f"--only names no step; choose from {', '.join(names)}")
     with tempfile.TemporaryDirectory(prefix="dlx-first-contact-") as tmp:
         return run_steps(Path(tmp), chosen, args.out)
 
 
-def run_steps(work: Path, chosen: list[tuple[str, list[str], float]], out: Path) -> int:
-    """Run the chosen steps in `work`, then bring the files back into `out`."""
+def run_steps(work: Path, chosen: list[str], out: Path) -> int:
+    """Run the steps named in `chosen` in `work`, then bring the files back into `out`."""
     deps = work / "deps"
     offline_deps.unpack_missing(offline_deps.WHEELS, deps)  # once; the check then finds them present
     env = run_gpu_bench.child_env(deps)
@@ -145,7 +146,7 @@ def run_steps(work: Path, chosen: list[tuple[str, list[str], float]], out: Path)
     summary = []
     with open(work / "steps.log", "w") as log:
         for name, argv, seconds in steps(work):
-            if name not in {c[0] for c in chosen}:
+            if name not in chosen:
                 continue
             start = time.monotonic()
             status = run_gpu_bench.run_within(argv, env, seconds, log)

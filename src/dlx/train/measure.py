@@ -71,7 +71,7 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
     try:
         plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
         strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan)
-        objective = build_objective(0.0, setup.document_mask, loader.eos_id)
+        objective = build_objective(0.0, config.data.document_mask, loader.eos_id)
 
         def step(timer: PhaseTimer) -> float:
             model = strategy.train_model
