@@ -313,7 +313,7 @@ def test_a_prepared_dataset_instead_of_synthetic_tokens(tmp_path):
 def test_document_mask_is_part_of_a_points_key_and_changes_what_is_trained(tmp_path):
     import numpy as np
 
-    from conftest import write_dataset
+    from dataset_helpers import write_dataset
 
     tokens = np.random.default_rng(0).integers(1, 512, 4096)
     tokens[::10] = 0  # eos_id 0: a document boundary inside every window of 16 tokens
@@ -349,7 +349,7 @@ def test_document_mask_is_part_of_a_points_key_and_changes_what_is_trained(tmp_p
 
 
 def test_document_mask_needs_a_dataset_whose_vocabulary_fits_the_model(tmp_path):
-    from conftest import write_dataset
+    from dataset_helpers import write_dataset
 
     synthetic = invoke("bench", "--model", "debug", "--document-mask", "--out", str(tmp_path / "b"))
     assert isinstance(synthetic.exception, UserError)

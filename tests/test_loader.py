@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import counting_dataset
+from dataset_helpers import counting_dataset
 from dlx.data.loader import TokenLoader, document_positions
 from dlx.errors import UserError
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import counting_dataset
+from dataset_helpers import counting_dataset
 from dlx.data.loader import TokenLoader
 from dlx.data.pool import WorkerError
 from dlx.errors import UserError

@@ -7,7 +7,8 @@ import torch
 
 from dlx.metrics import cpu_peak
 from dlx.metrics.cpu_peak import theoretical_peak, vector_units
-from dlx.metrics.peak import GPUS, find_gpu, gpu_peak, mfu_warning, peak_for
+from dlx.metrics.meter import peak_for
+from dlx.metrics.peak import GPUS, find_gpu, gpu_peak, mfu_warning
 
 # What torch.cuda.get_device_name() returns on each card (NVIDIA's driver names; ROCm's marketing names).
 DEVICE_NAMES = {

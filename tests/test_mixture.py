@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import write_dataset
+from dataset_helpers import write_dataset
 from dlx.data.mixture import MixtureLoader
 from dlx.data.mixture.order import MixOrder, MixWindows, SourcePattern, quotas
 from dlx.data.mixture.sources import mix_sources, parse_mix

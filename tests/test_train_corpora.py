@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import write_dataset
+from dataset_helpers import write_dataset
 from dlx.data.shards import read_manifest, sha256_file, write_manifest
 from dlx.errors import UserError
 from dlx.model.loss import whole_logits_loss

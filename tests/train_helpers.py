@@ -51,7 +51,7 @@ def make_dataset(folder: Path, vocab_size: int = 300, val: bool = True) -> Path:
     eos = tokenizer.token_to_id("<|endoftext|>")
     docs = [np.asarray([*tokenizer.encode(t).ids, eos]) for t in texts]
     splits = {"train": docs[:-1], "val": docs[-1:] if val else []}
-    from conftest import write_dataset
+    from dataset_helpers import write_dataset
 
     return write_dataset(
         folder,

@@ -19,7 +19,8 @@ from dlx.bench.estimate import TrainingShape, plan_memory
 from dlx.bench.points import BenchPoint, BenchSetup
 from dlx.bench.results import measured_row, point_row, read_rows, row_key, write_rows
 from dlx.errors import UserError
-from dlx.metrics.peak import mfu_warning, peak_for
+from dlx.metrics.meter import peak_for
+from dlx.metrics.peak import mfu_warning
 from dlx.model.args import ModelArgs
 from dlx.model.presets import resolve_model_args
 

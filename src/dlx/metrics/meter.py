@@ -22,9 +22,10 @@ from typing import Any
 import torch
 
 from dlx import device as device_mod
+from dlx.metrics.cpu_peak import cpu_peak
 from dlx.metrics.flops import CONVENTIONS, matmul_params, training_flops_per_token
 from dlx.metrics.gpu_monitor import format_columns
-from dlx.metrics.peak import Peak, mfu, mfu_warning, peak_for
+from dlx.metrics.peak import Peak, gpu_peak, mfu, mfu_warning
 from dlx.metrics.profiler import PROFILED_KEY
 from dlx.metrics.timing import STANDARD_PHASES
 from dlx.model.args import ModelArgs
@@ -32,6 +33,16 @@ from dlx.model.args import ModelArgs
 NON_PHASE_SECONDS = frozenset({"step_s", "other_s", "tokens_per_s"})
 """Record keys ending in `_s` that are not phase times; any other `<name>_s` key is read as a phase. Keys added to
 a record later must not end in `_s` unless they are phases."""
+
+
+def peak_for(device: torch.device, precision: str) -> Peak:
+    """The ceiling MFU divides by: the datasheet's for a GPU (`dlx.metrics.peak`), the formula's for a CPU
+    (`dlx.metrics.cpu_peak`); none for another device type."""
+    if device.type == "cuda":
+        return gpu_peak(device_mod.device_name(device), precision, torch.backends.cuda.matmul.allow_tf32)
+    if device.type == "cpu":
+        return cpu_peak(precision)
+    return Peak(None, f"no peak known for device type '{device.type}'; MFU omitted")
 
 
 def phase_seconds(record: dict[str, Any]) -> dict[str, float]:

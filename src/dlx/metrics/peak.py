@@ -6,15 +6,14 @@ unless TF32 is allowed (then the tf32 entry is used). Datasheets print the spars
 A device name matches an entry by whole model name and variant ("L40S" is not "L40" nor "L4"; "H100 NVL" is not
 the SXM part); an unknown GPU or variant gets no peak, and MFU is then omitted with the reason, never guessed.
 
-On a CPU the peak is the hardware's theoretical one, cores × clock × FLOPs per cycle (`dlx.metrics.cpu_peak`).
+On a CPU the peak is the hardware's theoretical one, cores × clock × FLOPs per cycle (`dlx.metrics.cpu_peak`);
+`dlx.metrics.meter.peak_for` picks the one for a device.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-
-import torch
 
 
 @dataclass(frozen=True)
@@ -122,18 +121,6 @@ def gpu_peak(device_name: str, precision: str, tf32_allowed: bool = False) -> Pe
     if key not in spec.tflops:
         return Peak(None, f"{spec.name} has no {key} tensor cores in the peak table; MFU omitted")
     return Peak(spec.tflops[key], f"datasheet {spec.name} {key} dense ({spec.source})")
-
-
-def peak_for(device: torch.device, precision: str) -> Peak:
-    if device.type == "cuda":
-        from dlx.device import device_name
-
-        return gpu_peak(device_name(device), precision, torch.backends.cuda.matmul.allow_tf32)
-    if device.type == "cpu":
-        from dlx.metrics.cpu_peak import cpu_peak
-
-        return cpu_peak(precision)
-    return Peak(None, f"no peak known for device type '{device.type}'; MFU omitted")
 
 
 def mfu(achieved_tflops: float, peak: Peak) -> float | None:

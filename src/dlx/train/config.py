@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
@@ -43,45 +42,54 @@ class ModelSection(BaseModel):
     init_from: str | None = None
     """Start from these weights: a HF Llama folder, dlx model, checkpoint or run folder (the shape comes from them)."""
     _args: ModelArgs | None = PrivateAttr(None)
+    _source: Any = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _resolve(self, info: ValidationInfo) -> ModelSection:
         overrides = dict(self.model_extra or {})
-        unknown = sorted(set(overrides) - set(ModelArgs.model_fields), key=str)
-        if unknown:
-            raise ValueError(
-                f"unknown key {f'model.{unknown[0]}'!r}; model takes 'preset', 'init_from' and the ModelArgs fields "
-                f"{', '.join(ModelArgs.model_fields)}"
-            )
-        infinite = [key for key, value in overrides.items() if isinstance(value, float) and not math.isfinite(value)]
-        if infinite:  # ModelArgs takes inf for its `gt=0` floats; no model trains with them
-            raise ValueError(f"model.{infinite[0]}: must be a finite number (got {overrides[infinite[0]]})")
+        problem = model_overrides_problem(overrides)
+        if problem:
+            raise ValueError(problem)
+        weights = (info.context or {}).get("init_from")
+        if self.init_from and weights is not None:
+            self._source, self._args = weights
+            return self
         try:
-            self._args = self._weights_shape(overrides, info) or resolve_model_args(self.preset, **overrides)
+            self._args = resolve_model_args(self.preset, **overrides)
         except UserError as e:
             raise ValueError(str(e)) from None
         return self
 
-    def _weights_shape(self, overrides: dict[str, Any], info: ValidationInfo) -> ModelArgs | None:
-        """With init_from: the weights' shape, checked against the preset (if the recipe names one) and overrides.
-        A resumed run whose initial weights are gone keeps its config.yaml's shape (the checkpoint has the weights)."""
-        resuming = bool((info.context or {}).get("resuming"))
-        if not self.init_from or (resuming and not Path(self.init_from).exists()):
-            return None
-        from dlx.train.init_from import resolve_init_args
-
-        preset = self.preset if "preset" in self.model_fields_set else None
-        return resolve_init_args(self.init_from, preset, overrides)
-
     @property
     def args(self) -> ModelArgs:
+        """The model's shape: init_from's weights' (resolved by `dlx.train.recipe.load_recipe`), else the preset's
+        with the overrides on top."""
         assert self._args is not None  # set by the validator
         return self._args
+
+    @property
+    def init_source(self) -> Any:
+        """The `dlx.train.init_from.InitSource` the recipe loader resolved init_from to; None without one."""
+        return self._source
 
     def resolved(self) -> dict[str, Any]:
         """The preset name, init_from and every ModelArgs field, as written into the run folder."""
         preset = None if self.init_from and "preset" not in self.model_fields_set else self.preset
         return {"preset": preset, "init_from": self.init_from, **self.args.model_dump(mode="json")}
+
+
+def model_overrides_problem(overrides: dict[str, Any]) -> str | None:
+    """What is wrong with the ModelArgs overrides of a model section (an unknown key, an infinite number), or None."""
+    unknown = sorted(set(overrides) - set(ModelArgs.model_fields), key=str)
+    if unknown:
+        return (
+            f"unknown key {f'model.{unknown[0]}'!r}; model takes 'preset', 'init_from' and the ModelArgs fields "
+            f"{', '.join(ModelArgs.model_fields)}"
+        )
+    infinite = [key for key, value in overrides.items() if isinstance(value, float) and not math.isfinite(value)]
+    if infinite:  # ModelArgs takes inf for its `gt=0` floats; no model trains with them
+        return f"model.{infinite[0]}: must be a finite number (got {overrides[infinite[0]]})"
+    return None
 
 
 class DataSection(BaseModel):
@@ -382,11 +390,12 @@ def _allowed_keys(section: str) -> str:
     return f"{section} keys are {', '.join(info.alias or key for key, info in fields.items())}"
 
 
-def build_config(raw: dict[str, Any], resuming: bool = False) -> RunConfig:
-    """Validate a recipe mapping into a RunConfig, or raise UserError with one line. `resuming`: the run continues
-    from its checkpoint, so model.init_from's weights may be gone (see ModelSection)."""
+def build_config(raw: dict[str, Any], init_from: tuple[Any, ModelArgs] | None = None) -> RunConfig:
+    """Validate a recipe mapping into a RunConfig, or raise UserError with one line. Reads no file: `init_from` is
+    model.init_from resolved by the recipe loader (its InitSource and the weights' shape); without it the model's
+    shape comes from the preset and the `model.*` keys (as in a run folder's config.yaml, which spells every field)."""
     try:
-        return RunConfig.model_validate(raw, context={"resuming": resuming})
+        return RunConfig.model_validate(raw, context={"init_from": init_from})
     except ValidationError as e:
         # One line even when the message quotes a value that holds a line break.
         raise UserError(f"recipe: {describe_error(e)}".replace("\n", "\\n")) from None

@@ -18,8 +18,9 @@ from typing import Any
 import yaml
 
 from dlx.errors import UserError
-from dlx.train.recipe import CONFIG_FILE
 
+RUN_CONFIG_FILE = "config.yaml"
+"""The resolved recipe a run folder holds (`dlx.train.recipe.write_resolved`)."""
 RUNS_ROOT = Path("runs")
 EVENTS_FILE = "events.jsonl"
 
@@ -84,7 +85,7 @@ def new_run_dir(name: str, run_dir: Path | None) -> Path:
     elif run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--run-dir {run_dir} is a file, not a folder; pick another --run-dir")
     elif run_dir.exists() and any(run_dir.iterdir()):
-        what = "holds a run" if (run_dir / CONFIG_FILE).is_file() else "is not empty"
+        what = "holds a run" if (run_dir / RUN_CONFIG_FILE).is_file() else "is not empty"
         raise UserError(
             f"run folder {run_dir} already exists and {what}; add --resume to continue it, or pick another --run-dir"
         )
@@ -94,7 +95,7 @@ def new_run_dir(name: str, run_dir: Path | None) -> Path:
 def existing_run_dir(name: str, run_dir: Path | None) -> Path:
     """The folder to resume: --run-dir, or the newest runs/NAME-* folder."""
     if run_dir is None:
-        candidates = sorted((p for p in RUNS_ROOT.glob(f"{name}-*") if (p / CONFIG_FILE).is_file()), key=_mtime)
+        candidates = sorted((p for p in RUNS_ROOT.glob(f"{name}-*") if (p / RUN_CONFIG_FILE).is_file()), key=_mtime)
         if not candidates:
             raise UserError(f"--resume: no earlier '{name}' run under {RUNS_ROOT}/; pass --run-dir RUN_DIR")
         return candidates[-1]
@@ -108,9 +109,9 @@ def check_holds_a_run(run_dir: Path) -> None:
         raise UserError(f"--resume: {run_dir} does not exist, so there is no run to resume; start one without --resume")
     if not run_dir.is_dir():
         raise UserError(f"--resume: {run_dir} is a file, not a run folder; pass the run's folder as --run-dir")
-    if not (run_dir / CONFIG_FILE).is_file():
+    if not (run_dir / RUN_CONFIG_FILE).is_file():
         raise UserError(
-            f"--resume: {run_dir} holds no run ({CONFIG_FILE} is missing: no run was started there); start one "
+            f"--resume: {run_dir} holds no run ({RUN_CONFIG_FILE} is missing: no run was started there); start one "
             "without --resume, or pass the run's folder as --run-dir"
         )
 
@@ -130,19 +131,19 @@ def no_checkpoint_note(run_dir: Path) -> str:
 
 
 def _mtime(path: Path) -> float:
-    return (path / CONFIG_FILE).stat().st_mtime
+    return (path / RUN_CONFIG_FILE).stat().st_mtime
 
 
 def saved_config(run_dir: Path) -> dict[str, Any]:
     check_holds_a_run(run_dir)
     try:
-        data = yaml.safe_load((run_dir / CONFIG_FILE).read_text())
+        data = yaml.safe_load((run_dir / RUN_CONFIG_FILE).read_text())
     except (OSError, yaml.YAMLError) as e:
         raise UserError(
-            f"cannot read {run_dir / CONFIG_FILE} ({type(e).__name__}); the run folder is damaged"
+            f"cannot read {run_dir / RUN_CONFIG_FILE} ({type(e).__name__}); the run folder is damaged"
         ) from None
     if not isinstance(data, dict):
-        raise UserError(f"{run_dir / CONFIG_FILE} is damaged (not a mapping of sections)")
+        raise UserError(f"{run_dir / RUN_CONFIG_FILE} is damaged (not a mapping of sections)")
     return data
 
 

@@ -40,7 +40,7 @@ from dlx.model.presets import resolve_model_args
 from dlx.parallel import dcp
 from dlx.parallel.strategy import DCP_FOLDER
 from dlx.train import checkpoint as ckpt
-from dlx.train.recipe import CONFIG_FILE as RUN_CONFIG_FILE
+from dlx.train.folder import RUN_CONFIG_FILE
 
 KINDS = {"hf": "Hugging Face folder", "model": "dlx model folder", "checkpoint": "dlx checkpoint", "run": "dlx run"}
 FREE_KEYS = ("max_seq_len",)
@@ -178,10 +178,10 @@ def shape_of(args: ModelArgs) -> dict[str, Any]:
     }
 
 
-def resolve_init_args(init_from: str, preset: str | None, overrides: dict[str, Any]) -> ModelArgs:
+def resolve_init_args(source: InitSource, preset: str | None, overrides: dict[str, Any]) -> ModelArgs:
     """The weights' shape; `preset` (when the recipe names one) and `overrides` must agree with it, except FREE_KEYS.
     A contradiction is one line naming the key, its value and the weights' value."""
-    weights = resolve_source(init_from).args()
+    weights = source.args()
     if preset:
         claimed = resolve_model_args(preset, **overrides)
     else:
@@ -197,7 +197,7 @@ def resolve_init_args(init_from: str, preset: str | None, overrides: dict[str, A
             else:
                 subject = f"model.{key} {overrides[key]} makes {prop} {value}"
             raise UserError(
-                f"{subject} but the weights in model.init_from {init_from} have {prop} {expected[prop]}; the shape "
+                f"{subject} but the weights in model.init_from {source.given} have {prop} {expected[prop]}; the shape "
                 f"comes from the weights: leave model.{key} out"
             )
     free = {key: getattr(claimed, key) for key in FREE_KEYS}

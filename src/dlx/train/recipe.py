@@ -10,9 +10,9 @@ import yaml
 
 from dlx.atomic import atomic_write_text
 from dlx.errors import UserError
-from dlx.train.config import SECTIONS, RunConfig, build_config
-
-CONFIG_FILE = "config.yaml"
+from dlx.model.args import ModelArgs
+from dlx.train.config import SECTIONS, RunConfig, build_config, model_overrides_problem
+from dlx.train.folder import RUN_CONFIG_FILE
 
 
 def read_recipe_file(path: str | Path) -> dict[str, Any]:
@@ -143,9 +143,30 @@ def apply_overrides(raw: dict[str, Any], overrides: list[tuple[str, str, str]]) 
 def load_recipe(
     path: str | Path | None, overrides: list[str], base: dict[str, Any] | None = None, resuming: bool = False
 ) -> RunConfig:
-    """The recipe file (or `base`, or the defaults), with command-line overrides, validated."""
+    """The recipe file (or `base`, or the defaults), with command-line overrides, validated; model.init_from's
+    folder read here, once. `resuming`: the run continues from its checkpoint, so init_from's weights may be gone
+    (the run folder's config.yaml then gives the shape)."""
     raw = read_recipe_file(path) if path is not None else dict(base or {})
-    return build_config(apply_overrides(raw, parse_overrides(overrides)), resuming)
+    raw = apply_overrides(raw, parse_overrides(overrides))
+    return build_config(raw, resolve_init_from(raw.get("model"), resuming))
+
+
+def resolve_init_from(model: Any, resuming: bool) -> tuple[Any, ModelArgs] | None:
+    """model.init_from's InitSource and the weights' shape (checked against the preset and `model.*` keys); None
+    without init_from, when validation will refuse the section anyway, or when a resumed run's weights are gone."""
+    if not isinstance(model, dict) or not isinstance(model.get("init_from"), str) or not model["init_from"]:
+        return None
+    overrides = {key: value for key, value in model.items() if key not in ("preset", "init_from")}
+    if (resuming and not Path(model["init_from"]).exists()) or model_overrides_problem(overrides):
+        return None
+    from dlx.train.init_from import resolve_init_args, resolve_source  # torch: only for a recipe that needs it
+
+    try:
+        source = resolve_source(model["init_from"])
+        return source, resolve_init_args(source, model.get("preset"), overrides)
+    except UserError as e:
+        message = str(e)
+        raise UserError(f"recipe: {message}" if message.startswith("model.") else f"recipe: model: {message}") from None
 
 
 def config_yaml(config: RunConfig) -> str:
@@ -153,7 +174,7 @@ def config_yaml(config: RunConfig) -> str:
 
 
 def write_resolved(config: RunConfig, run_dir: Path) -> Path:
-    path = run_dir / CONFIG_FILE
+    path = run_dir / RUN_CONFIG_FILE
     atomic_write_text(path, config_yaml(config))
     return path
 

@@ -151,7 +151,7 @@ def resolve_initial_weights(
         return None
 
     def resolve() -> InitSource:
-        source = resolve_source(config.model.init_from)
+        source = config.model.init_source or resolve_source(config.model.init_from)
         source.check()  # every header, shard and shape checked before anything is written
         check_tokenizer(source, data_info.tokenizer, data_info.path)
         return source
