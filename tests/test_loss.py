@@ -13,7 +13,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dlx.model import resolve_model_args
 from dlx.model.llama import Transformer
 from dlx.model.loss import IGNORE_INDEX, OutputLoss
-from dlx.train.eval import next_token_loss
 from train_helpers import single_torch_thread
 
 one_thread = pytest.fixture(autouse=True)(single_torch_thread)
@@ -52,7 +51,7 @@ def max_grad_difference(a: Transformer, b: Transformer) -> float:
 def test_chunked_loss_and_gradients_equal_todays_loss(tie, chunk_tokens):
     chunked, reference = models(tie, chunk_tokens)
     inputs, targets = batch()
-    parts = next_token_loss(chunked, inputs, targets)
+    parts = chunked(inputs, targets=targets)
     parts.loss.backward()
     expected = todays_loss(reference, inputs, targets)
     expected.backward()
@@ -82,7 +81,7 @@ def test_bf16_autocast_stays_within_bf16_rounding_of_todays_loss():
     chunked, reference = models(tie=False, chunk_tokens=7)
     inputs, targets = batch()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = next_token_loss(chunked, inputs, targets).loss
+        got = chunked(inputs, targets=targets).loss
         want = todays_loss(reference, inputs, targets)
     got.backward()
     want.backward()
@@ -121,7 +120,7 @@ def test_no_op_makes_a_whole_batch_logits_tensor():
     chunked, _ = models(tie=False, chunk_tokens=7)
     inputs = torch.randint(0, VOCAB, (4, 100))  # whole logits: 400 × 512 = 204,800 elements
     with LargestVocabTensor() as tracker:
-        next_token_loss(chunked, inputs, inputs.roll(-1, dims=1)).loss.backward()
+        chunked(inputs, targets=inputs.roll(-1, dims=1)).loss.backward()
     assert tracker.largest == 64 * VOCAB  # the output weight's transpose (dim × vocab); a chunk is 7 × 512
 
 

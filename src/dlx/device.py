@@ -64,6 +64,13 @@ def reset_peak_memory(device: torch.device) -> None:
         f.write("5")
 
 
+def cuda_rng_states() -> list[torch.Tensor]:
+    """The CUDA generators' states, one per visible GPU; none when CUDA was never initialised in this process."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.get_rng_state_all()
+    return []
+
+
 def restore_cuda_rng_states(states: list[torch.Tensor]) -> str | None:
     """Restore the saved CUDA generator states that fit: one per visible GPU, in order. Returns a one-line note when
     the saving process saw a different number of GPUs (None when every state was restored)."""
@@ -125,6 +132,11 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return torch.autocast(device_type=device.type, dtype=PRECISION_DTYPES[precision])
 
 
+def compute_capability_major(device: torch.device) -> int:
+    """The CUDA device's compute capability, major number (8: Ampere, 9: Hopper); CUDA only."""
+    return torch.cuda.get_device_properties(device).major
+
+
 def supports_native_bf16(device: torch.device) -> bool:
     """Whether bf16 is the faster precision that still trains: CUDA with bf16, or a CPU with AVX512-BF16/AMX."""
     if device.type == "cuda":
@@ -153,13 +165,6 @@ def cpu_info() -> dict[str, str]:
     except OSError:
         pass
     return info
-
-
-def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host → device copy; non-blocking from pinned memory on CUDA, a no-op for CPU tensors on CPU."""
-    if device.type == "cuda":
-        return tensor.to(device, non_blocking=tensor.is_pinned())
-    return tensor
 
 
 STAGING_BUFFERS = 2

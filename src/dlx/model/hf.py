@@ -34,8 +34,8 @@ from dlx.model.io import (
 from dlx.model.llama import Transformer
 from dlx.model.presets import describe_validation_error
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
+HF_CONFIG_FILE = "config.json"
+HF_WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 _LAYER_NAMES = {  # dlx name inside `layers.N.` -> HF name inside `model.layers.N.`
     "attention.wq.weight": "self_attn.q_proj.weight",
@@ -114,7 +114,7 @@ def hf_config(args: ModelArgs, dtype: torch.dtype) -> dict[str, Any]:
     return config
 
 
-def args_from_hf_config(config: dict[str, Any], source: str = CONFIG_FILE) -> ModelArgs:
+def args_from_hf_config(config: dict[str, Any], source: str = HF_CONFIG_FILE) -> ModelArgs:
     """ModelArgs from a Llama config.json; another architecture, or a Llama variant dlx's module does not compute
     (biases, another activation, another head_dim), is one line saying which."""
     _check_llama(config, source)
@@ -199,19 +199,19 @@ def save_hf(model: Transformer, out_dir: str | Path, overwrite: bool = False, to
     state = {dlx_to_hf_name(name): t for name, t in unique_state_dict(model).items()}
     config = hf_config(model.args, next(model.parameters()).dtype)
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
-        save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        save_file(state, str(tmp / HF_WEIGHTS_FILE), metadata={"format": "pt"})
         if tokenizer is not None:
             tokens = write_tokenizer_files(tokenizer, tmp, model.args.max_seq_len)
             config.update(bos_token_id=tokens.bos_id, eos_token_id=tokens.eos_id)
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        (tmp / HF_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return out_dir
 
 
 def read_hf_args(hf_dir: str | Path) -> ModelArgs:
     """The model shape from a Hugging Face folder's config.json."""
-    config_file = Path(hf_dir) / CONFIG_FILE
+    config_file = Path(hf_dir) / HF_CONFIG_FILE
     if not config_file.is_file():
-        raise UserError(f"{hf_dir} is not a Hugging Face model folder: {CONFIG_FILE} is missing")
+        raise UserError(f"{hf_dir} is not a Hugging Face model folder: {HF_CONFIG_FILE} is missing")
     try:
         config = json.loads(config_file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -226,7 +226,7 @@ def read_hf_folder(hf_dir: str | Path) -> tuple[ModelArgs, dict[str, StoredTenso
     hf_dir = Path(hf_dir)
     args = read_hf_args(hf_dir)
     weight_map = _weight_map(hf_dir)
-    files = sorted({hf_dir / name for name in weight_map.values()}) if weight_map else [hf_dir / WEIGHTS_FILE]
+    files = sorted({hf_dir / name for name in weight_map.values()}) if weight_map else [hf_dir / HF_WEIGHTS_FILE]
     stored = read_headers(files, _name_for_load, fix="download it again")
     for hf_name, file in (weight_map or {}).items():
         dlx_name = _name_for_load(hf_name)
@@ -280,7 +280,7 @@ def _weight_map(hf_dir: Path) -> dict[str, str] | None:
             if not (hf_dir / name).is_file():
                 raise UserError(f"{index} names the shard {name}, which is missing from {hf_dir}; download it again")
         return weight_map
-    if (hf_dir / WEIGHTS_FILE).is_file():
+    if (hf_dir / HF_WEIGHTS_FILE).is_file():
         return None
     others = sorted(p.name for p in hf_dir.glob("*.bin")) + sorted(p.name for p in hf_dir.glob("*.pth"))
     if others:
@@ -288,4 +288,4 @@ def _weight_map(hf_dir: Path) -> dict[str, str] | None:
             f"{hf_dir} holds {others[0]} but no safetensors; dlx reads safetensors only (no pickles): re-save it with "
             "transformers' save_pretrained, which writes safetensors"
         )
-    raise UserError(f"{hf_dir} holds no weights: neither {WEIGHTS_FILE} nor {INDEX_FILE}")
+    raise UserError(f"{hf_dir} holds no weights: neither {HF_WEIGHTS_FILE} nor {INDEX_FILE}")

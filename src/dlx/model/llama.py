@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dlx.device import compute_capability_major
 from dlx.model.args import ModelArgs
 from dlx.model.document_mask import DocumentMask, document_mask, masked_attention, positions_in_documents
 from dlx.model.kv_cache import KVCache
@@ -100,7 +101,7 @@ def _sdpa_shares_kv_heads(q: torch.Tensor, masked: bool) -> bool:
     if q.device.type != "cuda":
         return True
     half = q.dtype in (torch.bfloat16, torch.float16)
-    return half and not masked and torch.cuda.get_device_properties(q.device).major >= 8
+    return half and not masked and compute_capability_major(q.device) >= 8
 
 
 def _causal_mask_kwargs(n_queries: int, n_keys: int, device: torch.device) -> dict:

@@ -48,8 +48,10 @@ from dlx.parallel.distributed import any_rank, main_decides
 from dlx.parallel.strategy import DCP_FOLDER, Strategy, check_format
 
 CHECKPOINTS_DIR = "checkpoints"
-TRAIN_STATE_FILE = "train_state.pt"
-STATE_FILE = "trainer_state.json"
+OPTIMIZER_STATE_FILE = "train_state.pt"
+"""torch.save of the optimizer, scheduler, loss-scaler and random generator states."""
+TRAINER_STATE_FILE = "trainer_state.json"
+"""The `TrainerState` (step, tokens, loader position, file sizes); written last, it marks a checkpoint complete."""
 DCP_METADATA = f"{DCP_FOLDER}/.metadata"
 """Marks a checkpoint whose weights are in DCP shards (written by DCP last, once every rank's shards are)."""
 _NAME = re.compile(r"^step-(\d{8,})$")
@@ -108,8 +110,9 @@ def rng_state() -> dict[str, Any]:
         "python": random.getstate(),
         "numpy": _numpy_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    cuda = dev.cuda_rng_states()
+    if cuda:
+        state["cuda"] = cuda
     return state
 
 
@@ -261,7 +264,7 @@ def _write_parts(
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": rng_state(),
         },
-        tmp / TRAIN_STATE_FILE,
+        tmp / OPTIMIZER_STATE_FILE,
     )
     pause_point("checkpoint_save")  # test-only, off by default: see dlx.faults
     return future
@@ -271,7 +274,7 @@ def _publish(tmp: Path, path: Path, state: TrainerState, run_dir: Path, keep_las
     """Rank 0, once every rank has written: record every file's size, write trainer_state.json last, rename."""
     try:
         state.files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
-        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
+        (tmp / TRAINER_STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
         publish_dir(tmp, path, overwrite=True)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -341,10 +344,10 @@ class LoadedCheckpoint:
 def read_trainer_state(path: Path) -> TrainerState:
     """trainer_state.json, once every file it lists is there at its recorded size; DamagedCheckpoint otherwise."""
     try:
-        raw = json.loads((path / STATE_FILE).read_text())
+        raw = json.loads((path / TRAINER_STATE_FILE).read_text())
         state = TrainerState(**raw)
     except (OSError, ValueError, TypeError) as e:
-        raise DamagedCheckpoint(f"{STATE_FILE} unreadable ({type(e).__name__})") from None
+        raise DamagedCheckpoint(f"{TRAINER_STATE_FILE} unreadable ({type(e).__name__})") from None
     for name, size in state.files.items():
         file = path / name
         if not file.is_file():
@@ -359,12 +362,12 @@ def read_checkpoint(path: Path) -> LoadedCheckpoint:
     state = read_trainer_state(path)
     try:
         weights = load_file(str(path / WEIGHTS_FILE)) if state.format == "full" else {}  # else in dcp/ or deepspeed/
-        train_state = torch.load(path / TRAIN_STATE_FILE, map_location="cpu", weights_only=True)
+        train_state = torch.load(path / OPTIMIZER_STATE_FILE, map_location="cpu", weights_only=True)
     except (SafetensorError, OSError, RuntimeError, EOFError) as e:
         raise DamagedCheckpoint(f"unreadable ({str(e).splitlines()[0][:120]})") from None
     except Exception as e:  # weights_only's UnpicklingError: the file holds more than tensors and plain data
         raise DamagedCheckpoint(
-            f"{TRAIN_STATE_FILE} refused by torch.load(weights_only=True): {type(e).__name__}"
+            f"{OPTIMIZER_STATE_FILE} refused by torch.load(weights_only=True): {type(e).__name__}"
         ) from None
     return LoadedCheckpoint(path, state, weights, train_state)
 

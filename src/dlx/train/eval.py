@@ -10,19 +10,7 @@ import torch
 from torch import nn
 
 from dlx.model.loss import LossParts
-from dlx.parallel.strategy import Strategy
-from dlx.parallel.tensor import vocab_parallel_loss
 from dlx.precision import Precision
-
-
-def next_token_loss(
-    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0, **model_inputs: torch.Tensor
-) -> LossParts:
-    """The model's loss on inputs (B, T) against targets (B, T): mean cross-entropy in fp32 whatever the autocast,
-    plus `z_loss` × the z-loss (mean over tokens of log(Z)², Z = Σ_v exp(logit_v), as in PaLM and OLMo), each also
-    apart (dlx.model.loss). Through the model (and any wrapper: DDP, FSDP, DeepSpeed), so that the loss is computed
-    chunk by chunk from the hidden states, never from whole-batch logits. `model_inputs`: document ids."""
-    return model(inputs, targets=targets, z_loss=z_loss, **model_inputs)
 
 
 @torch.no_grad()
@@ -31,13 +19,13 @@ def evaluate(
     batches: Iterable,
     max_batches: int,
     precision: Precision,
-    model_inputs: Callable[[torch.Tensor], dict] | None = None,
-    loss_fn: Callable[..., LossParts] = next_token_loss,
+    model_inputs: Callable[[torch.Tensor], dict] | None,
+    loss_fn: Callable[..., LossParts],
 ) -> dict[str, float]:
     """{"loss", "perplexity", "batches", "eval_s"}; the model is put back in training mode afterwards.
     `model_inputs(inputs)`: keyword arguments for the model besides the tokens (document ids), as in training.
-    `loss_fn(model, inputs, targets, **model_inputs)`: the training loss (`training_loss`: vocab-parallel under tensor
-    parallelism); its cross-entropy is what is averaged."""
+    `loss_fn(model, inputs, targets, **model_inputs)`: the training loss (`dlx.train.objective.training_loss` with the
+    run's strategy: vocab-parallel under tensor parallelism); its cross-entropy is what is averaged."""
     start = time.perf_counter()
     model.eval()
     losses: list[torch.Tensor] = []
@@ -62,21 +50,3 @@ def evaluate(
 
 def perplexity(loss: float) -> float:
     return math.exp(loss) if loss < 700 else math.inf  # exp overflows a float beyond ~709; NaN stays NaN
-
-
-def training_loss(
-    strategy: Strategy,
-    model: nn.Module,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
-    z_loss: float = 0.0,
-    **model_inputs: torch.Tensor,
-) -> LossParts:
-    """The one place the loss is chosen. Under tensor parallelism the model's logits are vocabulary shards and the
-    cross-entropy is computed on them (`vocab_parallel_loss`: the full logits are never gathered; train.z_loss is
-    refused there, so the z-loss is not computed and reads NaN). Otherwise the model's own chunked loss
-    (`next_token_loss`: no whole-batch logits at all), with the z-loss weighted by `z_loss`."""
-    if strategy.vocab_parallel:
-        ce = vocab_parallel_loss(model(inputs, **model_inputs), targets)
-        return LossParts(ce, ce.detach(), torch.full_like(ce.detach(), math.nan))
-    return next_token_loss(model, inputs, targets, z_loss, **model_inputs)

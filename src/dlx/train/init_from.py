@@ -25,7 +25,7 @@ import torch
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
 from dlx.model.args import ModelArgs
-from dlx.model.hf import CONFIG_FILE, read_hf_args, read_hf_folder
+from dlx.model.hf import HF_CONFIG_FILE, read_hf_args, read_hf_folder
 from dlx.model.io import (
     ARGS_FILE,
     WEIGHTS_FILE,
@@ -120,9 +120,9 @@ def resolve_source(init_from: str | Path, role: str = "model.init_from") -> Init
             f"{role} {path} does not exist or is not a folder; give a Hugging Face model folder, a dlx model "
             "folder, a checkpoint or a run folder"
         )
-    if (path / CONFIG_FILE).is_file():
+    if (path / HF_CONFIG_FILE).is_file():
         return InitSource(path, "hf", path, _file_or_none(path / TOKENIZER_FILE))
-    if (path / ckpt.STATE_FILE).is_file():
+    if (path / ckpt.TRAINER_STATE_FILE).is_file():
         try:
             ckpt.read_trainer_state(path)
         except ckpt.DamagedCheckpoint as e:
@@ -133,7 +133,7 @@ def resolve_source(init_from: str | Path, role: str = "model.init_from") -> Init
     if (path / RUN_CONFIG_FILE).is_file():
         return _newest_checkpoint(path, role)
     raise UserError(
-        f"{role} {path} is neither a Hugging Face folder ({CONFIG_FILE}), a dlx model folder or checkpoint "
+        f"{role} {path} is neither a Hugging Face folder ({HF_CONFIG_FILE}), a dlx model folder or checkpoint "
         f"({ARGS_FILE}) nor a run folder ({RUN_CONFIG_FILE}); give one of those"
     )
 

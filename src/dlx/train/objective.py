@@ -1,8 +1,8 @@
 """What the step minimises, and what the model gets besides the tokens.
 
-- Loss: the next-token cross-entropy (`next_token_loss`), plus `train.z_loss` × the z-loss (the mean squared
-  log-partition of the logits, as in PaLM and OLMo; computed with the chunked loss, dlx.model.loss) when that weight is
-  above 0. It keeps the softmax normaliser near 1, against the logit drift that makes bf16 training diverge. The logged
+- Loss (`training_loss`, the one function that computes it, in training and evaluation): the next-token
+  cross-entropy, plus `train.z_loss` × the z-loss (the mean squared log-partition of the logits, as in PaLM and OLMo;
+  computed with the chunked loss, dlx.model.loss) when that weight is above 0. It keeps the softmax normaliser near 1, against the logit drift that makes bf16 training diverge. The logged
   `loss` stays the cross-entropy alone (comparable across runs and with the validation loss); `z_loss` is logged
   beside it: the weighted term as added to the minimised loss, for the record's step.
 - Document masking (`data.document_mask`): per-token document ids from the eos_id boundaries of each window, for
@@ -11,10 +11,35 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
+from torch import nn
 
 from dlx.data.loader import document_ids
 from dlx.model.loss import LossParts
+from dlx.parallel.strategy import Strategy
+from dlx.parallel.tensor import vocab_parallel_loss
+
+
+def training_loss(
+    strategy: Strategy,
+    model: nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    z_loss: float = 0.0,
+    **model_inputs: torch.Tensor,
+) -> LossParts:
+    """The model's loss on inputs (B, T) against targets (B, T), in training and evaluation: mean cross-entropy in fp32
+    whatever the autocast, plus `z_loss` × the z-loss (mean over tokens of log(Z)², Z = Σ_v exp(logit_v)), each also
+    apart. Through the model (and any wrapper: DDP, FSDP, DeepSpeed), so that the loss is computed chunk by chunk from
+    the hidden states (`dlx.model.loss`), never from whole-batch logits. Under tensor parallelism the model's logits
+    are vocabulary shards and the cross-entropy is computed on them (`vocab_parallel_loss`: the full logits are never
+    gathered; train.z_loss is refused there, so the z-loss reads NaN). `model_inputs`: document ids."""
+    if strategy.vocab_parallel:
+        ce = vocab_parallel_loss(model(inputs, **model_inputs), targets)
+        return LossParts(ce, ce.detach(), torch.full_like(ce.detach(), math.nan))
+    return model(inputs, targets=targets, z_loss=z_loss, **model_inputs)
 
 
 class Objective:

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from dlx.parallel import distributed
 from dlx.train import folder
 from dlx.train.data import build_eval_loader, build_source_eval_loaders
-from dlx.train.eval import evaluate, perplexity, training_loss
+from dlx.train.eval import evaluate, perplexity
+from dlx.train.objective import training_loss
 
 if TYPE_CHECKING:
     from dlx.train.run import Run

@@ -33,8 +33,7 @@ from dlx.precision import Precision
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
 from dlx.train.config import RunConfig
-from dlx.train.eval import training_loss
-from dlx.train.objective import PLAIN, Objective
+from dlx.train.objective import PLAIN, Objective, training_loss
 from dlx.train.observe import log_samples, observed_columns, observer_header, report_files
 from dlx.train.records import eval_line, evaluate_run, step_fields
 from dlx.train.run import Run, build_run
