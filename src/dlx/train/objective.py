@@ -2,9 +2,10 @@
 
 - Loss (`training_loss`, the one function that computes it, in training and evaluation): the next-token
   cross-entropy, plus `train.z_loss` × the z-loss (the mean squared log-partition of the logits, as in PaLM and OLMo;
-  computed with the chunked loss, dlx.model.loss) when that weight is above 0. It keeps the softmax normaliser near 1, against the logit drift that makes bf16 training diverge. The logged
-  `loss` stays the cross-entropy alone (comparable across runs and with the validation loss); `z_loss` is logged
-  beside it: the weighted term as added to the minimised loss, for the record's step.
+  computed with the chunked loss, dlx.model.loss) when that weight is above 0. It keeps the softmax normaliser near 1,
+  against the logit drift that makes bf16 training diverge. The logged `loss` stays the cross-entropy alone
+  (comparable across runs and with the validation loss); `z_loss` is logged beside it: the weighted term as added to
+  the minimised loss, for the record's step.
 - Document masking (`data.document_mask`): per-token document ids from the eos_id boundaries of each window, for
   `Transformer(..., document_ids=...)`, in training and in evaluation alike.
 """
