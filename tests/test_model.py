@@ -5,7 +5,8 @@ import torch
 
 from dlx.errors import UserError
 from dlx.model import ModelArgs, Transformer, resolve_model_args
-from dlx.model.stats import count_parameters, model_stats
+from dlx.model.presets import PRESETS
+from dlx.model.stats import ParamFormula, build_meta_model, count_parameters, model_stats
 
 EXPECTED_TOTALS = {
     "seed-135m": 135_529_984,
@@ -36,6 +37,20 @@ def test_meta_count_equals_materialised_count():
     real = Transformer(args)
     assert count_parameters(real).total == sum(p.numel() for p in real.parameters())
     assert count_parameters(real).total == model_stats(args).total
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("tie", [False, True])
+def test_the_formula_is_the_modules_count(preset, tie):
+    """The one formula (planner, preflight, FLOPs) against the real module on the meta device, part by part."""
+    args = resolve_model_args(preset, tie_embeddings=tie)
+    formula, stats = ParamFormula(args), model_stats(args)
+    assert formula.total == stats.total
+    assert formula.embedding == stats.embedding
+    assert formula.norms + args.n_layers * (formula.attention + formula.ffn) == stats.per_module["layers"] + args.dim
+    module = build_meta_model(args)
+    matmuls = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+    assert formula.matmul == sum(m.weight.numel() for m in matmuls)
 
 
 def test_tied_embeddings_share_one_tensor():

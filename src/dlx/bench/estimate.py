@@ -40,7 +40,7 @@ from dlx.errors import UserError
 from dlx.metrics.flops import FlopsPerToken, training_flops_per_token
 from dlx.model.args import ModelArgs
 from dlx.model.loss import CHUNK_LOGITS
-from dlx.model.stats import model_stats
+from dlx.model.stats import ParamFormula
 
 STRATEGIES = ("none", "ddp", "fsdp", "deepspeed")
 ZERO_STAGES = (1, 2, 3)
@@ -122,12 +122,6 @@ class MemoryPlan:
         return flops / (peak_tflops * 1e12 * mfu * world_size)
 
 
-def params_per_rank(args: ModelArgs, tp: int) -> float:
-    """Parameters one tensor-parallel rank holds: the norm weights whole, everything else ÷ tp."""
-    norms = (2 * args.n_layers + 1) * args.dim
-    return norms + (model_stats(args).total - norms) / tp
-
-
 def _state_bytes(n_params: float, shape: TrainingShape) -> tuple[float, float, float]:
     """Weights, gradients, optimizer bytes per rank, for `n_params` per tensor-parallel rank."""
     weights = n_params * (4 + (2 if shape.precision != "fp32" else 0))
@@ -186,8 +180,8 @@ def _activation_bytes(args: ModelArgs, shape: TrainingShape) -> float:
 
 
 def plan_memory(args: ModelArgs, shape: TrainingShape) -> MemoryPlan:
-    n_params = model_stats(args).total
-    weights, grads, optimizer = _state_bytes(params_per_rank(args, shape.tp), shape)
+    n_params = ParamFormula(args).total
+    weights, grads, optimizer = _state_bytes(ParamFormula(args).per_tensor_parallel_rank(shape.tp), shape)
     return MemoryPlan(
         params=n_params,
         weights_gb=weights / GB,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dlx.model.args import ModelArgs
+from dlx.model.stats import ParamFormula
 
 CONVENTIONS = {
     "dense": "6·N, N = matmul weights (layers + output projection, embedding lookup excluded)",
@@ -22,10 +23,8 @@ CONVENTIONS = {
 
 
 def matmul_params(args: ModelArgs) -> int:
-    """N: the weights that multiply activations once per token."""
-    attention = args.dim * args.n_heads * args.head_dim * 2 + args.dim * args.kv_heads * args.head_dim * 2
-    ffn = 3 * args.dim * args.ffn_hidden_dim
-    return args.n_layers * (attention + ffn) + args.dim * args.vocab_size
+    """N: the weights that multiply activations once per token (`dlx.model.stats.ParamFormula.matmul`)."""
+    return ParamFormula(args).matmul
 
 
 @dataclass(frozen=True)

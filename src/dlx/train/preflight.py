@@ -38,7 +38,7 @@ from dlx.data.mixture.sources import mix_sources
 from dlx.data.shards import TOKENIZER_FILE, Manifest, read_manifest, sha256_file
 from dlx.data.tokenizer_identity import same_tokenizer
 from dlx.errors import UserError
-from dlx.model.args import ModelArgs
+from dlx.model.stats import ParamFormula
 from dlx.train.config import SYNTHETIC, RunConfig
 from dlx.train.step_plan import resolve_grad_accum
 
@@ -238,21 +238,12 @@ def _batch_tokens(config: RunConfig, world_size: int) -> str:
     )
 
 
-def parameter_count(args: ModelArgs) -> int:
-    """Exact: embedding, per layer the four attention and three FFN matrices and two norms, the final norm, and the
-    output projection unless it is tied to the embedding."""
-    attention = 2 * args.dim * args.n_heads * args.head_dim + 2 * args.dim * args.kv_heads * args.head_dim
-    layer = attention + 3 * args.dim * args.ffn_hidden_dim + 2 * args.dim
-    output = 0 if args.tie_embeddings else args.vocab_size * args.dim
-    return args.vocab_size * args.dim + args.n_layers * layer + args.dim + output
-
-
 def checkpoint_bytes(config: RunConfig) -> int:
     """One checkpoint, estimated from the parameter count: the weights in fp32 (4 B per parameter), AdamW's two fp32
     moments (8 B; SGD none). One process and DDP: model.safetensors and train_state.pt. Sharded layouts (FSDP, any
     parallel.tp > 1): DCP shards of weights and moments, plus model.safetensors unless checkpoint.full_weights is never
     (with last, the run's last checkpoint holds it). DeepSpeed: its own files of both beside model.safetensors."""
-    params = parameter_count(config.model.args)
+    params = ParamFormula(config.model.args).total
     optimizer = 8 * params if config.train.optimizer == "adamw" else 0
     parallel = config.parallel
     if parallel.strategy == "fsdp" or parallel.tp > 1:
