@@ -111,3 +111,22 @@ def test_bad_recipe_files(tmp_path, text, message):
         load_recipe(path, [])
     with pytest.raises(UserError, match="cannot read recipe"):
         read_recipe_file(tmp_path / "missing.yaml")
+
+
+def test_every_strategy_has_one_row_of_traits():
+    """parallel.strategy's choices, the strategy classes and the traits table name the same strategies."""
+    import typing
+
+    from dlx.parallel.build import STRATEGIES
+    from dlx.parallel.config import ParallelConfig
+    from dlx.parallel.strategy import DeepSpeedStrategy
+    from dlx.parallel.traits import STRATEGY_TRAITS, resumed_by
+
+    choices = typing.get_args(ParallelConfig.model_fields["strategy"].annotation)
+    assert list(STRATEGY_TRAITS) == list(choices)
+    assert {name: cls.name for name, cls in STRATEGIES.items()} | {"deepspeed": DeepSpeedStrategy.name} == {
+        name: name for name in choices
+    }
+    assert resumed_by("full") == ("none", "ddp") and resumed_by("dcp") == ("none", "ddp", "fsdp")
+    assert resumed_by("deepspeed") == ("deepspeed",) and resumed_by("other") == ()
+    assert [STRATEGY_TRAITS[name].checkpoint_format_for(2) for name in ("none", "ddp", "fsdp")] == ["dcp"] * 3

@@ -41,8 +41,9 @@ from dlx.metrics.flops import FlopsPerToken, training_flops_per_token
 from dlx.model.args import ModelArgs
 from dlx.model.loss import CHUNK_LOGITS
 from dlx.model.stats import ParamFormula
+from dlx.parallel.traits import STRATEGY_TRAITS
 
-STRATEGIES = ("none", "ddp", "fsdp", "deepspeed")
+STRATEGIES = tuple(STRATEGY_TRAITS)
 ZERO_STAGES = (1, 2, 3)
 CHECKPOINTING = ("none", "full", "selective")
 AUTOCAST_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -80,10 +81,10 @@ class TrainingShape:
                 raise UserError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
         if self.world_size % self.tp:
             raise UserError(f"--world-size {self.world_size} must be a multiple of --tp {self.tp} (ranks = dp × tp)")
-        if self.tp > 1 and self.strategy == "deepspeed":
-            raise UserError("--strategy deepspeed does not combine with --tp > 1; use --strategy fsdp")
         _check_choice("precision", self.precision, tuple(AUTOCAST_BYTES))
         _check_choice("strategy", self.strategy, STRATEGIES)
+        if self.tp > 1 and not STRATEGY_TRAITS[self.strategy].supports_tp:
+            raise UserError(f"--strategy {self.strategy} does not combine with --tp > 1; use --strategy fsdp")
         if self.zero_stage not in ZERO_STAGES:
             raise UserError(f"zero-stage must be 1, 2 or 3, got {self.zero_stage}")
         _check_choice("activation-checkpointing", self.activation_checkpointing, CHECKPOINTING)
@@ -125,7 +126,7 @@ class MemoryPlan:
 def _state_bytes(n_params: float, shape: TrainingShape) -> tuple[float, float, float]:
     """Weights, gradients, optimizer bytes per rank, for `n_params` per tensor-parallel rank."""
     weights = n_params * (4 + (2 if shape.precision != "fp32" else 0))
-    grads = n_params * 4 * (2 if shape.strategy == "ddp" and shape.tp == 1 else 1)
+    grads = n_params * 4 * (2 if STRATEGY_TRAITS[shape.strategy].gradient_buckets and shape.tp == 1 else 1)
     optimizer = n_params * 8
     world = shape.dp
     if sharding_stage(shape) >= 1:
@@ -139,9 +140,8 @@ def _state_bytes(n_params: float, shape: TrainingShape) -> tuple[float, float, f
 
 def sharding_stage(shape: TrainingShape) -> int:
     """What is sharded, as a ZeRO stage: 0 nothing, 1 optimizer state, 2 and gradients, 3 and weights."""
-    if shape.strategy == "deepspeed":
-        return shape.zero_stage
-    return 3 if shape.strategy == "fsdp" else 0
+    stage = STRATEGY_TRAITS[shape.strategy].sharding_stage
+    return shape.zero_stage if stage is None else stage
 
 
 def activation_bytes_per_token_per_layer(args: ModelArgs, shape: TrainingShape) -> float:

@@ -59,12 +59,14 @@ def bench(
     from dlx.device import prefer_expandable_segments, resolve_device
     from dlx.errors import UserError
     from dlx.parallel.distributed import env_from_torchrun
+    from dlx.parallel.traits import STRATEGY_TRAITS
     from dlx.precision import resolve_precision
 
     if steps < 1 or warmup < 0:
         raise UserError(f"--steps must be at least 1 and --warmup at least 0, got {steps} and {warmup}")
-    if strategy not in ("none", "ddp", "fsdp") or tp < 1:
-        raise UserError(f"--strategy must be none, ddp or fsdp and --tp at least 1, got {strategy!r} and {tp}")
+    benched = [name for name, traits in STRATEGY_TRAITS.items() if traits.benched]
+    if strategy not in benched or tp < 1:
+        raise UserError(f"--strategy must be {', '.join(benched)} and --tp at least 1, got {strategy!r} and {tp}")
     prefer_expandable_segments()  # before the first CUDA allocation
     world_size = env_from_torchrun().world_size
     torch_device = resolve_device(device, env_from_torchrun().local_rank)

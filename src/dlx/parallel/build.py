@@ -3,6 +3,7 @@ engine. Takes plain values, not the recipe: the training package assembles the r
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from dlx.parallel.distributed import DistEnv
 from dlx.parallel.materialize import ShardFiller
 from dlx.parallel.strategy import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
 from dlx.parallel.tensor import build_mesh
+from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.parallel.wrap import parallelize
 from dlx.precision import Precision
 
@@ -35,10 +37,11 @@ class StepShape:
 
 def check_strategy_installed(parallel: ParallelConfig) -> None:
     """Before anything is written: a strategy whose engine is not installed is one line, not a traceback later."""
-    if parallel.strategy != "deepspeed":
+    package = STRATEGY_TRAITS[parallel.strategy].package
+    if package is None:
         return
     try:
-        import deepspeed  # noqa: F401
+        importlib.import_module(package)
     except ImportError:
         raise UserError(
             "parallel.strategy deepspeed needs DeepSpeed, which is not installed: pip install 'dlx[deepspeed]' "

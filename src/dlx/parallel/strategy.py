@@ -32,9 +32,9 @@ from dlx.errors import UserError
 from dlx.parallel import dcp
 from dlx.parallel.distributed import DistEnv
 from dlx.parallel.tensor import loss_context
+from dlx.parallel.traits import STRATEGY_TRAITS, resumed_by
 from dlx.precision import Precision
 
-FORMAT_STRATEGIES = {"full": ("none", "ddp"), "dcp": ("none", "ddp", "fsdp"), "deepspeed": ("deepspeed",)}
 DEEPSPEED_FOLDER, DEEPSPEED_TAG, DCP_FOLDER = "deepspeed", "state", "dcp"
 
 
@@ -62,8 +62,8 @@ class Strategy:
 
     @property
     def checkpoint_format(self) -> str:
-        """ "full" where every rank holds everything, "dcp" where ranks hold shards."""
-        return "dcp" if self.env.tp > 1 else "full"
+        """ "full" where every rank holds everything, "dcp" where ranks hold shards, or "deepspeed" (see traits)."""
+        return STRATEGY_TRAITS[self.name].checkpoint_format_for(self.env.tp)
 
     def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """Around one micro-step's forward and backward: gradients are synchronised only on the last one."""
@@ -135,10 +135,6 @@ class FSDPStrategy(Strategy):
 
     name = "fsdp"
 
-    @property
-    def checkpoint_format(self) -> str:
-        return "dcp"
-
     def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         self.model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
@@ -152,10 +148,6 @@ class DeepSpeedStrategy(Strategy):
     def __init__(self, *args: Any, zero_stage: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.zero_stage = zero_stage
-
-    @property
-    def checkpoint_format(self) -> str:
-        return "deepspeed"
 
     @property
     def engine(self) -> Any:
@@ -209,7 +201,7 @@ def _local(norm: torch.Tensor) -> torch.Tensor:
 
 def check_format(saved_format: str, saved_world_size: int, strategy: Strategy, world_size: int, path: Path) -> None:
     """Which strategies and layouts a checkpoint resumes under (see the table above)."""
-    allowed = FORMAT_STRATEGIES.get(saved_format, ())
+    allowed = resumed_by(saved_format)
     if strategy.name not in allowed:
         writers = " or ".join(allowed) or saved_format
         raise UserError(

@@ -28,6 +28,7 @@ from dlx.model.args import ModelArgs
 from dlx.model.presets import PRESETS, resolve_model_args
 from dlx.parallel.config import ParallelConfig
 from dlx.parallel.tensor import divisibility_problem
+from dlx.parallel.traits import STRATEGY_TRAITS
 
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False, validate_assignment=True)
 
@@ -309,18 +310,20 @@ class RunConfig(BaseModel):
         return self
 
     def _check_parallel(self) -> None:
-        train, strategy = self.train, self.parallel.strategy
-        if strategy == "deepspeed" and train.nan_policy == "skip":
-            raise ValueError("train.nan_policy skip is not available with parallel.strategy deepspeed; use stop")
-        if strategy == "fsdp" and train.precision == "fp16":
-            raise ValueError("parallel.strategy fsdp trains in bf16 or fp32; set train.precision bf16 (or fp32)")
+        train, strategy = self.train, STRATEGY_TRAITS[self.parallel.strategy]
+        if not strategy.skips_nan_steps and train.nan_policy == "skip":
+            raise ValueError(f"train.nan_policy skip is not available with parallel.strategy {strategy.name}; use stop")
+        if not strategy.trains_fp16 and train.precision == "fp16":
+            raise ValueError(
+                f"parallel.strategy {strategy.name} trains in bf16 or fp32; set train.precision bf16 (or fp32)"
+            )
         self._check_tensor_parallel()
 
     def _check_tensor_parallel(self) -> None:
         tp, strategy = self.parallel.tp, self.parallel.strategy
         if tp == 1:
             return
-        if strategy == "deepspeed":
+        if not STRATEGY_TRAITS[strategy].supports_tp:
             raise ValueError(
                 f"parallel.strategy deepspeed does not combine with parallel.tp {tp} (its engine does not take "
                 "tensor-parallel parameters); use parallel.strategy fsdp for FSDP × TP, or parallel.tp 1"

@@ -39,6 +39,7 @@ from dlx.data.shards import TOKENIZER_FILE, Manifest, read_manifest, sha256_file
 from dlx.data.tokenizer_identity import same_tokenizer
 from dlx.errors import UserError
 from dlx.model.stats import ParamFormula
+from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.train.config import SYNTHETIC, RunConfig
 from dlx.train.step_plan import resolve_grad_accum
 
@@ -245,12 +246,12 @@ def checkpoint_bytes(config: RunConfig) -> int:
     (with last, the run's last checkpoint holds it). DeepSpeed: its own files of both beside model.safetensors."""
     params = ParamFormula(config.model.args).total
     optimizer = 8 * params if config.train.optimizer == "adamw" else 0
-    parallel = config.parallel
-    if parallel.strategy == "fsdp" or parallel.tp > 1:
+    checkpoint_format = STRATEGY_TRAITS[config.parallel.strategy].checkpoint_format_for(config.parallel.tp)
+    if checkpoint_format == "dcp":
         full = 0 if config.checkpoint.full_weights == "never" else 4 * params
         return 4 * params + optimizer + full
-    sharded_copy = 4 * params if parallel.strategy == "deepspeed" else 0
-    return 4 * params + optimizer + sharded_copy
+    engine_copy = 4 * params if checkpoint_format == "deepspeed" else 0
+    return 4 * params + optimizer + engine_copy
 
 
 def check_disk(config: RunConfig, run_dir: Path) -> tuple[str, str | None]:

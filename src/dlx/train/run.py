@@ -26,6 +26,7 @@ from dlx.parallel.distributed import DistEnv, any_rank, main_decides
 from dlx.parallel.materialize import ShardFiller, materialize
 from dlx.parallel.strategy import Strategy
 from dlx.parallel.tensor import check_layout
+from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.precision import Precision, build_precision
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
@@ -250,7 +251,9 @@ def build_run(
     check_layout(config.parallel, env.world_size)
     run_dir = main_decides(lambda: resolve_run_dir(config, name, run_dir, resume))
     checked = main_decides(lambda: run_preflight(config, run_dir, resume, env.dp_size))
-    precision = build_precision(config.train.precision, device, engine_managed=config.parallel.strategy == "deepspeed")
+    precision = build_precision(
+        config.train.precision, device, engine_managed=STRATEGY_TRAITS[config.parallel.strategy].owns_precision
+    )
     loader = build_train_loader(config, device, env.dp_rank, env.dp_size)  # the TP ranks of a replica: one batch
     try:
         plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)

@@ -29,6 +29,7 @@ from dlx.metrics.timing import PhaseTimer
 from dlx.metrics.verdict import STARTUP_KEY, Hardware, bottleneck_verdict
 from dlx.parallel import distributed
 from dlx.parallel.strategy import Strategy
+from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.precision import Precision
 from dlx.train import checkpoint as ckpt
 from dlx.train import folder
@@ -72,7 +73,7 @@ def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, 
 
     check_optional_features(config)
     device = dev.resolve_device(config.train.device, distributed.env_from_torchrun().local_rank)
-    needs_group = config.parallel.strategy in ("fsdp", "deepspeed")
+    needs_group = STRATEGY_TRAITS[config.parallel.strategy].always_grouped
     env = distributed.init_distributed(device, needs_group, config.parallel.timeout_s, config.parallel.tp)
     every_rank_ends = False
     try:

@@ -1,0 +1,112 @@
+"""What each `parallel.strategy` implies, decided here once: the trainer, the run's assembly, the recipe's checks,
+preflight, the planner (`dlx plan`), `dlx bench` and the strategy builder read this table, not the strategy's name.
+
+    strategy   process group  precision  sharded (ZeRO stage)  checkpoint (tp 1)  resumes from   tp > 1  fp16  nan skip
+    none       with torchrun  dlx's      0                     full               full, dcp      yes     yes   yes
+    ddp        with torchrun  dlx's      0 (+ gradient buckets) full              full, dcp      yes     yes   yes
+    fsdp       always         dlx's      3                     dcp                dcp            yes     no    yes
+    deepspeed  always         engine's   parallel.zero_stage   deepspeed          deepspeed      no      yes   no
+
+Any strategy with parallel.tp > 1 writes "dcp" checkpoints (DCP reshards them across layouts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StrategyTraits:
+    name: str
+    """The `parallel.strategy` value."""
+    always_grouped: bool
+    """Needs a process group even in one process (FSDP2 and DeepSpeed run collectives); else only under torchrun."""
+    owns_precision: bool
+    """The engine runs mixed precision and loss scaling itself; dlx's `Precision` only sets the dtype."""
+    sharding_stage: int | None
+    """What it shards across data-parallel ranks, as a ZeRO stage (0 nothing, 1 optimizer state, 2 and gradients,
+    3 and weights); None: parallel.zero_stage says."""
+    gradient_buckets: bool
+    """Keeps a second fp32 copy of the gradients (DDP's all-reduce buckets) when parallel.tp is 1."""
+    checkpoint_format: str
+    """What its checkpoints are with parallel.tp 1: "full" (model.safetensors + train_state.pt), "dcp" (sharded) or
+    "deepspeed" (the engine's own)."""
+    resumes: tuple[str, ...]
+    """The checkpoint formats a run under it resumes from."""
+    supports_tp: bool
+    """Combines with parallel.tp > 1."""
+    trains_fp16: bool
+    """Trains in fp16 (with a loss scaler)."""
+    skips_nan_steps: bool
+    """Can drop a step's update for a non-finite loss (train.nan_policy skip)."""
+    benched: bool
+    """`dlx bench` measures it."""
+    package: str | None = None
+    """A package it needs that dlx does not install by default (checked before anything is written)."""
+
+    def checkpoint_format_for(self, tp: int) -> str:
+        return "dcp" if tp > 1 else self.checkpoint_format
+
+
+_TABLE = (
+    StrategyTraits(
+        "none",
+        always_grouped=False,
+        owns_precision=False,
+        sharding_stage=0,
+        gradient_buckets=False,
+        checkpoint_format="full",
+        resumes=("full", "dcp"),
+        supports_tp=True,
+        trains_fp16=True,
+        skips_nan_steps=True,
+        benched=True,
+    ),
+    StrategyTraits(
+        "ddp",
+        always_grouped=False,
+        owns_precision=False,
+        sharding_stage=0,
+        gradient_buckets=True,
+        checkpoint_format="full",
+        resumes=("full", "dcp"),
+        supports_tp=True,
+        trains_fp16=True,
+        skips_nan_steps=True,
+        benched=True,
+    ),
+    StrategyTraits(
+        "fsdp",
+        always_grouped=True,
+        owns_precision=False,
+        sharding_stage=3,
+        gradient_buckets=False,
+        checkpoint_format="dcp",
+        resumes=("dcp",),
+        supports_tp=True,
+        trains_fp16=False,
+        skips_nan_steps=True,
+        benched=True,
+    ),
+    StrategyTraits(
+        "deepspeed",
+        always_grouped=True,
+        owns_precision=True,
+        sharding_stage=None,
+        gradient_buckets=False,
+        checkpoint_format="deepspeed",
+        resumes=("deepspeed",),
+        supports_tp=False,
+        trains_fp16=True,
+        skips_nan_steps=False,
+        benched=False,
+        package="deepspeed",
+    ),
+)
+STRATEGY_TRAITS = {traits.name: traits for traits in _TABLE}
+"""Every parallel.strategy by name."""
+
+
+def resumed_by(checkpoint_format: str) -> tuple[str, ...]:
+    """The strategies that resume from a checkpoint of this format."""
+    return tuple(name for name, traits in STRATEGY_TRAITS.items() if checkpoint_format in traits.resumes)
