@@ -11,11 +11,11 @@ import torch
 
 from dlx.bench import sweep
 from dlx.bench.estimate import TrainingShape, max_micro_batch
+from dlx.bench.measure import measure_point
 from dlx.bench.points import BenchPoint, BenchSetup, expand_points, parse_positive_ints
 from dlx.bench.sweep import MemoryBudget, largest_fitting, run_sweep
 from dlx.errors import UserError
 from dlx.model import resolve_model_args
-from dlx.train.measure import measure_point
 from train_helpers import single_torch_thread
 
 README_COLUMNS = [
@@ -117,10 +117,11 @@ def test_cuda_out_of_memory_is_caught_and_larger_batches_are_not_tried(tmp_path,
         return measure_point(setup, point)
 
     monkeypatch.setattr(sweep.dev, "release_memory", lambda device: released.append(device))
+    monkeypatch.setattr(sweep, "measure_point", measure)
     setup = BenchSetup("debug", torch.device("cpu"), steps=1, warmup=0)
     points = expand_points([16, 32], [1, 2, 4], [1], ["fp32"])
     budget = MemoryBudget(100.0, skip_by_estimate=False)
-    rows = run_sweep(setup, points, tmp_path, budget, say=lambda line: None, measure=measure)
+    rows = run_sweep(setup, points, tmp_path, budget, say=lambda line: None)
     by_point = {(r["seq_len"], r["micro_batch"]): r for r in rows}
     assert tried == [(16, 1), (16, 2), (32, 1), (32, 2), (32, 4)]  # (16, 4) never tried
     assert [by_point[16, b]["status"] for b in (1, 2, 4)] == ["ok", "oom", "oom"]
@@ -134,9 +135,10 @@ def test_other_errors_are_not_taken_for_out_of_memory(tmp_path, monkeypatch):
     def measure(setup, point):
         raise RuntimeError("shape mismatch")
 
+    monkeypatch.setattr(sweep, "measure_point", measure)
     setup = BenchSetup("debug", torch.device("cpu"), steps=1, warmup=0)
     with pytest.raises(RuntimeError, match="shape mismatch"):
-        run_sweep(setup, expand_points([16], [1], [1], ["fp32"]), tmp_path, MemoryBudget(100.0, False), print, measure)
+        run_sweep(setup, expand_points([16], [1], [1], ["fp32"]), tmp_path, MemoryBudget(100.0, False), print)
 
 
 def test_find_max_batch_on_cpu_comes_from_the_estimator(tmp_path):

@@ -152,8 +152,8 @@ def test_the_counters_reach_the_records_and_the_console_line(tmp_path, monkeypat
 
 
 def test_dlx_bench_measures_the_counters_over_the_timed_steps(monkeypatch):
+    from dlx.bench import measure
     from dlx.bench.points import BenchPoint, BenchSetup
-    from dlx.train import measure
 
     fake = fake_counters(monkeypatch, measure)
     record = measure.measure_point(

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from dlx import device as dev
+from dlx.bench import measure
 from dlx.bench.points import BenchPoint, BenchSetup
 from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.peak import Peak
 from dlx.model import resolve_model_args
 from dlx.train import checkpoint as ckpt
-from dlx.train import measure
 from dlx.train.data import SyntheticLoader
 from train_helpers import single_torch_thread
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "dlx"
 LAYERS = {
-    "__main__": 5,
-    "cli": 4,
+    "__main__": 6,
+    "cli": 5,
+    "bench": 4,
     "train": 3,
     "metrics": 2,
     "parallel": 2,
-    "bench": 2,
     "model": 1,
     "data": 1,
     "device": 0,
@@ -66,7 +66,13 @@ def test_the_check_sees_an_upward_import(tmp_path):
     (tmp_path / "parallel").mkdir()
     (tmp_path / "parallel" / "strategy.py").write_text("def f():\n    from dlx.train.config import RunConfig\n")
     (tmp_path / "model.py").write_text("from dlx import device, parallel\n")
-    expected = ["model.py imports dlx.parallel", "parallel/strategy.py imports dlx.train.config"]
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "trainer.py").write_text("from dlx.bench.measure import measure_point\n")
+    expected = [
+        "model.py imports dlx.parallel",
+        "parallel/strategy.py imports dlx.train.config",
+        "train/trainer.py imports dlx.bench.measure",
+    ]
     assert upward_imports(tmp_path) == expected
 
 

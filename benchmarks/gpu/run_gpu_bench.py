@@ -234,7 +234,7 @@ def prepare_check(wheels: Path, dry_run: bool) -> Path | None:
 
 def check_imports(env: dict[str, str]) -> str | None:
     """None when `dlx bench` can import all it needs here; else the last line of the ImportError."""
-    probe = "import dlx.cli.app, dlx.cli.bench_commands, dlx.train.measure, dlx.bench.plot, matplotlib"
+    probe = "import dlx.cli.app, dlx.cli.bench_commands, dlx.bench.command, dlx.bench.plot, matplotlib"
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, cwd=ROOT)
     return None if result.returncode == 0 else (result.stderr.strip().splitlines() or ["unknown error"])[-1]
 

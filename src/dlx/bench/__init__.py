@@ -1,1 +1,2 @@
-"""Benchmarking: the memory and FLOPs planner (`estimate`) and the configuration sweep (`dlx bench`)."""
+"""Benchmarking, above the training package: the memory and FLOPs planner (`estimate`, `dlx plan`) and `dlx bench`
+(`command`: the sweep of `sweep`, each point measured by `measure` with the training package's own step)."""

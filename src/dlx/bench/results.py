@@ -6,7 +6,7 @@ Units are in the column names: `_s` seconds (mean per optimizer step over the ti
 `tflops` 1e12 FLOP/s per device, `_pct` percent (the GPU counters of dlx.metrics.gpu_monitor, NVML, CUDA only).
 `mfu` and `tflops` count attention (6·N + 12·L·H·Q·T), `mfu_dense` and `tflops_dense`
 do not (6·N); see dlx.metrics.flops. `est_mem_gb` is `dlx plan`'s estimate for the same point, beside `peak_mem_gb`.
-`optimizer_pct` and `weight_cast_pct` are the step's fixed costs as percentages of `step_s` (dlx.train.measure).
+`optimizer_pct` and `weight_cast_pct` are the step's fixed costs as percentages of `step_s` (dlx.bench.measure).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import Any
 
 from dlx import device as dev
 from dlx.bench.estimate import TrainingShape, plan_memory
+from dlx.bench.measure import measure_point
 from dlx.bench.points import BenchPoint, BenchSetup
 from dlx.bench.results import measured_row, point_row, read_rows, row_key, write_rows
 from dlx.errors import UserError
@@ -25,9 +26,6 @@ from dlx.model.args import ModelArgs
 from dlx.model.presets import resolve_model_args
 
 CSV_NAME, TABLE_NAME, PLOT_NAME = "bench.csv", "bench.md", "bench.png"
-
-Measure = Callable[[BenchSetup, BenchPoint], dict[str, Any]]
-"""Trains one point and returns its metrics record: `dlx.train.measure.measure_point`, the step `dlx pretrain` runs."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +69,6 @@ def run_sweep(
     out_dir: Path,
     budget: MemoryBudget,
     say: Callable[[str], None],
-    measure: Measure,
 ) -> list[dict[str, Any]]:
     """Measure the points not already in out_dir/bench.csv; returns every row of the CSV."""
     args = resolve_model_args(setup.model)
@@ -91,7 +88,7 @@ def run_sweep(
         if key in rows and rows[key]["status"] != "oom_estimate":
             say(f"{point.label()}: in {csv_path} already ({rows[key]['status']}), skipped")
             continue
-        rows[key] = bench_point(setup, args, fixed, point, budget, oom_from, measure)
+        rows[key] = bench_point(setup, args, fixed, point, budget, oom_from)
         write_rows(csv_path, rows.values())
         say(describe_row(point, rows[key]))
     return list(rows.values())
@@ -104,7 +101,6 @@ def bench_point(
     point: BenchPoint,
     budget: MemoryBudget,
     oom_from: dict[tuple[str, int], int],
-    measure: Measure,
 ) -> dict[str, Any]:
     """Measure one point, or mark it OOM; `oom_from` remembers the smallest micro-batch that ran out per seq len."""
     estimate = estimate_gb(args, point, setup)
@@ -115,7 +111,7 @@ def bench_point(
     if ran_out_at is not None and point.micro_batch > ran_out_at:
         note = f"not tried: micro-batch {ran_out_at} ran out"
         return point_row(fixed, point, "oom", est_mem_gb=estimate, note=note)
-    record = measure_or_none(setup, point, measure)
+    record = measure_or_none(setup, point)
     if record is None:
         oom_from[(point.precision, point.seq_len)] = point.micro_batch
         return point_row(fixed, point, "oom", est_mem_gb=estimate, note="out of memory")
@@ -123,11 +119,11 @@ def bench_point(
     return measured_row(fixed, point, record, estimate, peak.tflops, peak.source, setup.steps)
 
 
-def measure_or_none(setup: BenchSetup, point: BenchPoint, measure: Measure) -> dict[str, Any] | None:
+def measure_or_none(setup: BenchSetup, point: BenchPoint) -> dict[str, Any] | None:
     """The point's record, or None when the device ran out of memory (the memory is released before returning)."""
     ran_out = False
     try:
-        return measure(setup, point)
+        return measure_point(setup, point)
     except Exception as error:
         if not dev.is_out_of_memory(error):
             raise
@@ -157,7 +153,6 @@ def find_max_batch(
     seq_lens: list[int],
     precisions: list[str],
     budget: MemoryBudget,
-    measure: Measure,
     limit: int = 4096,
 ) -> list[dict[str, Any]]:
     """The largest micro-batch per precision and seq len: searched with OOM recovery on CUDA (one step per try), and
@@ -165,14 +160,14 @@ def find_max_batch(
     args = resolve_model_args(setup.model)
     check_micro_batch_one_fits(args, setup, [BenchPoint(s, 1, 1, p) for p in precisions for s in seq_lens], budget.gb)
     return [
-        max_batch_row(setup, args, seq_len, precision, budget, measure, limit)
+        max_batch_row(setup, args, seq_len, precision, budget, limit)
         for precision in precisions
         for seq_len in seq_lens
     ]
 
 
 def max_batch_row(
-    setup: BenchSetup, args: ModelArgs, seq_len: int, precision: str, budget: MemoryBudget, measure: Measure, limit: int
+    setup: BenchSetup, args: ModelArgs, seq_len: int, precision: str, budget: MemoryBudget, limit: int
 ) -> dict[str, Any]:
     def point(batch: int) -> BenchPoint:
         return BenchPoint(seq_len, batch, 1, precision)
@@ -181,7 +176,7 @@ def max_batch_row(
     measured = None
     if setup.device.type == "cuda":
         one_step = replace(setup, steps=1, warmup=0)
-        measured = largest_fitting(lambda batch: measure_or_none(one_step, point(batch), measure) is not None, limit)
+        measured = largest_fitting(lambda batch: measure_or_none(one_step, point(batch)) is not None, limit)
     return {"precision": precision, "seq_len": seq_len, "measured": measured, "estimated": estimated, "limit": limit}
 
 
