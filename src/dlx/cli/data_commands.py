@@ -60,8 +60,10 @@ def prepare(
     Across machines: run `--tasks N --task-index I` for every I (any order, anywhere, each resumable), then `--merge`;
     the result is byte for byte the one-machine dataset.
     """
-    from dlx.data.prepare import merge_tasks, prepare_dataset, prepare_task
-    from dlx.data.prepare.options import DEFAULT_SHARD_TOKENS, task_slot
+    from dlx.data.prepare import merge_tasks
+    from dlx.data.prepare.options import build_options, task_slot
+    from dlx.data.prepare.pipeline import prepare_from_options
+    from dlx.data.prepare.tasks import check_task, run_task
 
     if val_fraction is not None and val_documents is not None:
         raise UserError("give --val-fraction or --val-documents, not both")
@@ -82,28 +84,32 @@ def prepare(
         )
         merge_tasks(out, workers=workers, progress=not no_progress)
         return
-    common = dict(
-        corpus=corpus,
-        tokenizer=tokenizer,
-        text_field=text_field or "text",
-        val_fraction=val_fraction,
-        val_documents=val_documents,
-        shard_tokens=DEFAULT_SHARD_TOKENS if shard_tokens is None else shard_tokens,
-        workers=workers,
-        strict=strict,
-        add_bos=bos,
-        progress=not no_progress,
-    )
     if train_tokenizer is not None and (tasks is not None or task_index is not None):
         raise UserError(
             "--train-tokenizer runs on one machine: train it first (`dlx prepare SAMPLE --train-tokenizer "
             f"{train_tokenizer} --out tok`), then give every task --tokenizer tok"
         )
     slot = task_slot(tasks, task_index, os.environ)
+    if slot is not None:
+        check_task(tokenizer, slot.tasks, slot.index)
+    given = {"text_field": text_field, "shard_tokens": shard_tokens}  # left out when not given: the defaults hold
+    opts = build_options(
+        inputs or None,
+        corpus=corpus,
+        tokenizer=tokenizer,
+        train_tokenizer=train_tokenizer,
+        val_fraction=val_fraction,
+        val_documents=val_documents,
+        workers=workers,
+        strict=strict,
+        add_bos=bos,
+        progress=not no_progress,
+        **{key: value for key, value in given.items() if value is not None},
+    )
     if slot is None:
-        prepare_dataset(inputs or None, out, train_tokenizer=train_tokenizer, **common)
-        return
-    prepare_task(inputs or None, out, tasks=slot.tasks, task_index=slot.index, numbered_by=slot.source, **common)
+        prepare_from_options(opts, out)
+    else:
+        run_task(opts, out, slot.tasks, slot.index, slot.source)
 
 
 def _refuse_with_merge(**given: object) -> None:

@@ -83,19 +83,21 @@ def default_workers() -> int:
 def build_options(
     inputs: list[str] | None,
     *,
-    corpus: str | None,
-    tokenizer: str | Path | None,
-    train_tokenizer: int | None,
-    text_field: str,
-    val_fraction: float | None,
-    val_documents: int | None,
-    shard_tokens: int,
-    workers: int | None,
-    strict: bool,
-    add_bos: bool,
-    progress: bool,
+    corpus: str | None = None,
+    tokenizer: str | Path | None = None,
+    train_tokenizer: int | None = None,
+    text_field: str = "text",
+    val_fraction: float | None = None,
+    val_documents: int | None = None,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    workers: int | None = None,
+    strict: bool = False,
+    add_bos: bool = False,
+    progress: bool = True,
 ) -> PrepareOptions:
-    """Check every option; a bad one raises UserError naming the option and what is allowed."""
+    """The one place `prepare`'s options get their defaults and are checked (see `dlx prepare --help`); a bad one
+    raises UserError naming the option and what is allowed. `val_fraction` None: DEFAULT_VAL_FRACTION unless
+    `val_documents` is given; `workers` None: all cores."""
     inputs = list(inputs or [])
     if corpus is not None and corpus not in CORPORA:
         raise UserError(f"--corpus {corpus!r} is unknown; the embedded corpora are: {', '.join(CORPORA)}")

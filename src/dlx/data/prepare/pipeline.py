@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import time
 from pathlib import Path
+from typing import Any
 
 from dlx.data.pool import InlinePool, WorkerPool, make_pool
 from dlx.data.prepare.encode import encode_corpus, initial_resume_state, spool_dir
 from dlx.data.prepare.encoders import choose_encoder, spread
 from dlx.data.prepare.inputs import InputList
-from dlx.data.prepare.options import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, PrepareOptions, build_options
+from dlx.data.prepare.options import PrepareOptions, build_options
 from dlx.data.prepare.outdir import TASKS_DIR, existing_dataset, locked, start_dataset
 from dlx.data.prepare.progress import PrepareProgress
 from dlx.data.prepare.readers import sample_documents
@@ -29,22 +30,13 @@ from dlx.data.shards import TOKENIZER_FILE, Manifest
 from dlx.errors import UserError
 
 
-def prepare_dataset(
-    inputs: list[str] | None,
-    out: str | Path,
-    *,
-    corpus: str | None = None,
-    tokenizer: str | Path | None = None,
-    train_tokenizer: int | None = None,
-    text_field: str = "text",
-    val_fraction: float | None = DEFAULT_VAL_FRACTION,
-    val_documents: int | None = None,
-    shard_tokens: int = DEFAULT_SHARD_TOKENS,
-    workers: int | None = None,
-    strict: bool = False,
-    add_bos: bool = False,
-    progress: bool = True,
-) -> Manifest:
+def prepare_dataset(inputs: list[str] | None, out: str | Path, **options: Any) -> Manifest:
+    """`prepare_from_options` with the options of `build_options` (corpus, tokenizer, train_tokenizer, text_field,
+    val_fraction, val_documents, shard_tokens, workers, strict, add_bos, progress)."""
+    return prepare_from_options(build_options(inputs, **options), Path(out))
+
+
+def prepare_from_options(opts: PrepareOptions, out: Path) -> Manifest:
     """Tokenize a corpus into `out` (see `dlx prepare --help`); returns the finished manifest.
 
     A second call with the same inputs and options does no work; a call after an interrupted one continues it and
@@ -53,21 +45,6 @@ def prepare_dataset(
     then find the finished dataset. Workers are fresh interpreters (`dlx.data.pool`) that do not import the calling
     script.
     """
-    opts = build_options(
-        inputs,
-        corpus=corpus,
-        tokenizer=tokenizer,
-        train_tokenizer=train_tokenizer,
-        text_field=text_field,
-        val_fraction=val_fraction,
-        val_documents=val_documents,
-        shard_tokens=shard_tokens,
-        workers=workers,
-        strict=strict,
-        add_bos=add_bos,
-        progress=progress,
-    )
-    out = Path(out)
     ui = PrepareProgress(opts.progress)
     started = time.monotonic()
     inputs = measure_inputs(opts, ui)

@@ -15,12 +15,13 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 from dlx.data.pool import make_pool
 from dlx.data.prepare.encode import COMMIT_SECONDS
 from dlx.data.prepare.encoders import choose_encoder, spread
 from dlx.data.prepare.inputs import InputList
-from dlx.data.prepare.options import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION, PrepareOptions, build_options
+from dlx.data.prepare.options import PrepareOptions, build_options
 from dlx.data.prepare.outdir import TASKS_DIR, WORK_DIR, clear_work, existing_dataset, locked
 from dlx.data.prepare.parts import part_paths
 from dlx.data.prepare.pipeline import measure_inputs
@@ -51,23 +52,16 @@ def prepare_task(
     *,
     tasks: int,
     task_index: int,
-    corpus: str | None = None,
-    tokenizer: str | Path | None = None,
-    text_field: str = "text",
-    val_fraction: float | None = DEFAULT_VAL_FRACTION,
-    val_documents: int | None = None,
-    shard_tokens: int = DEFAULT_SHARD_TOKENS,
-    workers: int | None = None,
-    strict: bool = False,
-    add_bos: bool = False,
-    progress: bool = True,
     numbered_by: str = "task_index",
+    **options: Any,
 ) -> TaskState | None:
-    """Run task `task_index` of `tasks` (see `dlx prepare --help`); its state, or None if `out` is already merged.
+    """`run_task` with the options of `build_options` (a tokenizer among them: no train_tokenizer)."""
+    check_task(options.get("tokenizer"), tasks, task_index)
+    return run_task(build_options(inputs, **options), Path(out), tasks, task_index, numbered_by)
 
-    Every task must be given the same inputs and options (refused otherwise), and a tokenizer: training one is a
-    one-machine step that comes first. `numbered_by` says where the task numbers came from, for the log.
-    """
+
+def check_task(tokenizer: str | Path | None, tasks: int, task_index: int) -> None:
+    """A task needs a tokenizer given (training one is a one-machine step that comes first) and an index in range."""
     if tokenizer is None:
         raise UserError(
             "--tasks needs --tokenizer: train one first on a sample, on one machine (`dlx prepare SAMPLE "
@@ -77,24 +71,17 @@ def prepare_task(
         raise UserError(
             f"--task-index {task_index} is out of range for --tasks {tasks} (the tasks are 0 … {tasks - 1})"
         )
-    opts = build_options(
-        inputs,
-        corpus=corpus,
-        tokenizer=tokenizer,
-        train_tokenizer=None,
-        text_field=text_field,
-        val_fraction=val_fraction,
-        val_documents=val_documents,
-        shard_tokens=shard_tokens,
-        workers=workers,
-        strict=strict,
-        add_bos=add_bos,
-        progress=progress,
-    )
-    out, ui = Path(out), PrepareProgress(opts.progress)
+
+
+def run_task(opts: PrepareOptions, out: Path, tasks: int, task_index: int, numbered_by: str) -> TaskState | None:
+    """Run task `task_index` of `tasks` (see `dlx prepare --help`); its state, or None if `out` is already merged.
+    Every task must be given the same inputs and options (refused otherwise). `numbered_by` says where the task
+    numbers came from, for the log."""
+    assert opts.tokenizer is not None  # check_task
+    ui = PrepareProgress(opts.progress)
     inputs_list = measure_inputs(opts, ui)
     request = opts.request(inputs_list)
-    tok = read_tokenizer(tokenizer, opts.add_bos)
+    tok = read_tokenizer(opts.tokenizer, opts.add_bos)
     manifest = existing_dataset(out, request, tok.sha256)  # refuses a folder of other inputs before writing
     if manifest is not None and manifest.complete:
         ui.note(f"{out} is already prepared; nothing to do")
