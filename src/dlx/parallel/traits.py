@@ -41,69 +41,23 @@ class StrategyTraits:
     """Can drop a step's update for a non-finite loss (train.nan_policy skip)."""
     benched: bool
     """`dlx bench` measures it."""
-    package: str | None = None
+    package: str | None
     """A package it needs that dlx does not install by default (checked before anything is written)."""
 
     def checkpoint_format_for(self, tp: int) -> str:
         return "dcp" if tp > 1 else self.checkpoint_format
 
 
-_TABLE = (
-    StrategyTraits(
-        "none",
-        always_grouped=False,
-        owns_precision=False,
-        sharding_stage=0,
-        gradient_buckets=False,
-        checkpoint_format="full",
-        resumes=("full", "dcp"),
-        supports_tp=True,
-        trains_fp16=True,
-        skips_nan_steps=True,
-        benched=True,
-    ),
-    StrategyTraits(
-        "ddp",
-        always_grouped=False,
-        owns_precision=False,
-        sharding_stage=0,
-        gradient_buckets=True,
-        checkpoint_format="full",
-        resumes=("full", "dcp"),
-        supports_tp=True,
-        trains_fp16=True,
-        skips_nan_steps=True,
-        benched=True,
-    ),
-    StrategyTraits(
-        "fsdp",
-        always_grouped=True,
-        owns_precision=False,
-        sharding_stage=3,
-        gradient_buckets=False,
-        checkpoint_format="dcp",
-        resumes=("dcp",),
-        supports_tp=True,
-        trains_fp16=False,
-        skips_nan_steps=True,
-        benched=True,
-    ),
-    StrategyTraits(
-        "deepspeed",
-        always_grouped=True,
-        owns_precision=True,
-        sharding_stage=None,
-        gradient_buckets=False,
-        checkpoint_format="deepspeed",
-        resumes=("deepspeed",),
-        supports_tp=False,
-        trains_fp16=True,
-        skips_nan_steps=False,
-        benched=False,
-        package="deepspeed",
-    ),
+_ROWS = (
+    # name, always_grouped, owns_precision, sharding_stage, gradient_buckets, checkpoint_format, resumes,
+    # supports_tp, trains_fp16, skips_nan_steps, benched, package
+    ("none", False, False, 0, False, "full", ("full", "dcp"), True, True, True, True, None),
+    ("ddp", False, False, 0, True, "full", ("full", "dcp"), True, True, True, True, None),
+    ("fsdp", True, False, 3, False, "dcp", ("dcp",), True, False, True, True, None),
+    ("deepspeed", True, True, None, False, "deepspeed", ("deepspeed",), False, True, False, False, "deepspeed"),
 )
-STRATEGY_TRAITS = {traits.name: traits for traits in _TABLE}
+"""One row per strategy, in StrategyTraits' field order (the module docstring's table, in words)."""
+STRATEGY_TRAITS = {row[0]: StrategyTraits(*row) for row in _ROWS}
 """Every parallel.strategy by name."""
 
 
