@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dlx.errors import UserError
+from dlx.model.presets import resolve_model_args
 from dlx.train.config import SECTIONS, RunConfig, build_config, describe_keys
 from dlx.train.recipe import config_yaml, load_recipe, read_recipe_file, split_command_line
 
@@ -130,3 +131,13 @@ def test_every_strategy_has_one_row_of_traits():
     assert resumed_by("full") == ("none", "ddp") and resumed_by("dcp") == ("none", "ddp", "fsdp")
     assert resumed_by("deepspeed") == ("deepspeed",) and resumed_by("other") == ()
     assert [STRATEGY_TRAITS[name].checkpoint_format_for(2) for name in ("none", "ddp", "fsdp")] == ["dcp"] * 3
+
+
+def test_validation_reads_no_weights_the_recipe_loader_does(tmp_path):
+    """A config is pure data: model.init_from is resolved by load_recipe, once, and handed to validation."""
+    missing = str(tmp_path / "gone")
+    raw = {"model": {"preset": "debug", "init_from": missing}, "data": {"seq_len": 16}, "train": {"max_steps": 1}}
+    config = build_config(raw)
+    assert config.model.init_source is None and config.model.args == resolve_model_args("debug")
+    with pytest.raises(UserError, match=r"^recipe: model\.init_from \S+gone does not exist or is not a folder"):
+        load_recipe(None, [], base=raw)

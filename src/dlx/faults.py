@@ -19,7 +19,6 @@ from pathlib import Path
 
 PAUSE_ENV = "DLX_FAULT_PAUSE"
 DIR_ENV = "DLX_FAULT_DIR"
-POINTS = ("checkpoint_save", "train_batch", "val_batch")
 MAX_PAUSE_S = 120.0
 _arrivals: dict[str, int] = {}
 
