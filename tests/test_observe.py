@@ -241,6 +241,7 @@ def test_wandb_failing_under_way_is_one_line_and_the_files_go_on(tmp_path, monke
     wandb = pytest.importorskip("wandb")
     from dlx.metrics.logger import MetricsLogger
     from dlx.metrics.wandb_sink import WandbSink
+    from dlx.train.observe import WandbObserver
 
     class BrokenRun:
         def __init__(self):
@@ -253,9 +254,12 @@ def test_wandb_failing_under_way_is_one_line_and_the_files_go_on(tmp_path, monke
     broken = BrokenRun()
     monkeypatch.setattr(wandb, "init", lambda **kwargs: broken)
     said = []
-    with MetricsLogger(tmp_path, wandb=WandbSink(tmp_path, "p", None, {}, said.append)) as logger:
+    observer = WandbObserver(WandbSink(tmp_path, "p", None, {}, said.append))
+    with MetricsLogger(tmp_path) as logger:
         for step in (1, 2, 3):
             logger.log({"step": step, "loss": 1.0})
+            observer.on_record({"step": step, "loss": 1.0})
+    observer.close()
     assert broken.calls == 1 and said == [
         "W&B failed (ConnectionError: W&B service died); this run logs to its files only from here on"
     ]
