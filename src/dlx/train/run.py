@@ -49,6 +49,7 @@ class RunProgress:
     state: ckpt.TrainerState
     """The step, the tokens seen, the batches skipped, the loader's position: what a checkpoint saves."""
     last_checkpoint: Path | None = None
+    """The newest complete checkpoint: this run's latest, or the one it resumed from."""
     last_save: ckpt.PendingSave | None = None
     """The latest save this run started; with checkpoint.async it may still be writing."""
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -96,8 +97,6 @@ class Run:
     """What happened: the step, the records, the checkpoints, the verdict."""
     header: list[str] = field(default_factory=list)
     """The start-up header, repeated in report.md."""
-    preflight: Preflight | None = None
-    """What was checked before step 1 (dlx.train.preflight), printed in the header."""
     objective: Objective = field(default_factory=Objective)
     """The z-loss (train.z_loss) and document ids for the model (data.document_mask), in the step and in eval."""
     init: InitSource | None = None
@@ -313,7 +312,6 @@ def build_run(
         observers=observers,
         progress=progress,
         header=build_header(plan, strategy, device, meter, checked, observers, init),
-        preflight=checked,
         objective=build_objective(config.train.z_loss, config.data.document_mask, data_info.eos_id),
         init=init,
     )

@@ -6,20 +6,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dlx import device as dev
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
-from dlx.metrics.logger import MetricsLogger
 from dlx.model.io import WEIGHTS_FILE
 from dlx.train.checkpoint import DCP_METADATA, find_resumable, load_checkpoint_model
 from dlx.train.config import EvalSection
-from dlx.train.console import RunConsole
 from dlx.train.init_from import find_tokenizer_file
 from dlx.train.observer import Observer
+
+if TYPE_CHECKING:
+    from dlx.metrics.logger import MetricsLogger
+    from dlx.train.console import RunConsole
 
 
 def resolve_checkpoint(path: Path) -> Path:
