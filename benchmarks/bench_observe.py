@@ -14,9 +14,9 @@ A run's figures are the median and the minimum `step_s` of its records after `--
 logging of the previous record: it is the wall time between two `end_step`s; the minimum is the step least disturbed
 by other processes), and the median CPU time the training thread spent between two `end_step`s (the step and the
 logging after it; what other processes do on a shared machine moves it far less than wall time); a round's ratio is
-setting ÷ files of that round. Also measured directly: the cost of one
-`MetricsLogger.log` call with and without the W&B sink, the CPU time of W&B's service processes (wandb-core and its
-system monitor, which run beside training), and what the sampling thread and one counters window cost.
+setting ÷ files of that round. Also measured directly: the cost of one record logged with and without W&B
+(`MetricsLogger.log`, then W&B's observer), the CPU time of W&B's service processes (wandb-core and its system
+monitor, which run beside training), and what the sampling thread and one counters window cost.
 
 Part 2: the demo's recipe with `profile.start 3`, `profile.steps 2`, once without and once with Python stacks: the
 trace's size, the time to stop the profiler and write the trace and tables (outside any step), and the profiled
@@ -45,7 +45,7 @@ import psutil
 from dlx.metrics import gpu_monitor
 from dlx.metrics.logger import MetricsLogger
 from dlx.metrics.timing import PhaseTimer
-from dlx.train import run as run_module
+from dlx.train import observe
 from dlx.train.config import build_config
 from dlx.train.demo import DEMO_DATA, demo_recipe, prepare_demo_data
 from dlx.train.trainer import pretrain
@@ -135,9 +135,9 @@ def service_cpu_s() -> float:
 def one_run(setting: str, data: Path, steps: int, warmup: int, run_dir: Path) -> dict[str, float]:
     """Median and minimum step_s of the records after `warmup`, the median CPU time of the training thread per step
     (between two `end_step`s: the step and the logging after it), the run's wall time and its children's CPU time."""
-    real_open, real_end_step = run_module.open_gpu_counters, PhaseTimer.end_step
+    real_open, real_end_step = observe.open_gpu_counters, PhaseTimer.end_step
     if setting == "nvml":  # the CPU has no NVML: counters on the fake, as on a GPU they would be opened
-        run_module.open_gpu_counters = lambda device, enabled=True: gpu_monitor.NvmlCounters(FakeNvml(), 0)
+        observe.open_gpu_counters = lambda device, enabled=True: gpu_monitor.NvmlCounters(FakeNvml(), 0)
     thread_cpu: list[float] = []
 
     def end_step(timer: PhaseTimer) -> dict[str, float]:
@@ -150,7 +150,7 @@ def one_run(setting: str, data: Path, steps: int, warmup: int, run_dir: Path) ->
         log = {"wandb": setting == "wandb", "wandb_project": "dlx-bench"}
         records = train_quietly(recipe(data, steps, log=log), run_dir)
     finally:
-        run_module.open_gpu_counters, PhaseTimer.end_step = real_open, real_end_step
+        observe.open_gpu_counters, PhaseTimer.end_step = real_open, real_end_step
     if setting == "nvml":
         assert records[-1]["gpu_util_pct"] == 97.0, "the counters did not reach the records"
     step_s = [r["step_s"] for r in records[warmup:]]
@@ -181,7 +181,8 @@ def overhead_rounds(data: Path, rounds: int, steps: int, warmup: int, tmp: Path)
 
 
 def log_call_cost(tmp: Path, records: int = 300) -> dict[str, float]:
-    """Seconds per MetricsLogger.log call: files only, and files + W&B offline (wandb.log of ~20 numbers)."""
+    """Seconds per record logged: files only (MetricsLogger.log), and files + W&B offline (its observer's
+    `on_record`: wandb.log of ~20 numbers)."""
     from dlx.metrics.wandb_sink import WandbSink
 
     record = {"step": 0, "loss": 3.5, "lr": 1e-3, **{f"phase{i}_s": 0.01 * i for i in range(18)}}
@@ -190,11 +191,14 @@ def log_call_cost(tmp: Path, records: int = 300) -> dict[str, float]:
         folder = tmp / f"log-{setting}"
         folder.mkdir()
         sink = WandbSink(folder, "dlx-bench", "log-cost", {}, print) if setting == "wandb" else None
-        with MetricsLogger(folder, wandb=sink) as logger:
+        observer = observe.WandbObserver(sink)
+        with MetricsLogger(folder) as logger:
             start = time.perf_counter()
             for step in range(1, records + 1):
                 logger.log({**record, "step": step})
+                observer.on_record({**record, "step": step})
             costs[setting] = (time.perf_counter() - start) / records
+        observer.close()
     return costs
 
 
@@ -262,7 +266,7 @@ def report(
     extra_us = 1e6 * (costs["wandb"] - costs["files"])
     lines += [
         "",
-        f"One `MetricsLogger.log` call: files {1e6 * costs['files']:.0f} µs, files + W&B offline "
+        f"One record logged: files {1e6 * costs['files']:.0f} µs, files + W&B offline "
         f"{1e6 * costs['wandb']:.0f} µs: W&B adds {extra_us:.0f} µs per record = "
         f"{100 * extra_us / 1e3 / step_ms:.3f} % of a {step_ms:.0f} ms demo step at log.every 1. W&B's service "
         f"processes used {100 * service:.2f} % of one core over the W&B runs (CPU seconds ÷ wall seconds).",

@@ -134,12 +134,12 @@ def fake_counters(monkeypatch, module) -> FakeNvml:
 
 
 def test_the_counters_reach_the_records_and_the_console_line(tmp_path, monkeypatch, capsys):
-    from dlx.train import run as run_module
+    from dlx.train import observe
     from dlx.train.recipe import load_recipe
     from dlx.train.trainer import pretrain
     from train_helpers import TINY
 
-    fake = fake_counters(monkeypatch, run_module)
+    fake = fake_counters(monkeypatch, observe)
     result = pretrain(load_recipe(None, [*TINY, "--train.max_steps", "3"]), "t", tmp_path / "run")
     out = capsys.readouterr().out
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ from dlx.errors import UserError
 from dlx.metrics.cuda_memory import write_snapshot_files
 from dlx.metrics.profiler import ProfileWindow, StepProfiler
 from dlx.metrics.timing import PhaseTimer
+from dlx.train.observer import Observer, ObserverList
 from dlx.train.recipe import load_recipe
 from dlx.train.sample import TrainingSampler, build_sampler, sample_during_training, sample_text
 from dlx.train.trainer import pretrain
@@ -29,6 +31,88 @@ def data(tmp_path_factory):
 
 def tiny(data, *extra: str) -> list[str]:
     return [*TINY, "--data.path", str(data), "--data.num_workers", "0", *extra]
+
+
+class Recorder(Observer):
+    """Writes down every hook the run calls, in order; due (and works) after step 3 only."""
+
+    def __init__(self, name: str = "recorder", fail_close: bool = False) -> None:
+        self.name, self.fail_close, self.calls = name, fail_close, []
+
+    def header(self):
+        self.calls.append("header")
+        return [f"{self.name}: on"]
+
+    @contextlib.contextmanager
+    def step(self, step):
+        self.calls.append(f"step {step}")
+        yield
+
+    def columns(self, step):
+        self.calls.append(f"columns {step}")
+        return {"seen": step}
+
+    def on_record(self, record):
+        self.calls.append(f"record {record['step']} {record['seen']}")
+
+    def on_eval(self, record):
+        self.calls.append(f"eval {record['step']}")
+
+    def due(self, step):
+        return step == 3
+
+    def between_steps(self, step):
+        if self.due(step):
+            self.calls.append(f"between {step}")
+
+    def finish(self, step):
+        self.calls.append(f"finish {step}")
+
+    def on_report(self, step, verdict, files):
+        self.calls.append(f"report {step} {[f.name for f in files][:1]} {verdict is not None}")
+
+    def close(self):
+        self.calls.append("close")
+        if self.fail_close:
+            raise RuntimeError(f"{self.name} could not close")
+
+
+def test_the_loop_calls_every_hook_of_an_observer_in_its_order(tmp_path, data, monkeypatch, capsys):
+    from dlx.train import run as run_module
+
+    recorder, real = Recorder(), run_module.build_observers
+
+    def build(*args, **kwargs):
+        observers = real(*args, **kwargs)
+        observers.extend([recorder])
+        return observers
+
+    monkeypatch.setattr(run_module, "build_observers", build)
+    config = load_recipe(None, tiny(data, "--train.max_steps", "4", "--log.every", "2", "--eval.every", "2"))
+    pretrain(config, "t", tmp_path / "run")
+    assert recorder.calls == [
+        "header",
+        *("step 1", "columns 1", "record 1 1"),
+        *("step 2", "columns 2", "record 2 2", "eval 2"),
+        *("step 3", "between 3"),
+        *("step 4", "columns 4", "record 4 4", "eval 4"),
+        *("finish 4", "report 4 ['report.md'] True", "close"),
+    ]
+    assert "recorder: on" in capsys.readouterr().out
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["seen"] for r in records] == [1, 2, 4]
+
+
+def test_an_observer_list_calls_in_order_and_closes_every_one():
+    first, second = Recorder("first", fail_close=True), Recorder("second")
+    observers = ObserverList([first, second])
+    assert observers.header() == ["first: on", "second: on"]
+    with observers.step(7):
+        pass
+    assert observers.columns(7) == {"seen": 7} and observers.due(3) and not observers.due(4)
+    with pytest.raises(RuntimeError, match="first could not close"):
+        observers.close()
+    assert first.calls == second.calls == ["header", "step 7", "columns 7", "close"]
 
 
 @pytest.mark.report
@@ -241,6 +325,7 @@ def test_wandb_failing_under_way_is_one_line_and_the_files_go_on(tmp_path, monke
     wandb = pytest.importorskip("wandb")
     from dlx.metrics.logger import MetricsLogger
     from dlx.metrics.wandb_sink import WandbSink
+    from dlx.train.observe import WandbObserver
 
     class BrokenRun:
         def __init__(self):
@@ -253,9 +338,12 @@ def test_wandb_failing_under_way_is_one_line_and_the_files_go_on(tmp_path, monke
     broken = BrokenRun()
     monkeypatch.setattr(wandb, "init", lambda **kwargs: broken)
     said = []
-    with MetricsLogger(tmp_path, wandb=WandbSink(tmp_path, "p", None, {}, said.append)) as logger:
+    observer = WandbObserver(WandbSink(tmp_path, "p", None, {}, said.append))
+    with MetricsLogger(tmp_path) as logger:
         for step in (1, 2, 3):
             logger.log({"step": step, "loss": 1.0})
+            observer.on_record({"step": step, "loss": 1.0})
+    observer.close()
     assert broken.calls == 1 and said == [
         "W&B failed (ConnectionError: W&B service died); this run logs to its files only from here on"
     ]

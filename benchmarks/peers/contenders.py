@@ -107,8 +107,8 @@ class Dlx:
         self.session.console.console.file = io.StringIO()  # the log lines are still formatted and written, not shown
 
     def run(self, steps: int) -> float:
-        session = self.session
-        session.plan = dataclasses.replace(session.plan, total_steps=session.state.step + steps)
+        plan = dataclasses.replace(self.session.plan, total_steps=self.session.progress.step + steps)
+        session = self.session = dataclasses.replace(self.session, plan=plan)  # a Run is read-only: a new one
         start = time.perf_counter()
         train_loop(session)
         return time.perf_counter() - start

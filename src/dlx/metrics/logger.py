@@ -1,5 +1,6 @@
 """MetricsLogger: one JSON object per line in run_dir/metrics.jsonl (train steps), eval.jsonl and samples.jsonl
-(text generated during training); optional TensorBoard and Weights & Biases (dlx.metrics.wandb_sink).
+(text generated during training); optional TensorBoard. (Weights & Biases is an observer of the run, fed the same
+records: dlx.metrics.wandb_sink, dlx.train.observe.)
 
 Lines are flushed as they are written, so a crashed run keeps every step it logged; a line cut short by a crash is
 skipped by `read_jsonl`. Non-finite floats (a NaN loss) are written as null: JSON has no NaN. Only the main rank
@@ -50,14 +51,11 @@ class MetricsLogger:
         tensorboard: bool = False,
         is_main: bool = True,
         resume_step: int | None = None,
-        wandb: Any = None,
     ) -> None:
-        """`wandb`: a WandbSink (rank 0 only) that gets every record too; closed with the logger."""
         self.run_dir = Path(run_dir)
         self.is_main = is_main
         self._files: dict[str, IO[str]] = {}
         self._writer: Any = None
-        self.wandb = wandb
         if not is_main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -77,16 +75,9 @@ class MetricsLogger:
         self._write(EVAL_FILE, "eval", record)
 
     def log_sample(self, record: dict[str, Any]) -> None:
-        """Append one generated text ({"step", "prompt", "text", ...}) to samples.jsonl (W&B: a table)."""
+        """Append one generated text ({"step", "prompt", "text", ...}) to samples.jsonl."""
         if self.is_main:
             self._append(SAMPLES_FILE, record)
-            if self.wandb is not None:
-                self.wandb.log_sample(record)
-
-    def finish_run(self, step: int, verdict: Any, files: list[Path]) -> None:
-        """The end of the run for W&B: the verdict, report.md and the plots (the files hold them already)."""
-        if self.is_main and self.wandb is not None:
-            self.wandb.finish_run(step, verdict, files)
 
     def close(self) -> None:
         for f in self._files.values():
@@ -95,9 +86,6 @@ class MetricsLogger:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        if self.wandb is not None:
-            self.wandb.close()
-            self.wandb = None
 
     def __enter__(self) -> MetricsLogger:
         return self
@@ -109,8 +97,6 @@ class MetricsLogger:
         if not self.is_main:
             return
         self._append(name, record)
-        if self.wandb is not None:
-            self.wandb.log(tag, record)
         if self._writer is not None:
             step = int(record.get("step", 0))
             for key, value in record.items():

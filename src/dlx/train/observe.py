@@ -1,31 +1,33 @@
-"""What a run shows besides its step records, hooked into the loop one hop away: samples (`eval.sample_*`), the
-profiler (`profile.*`), GPU counters (`log.nvml`) and Weights & Biases (`log.wandb`).
+"""The observers a run has (`dlx.train.observer`): GPU counters (`log.nvml`), samples (`eval.sample_*`), the
+profiler (`profile.*`) and Weights & Biases (`log.wandb`), each an `Observer` around its `dlx.metrics` class (which
+knows nothing of the loop), built in that order by `build_observers`.
 
-`check_observers` runs before the run folder exists (bad input leaves nothing behind); the rest is built with the
-run, called from `log_step`, `between_steps` and `finish`, and closed with it.
+`check_observers` and `check_wandb_installed` run before the run folder exists (bad input leaves nothing behind).
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dlx.errors import UserError
-from dlx.metrics.gpu_monitor import RECORD_KEYS
+from dlx.metrics.gpu_monitor import RECORD_KEYS, NoGpuCounters, NvmlCounters, open_gpu_counters
+from dlx.metrics.logger import MetricsLogger
 from dlx.metrics.profiler import PROFILED_KEY, ProfileWindow, StepProfiler
 from dlx.metrics.timing import PhaseTimer
 from dlx.parallel import distributed
 from dlx.parallel.distributed import DistEnv
 from dlx.train.config import RunConfig
 from dlx.train.console import RunConsole
-from dlx.train.sample import TrainingSampler, build_sampler, sample_during_training
+from dlx.train.observer import Observer, ObserverList
+from dlx.train.sample import SampleObserver, TrainingSampler, build_sampler
 
 if TYPE_CHECKING:
     from dlx.metrics.wandb_sink import WandbSink
-    from dlx.train.run import Run
 
 
 def check_observers(config: RunConfig, total_steps: int, tokenizer: Path | None) -> TrainingSampler | None:
@@ -47,7 +49,30 @@ def check_wandb_installed(config: RunConfig) -> None:
         check_wandb()
 
 
+def build_observers(
+    config: RunConfig,
+    run_dir: Path,
+    env: DistEnv,
+    device: torch.device,
+    timer: PhaseTimer,
+    console: RunConsole,
+    logger: MetricsLogger,
+    model: torch.nn.Module,
+    sampler: TrainingSampler | None,
+) -> ObserverList:
+    """The same observers on every rank, in the order their header lines are printed; the sampler passes its
+    samples on to all of them (W&B's table)."""
+    observers = ObserverList()
+    gpu = GpuObserver(open_gpu_counters(device, config.log.nvml), env, device)
+    samples = [SampleObserver(sampler, model, logger, console, observers.on_sample)] if sampler is not None else []
+    profiler = ProfilerObserver(build_profiler(config, run_dir, env, device, timer, console), env.rank)
+    wandb = [WandbObserver(open_wandb(config, run_dir, env, console))] if config.log.wandb else []
+    observers.extend([gpu, *samples, profiler, *wandb])
+    return observers
+
+
 def open_wandb(config: RunConfig, run_dir: Path, env: DistEnv, console: RunConsole) -> WandbSink | None:
+    """Rank 0's W&B run; None on the other ranks and without `log.wandb`."""
     if not (config.log.wandb and env.is_main):
         return None
     from dlx.metrics.wandb_sink import WandbSink
@@ -63,48 +88,80 @@ def build_profiler(
     return StepProfiler(window, run_dir, env.rank, device, timer, console.print, distributed.barrier)
 
 
-def observed_columns(run: Run) -> dict[str, Any]:
-    """What the step record adds: the GPU counters (mean over ranks; null where any rank had none) and the
-    profiled steps of the window. On CUDA under torchrun every rank joins the one collective, counters or not."""
-    columns: dict[str, Any] = dict(run.gpu.window())
-    if run.env.is_distributed and run.device.type == "cuda":
-        values = [columns.get(key) for key in RECORD_KEYS]
-        own = [math.nan if value is None else float(value) for value in values]
-        mean = distributed.all_reduce(own, "mean", run.device)
-        columns = {
-            key: None if math.isnan(v) else v for key, v in zip(RECORD_KEYS, mean, strict=True) if key in columns
-        }
-    profiled = run.profiler.take_profiled_steps()
-    if profiled:
-        columns[PROFILED_KEY] = profiled
-    return columns
+class GpuObserver(Observer):
+    """NVML's GPU counters per record (mean over ranks; null where any rank had none), or the header's reason why
+    there are none. On CUDA under torchrun every rank joins the one collective, counters or not."""
+
+    def __init__(self, counters: NvmlCounters | NoGpuCounters, env: DistEnv, device: torch.device) -> None:
+        self.counters, self.env, self.device = counters, env, device
+
+    def header(self) -> list[str]:
+        return [self.counters.describe()]
+
+    def columns(self, step: int) -> dict[str, Any]:
+        columns: dict[str, Any] = dict(self.counters.window())
+        if not (self.env.is_distributed and self.device.type == "cuda"):
+            return columns
+        own = [math.nan if columns.get(key) is None else float(columns[key]) for key in RECORD_KEYS]
+        mean = distributed.all_reduce(own, "mean", self.device)
+        return {key: None if math.isnan(v) else v for key, v in zip(RECORD_KEYS, mean, strict=True) if key in columns}
+
+    def close(self) -> None:
+        self.counters.close()
 
 
-def log_samples(run: Run, step: int) -> None:
-    """Every rank generates (FSDP and ZeRO-3 forwards gather shards); rank 0 prints and writes samples.jsonl."""
-    records = sample_during_training(run.model, run.sampler, step)
-    for record in records:
-        run.logger.log_sample(record)
-        run.console.print(f"sample step {step} | {record['prompt']!r} →\n{record['text']}")
+class ProfilerObserver(Observer):
+    """torch.profiler around the `profile.*` steps (nothing outside them); each record names the profiled steps
+    it covers."""
+
+    def __init__(self, profiler: StepProfiler, rank: int) -> None:
+        self.profiler, self.rank = profiler, rank
+
+    def header(self) -> list[str]:
+        window = self.profiler.window
+        if not window.steps:
+            return []
+        return [f"Profile: torch.profiler over steps {window.start}..{window.last} -> profile/ (rank {self.rank})"]
+
+    def step(self, step: int) -> AbstractContextManager[Any]:
+        return self.profiler.step(step)
+
+    def columns(self, step: int) -> dict[str, Any]:
+        profiled = self.profiler.take_profiled_steps()
+        return {PROFILED_KEY: profiled} if profiled else {}
+
+    def close(self) -> None:
+        self.profiler.close()
 
 
-def observer_header(run: Run) -> list[str]:
-    """Header lines: how the GPU columns are measured (or why not), where samples and profiles go."""
-    lines = [run.gpu.describe()]
-    if run.sampler is not None:
-        mode = "greedy" if run.sampler.temperature == 0 else f"temperature {run.sampler.temperature:g}"
-        lines.append(
-            f"Samples: {len(run.sampler.prompts)} prompt(s) every {run.sampler.every} steps, "
-            f"{run.sampler.max_new_tokens} tokens, {mode}, seed {run.sampler.seed} -> samples.jsonl"
-        )
-    window = run.profiler.window
-    if window.steps:
-        lines.append(
-            f"Profile: torch.profiler over steps {window.start}..{window.last} -> profile/ (rank {run.env.rank})"
-        )
-    return lines
+class WandbObserver(Observer):
+    """Every record, evaluation and sample to W&B as it is logged, and the verdict, report.md and plots at the end;
+    `sink` is None on the ranks other than 0."""
+
+    def __init__(self, sink: WandbSink | None) -> None:
+        self.sink = sink
+
+    def on_record(self, record: dict[str, Any]) -> None:
+        if self.sink is not None:
+            self.sink.log("train", record)
+
+    def on_eval(self, record: dict[str, Any]) -> None:
+        if self.sink is not None:
+            self.sink.log("eval", record)
+
+    def on_sample(self, record: dict[str, Any]) -> None:
+        if self.sink is not None:
+            self.sink.log_sample(record)
+
+    def on_report(self, step: int, verdict: Any, files: list[Path]) -> None:
+        if self.sink is not None:
+            self.sink.finish_run(step, verdict, files)
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
 
 
 def report_files(run_dir: Path) -> list[Path]:
-    """What W&B gets at the end: report.md and its plots."""
+    """What the observers get at the end: report.md and its plots."""
     return [run_dir / name for name in ("report.md", "loss.png", "throughput.png", "phases.png")]

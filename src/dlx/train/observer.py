@@ -1,6 +1,7 @@
 """The one interface for what a run does besides its steps: GPU counters, the profiler, samples, Weights & Biases,
-evaluations in the loop, loss-spike handling. The loop (`dlx.train.trainer`) iterates over `run.observers` at fixed
-points and knows none of them by name; OLMo-core's callbacks are the model.
+evaluations in the loop, loss-spike handling. The loop (`dlx.train.trainer`) calls `run.observers`, an
+`ObserverList`, at fixed points and knows none of them by name; OLMo-core's callbacks are the model. The observers a
+run has are built by `dlx.train.observe.build_observers`.
 
 When each method is called, in a run's life:
 
@@ -11,18 +12,28 @@ When each method is called, in a run's life:
 | `columns(step)` | a step record is built, before it is logged: columns to add | every rank alike (collectives) |
 | `on_record(record)` | the finished step record, after it is logged | every rank |
 | `on_eval(record)` | a finished validation record (eval.jsonl) | every rank |
-| `between_steps(step)` | after every step, the step clock paused; does its work only when due | every rank alike |
-| `finish(step)` | once, after the last step, the final checkpoint and evaluation | every rank |
+| `on_sample(record)` | a text generated during training (samples.jsonl), passed on by the sampler | every rank |
+| `due(step)` | after every step: whether `between_steps(step)` will do work | every rank alike |
+| `between_steps(step)` | after every step; does its work only when due | every rank alike |
+| `finish(step)` | once, after the last step (also after a stop), the final checkpoint and evaluation | every rank |
+| `on_report(step, verdict, files)` | report.md and its plots are written | rank 0 |
 | `close()` | always, also after an error; safe to call twice | every rank |
 
-An observer that writes files or prints does so on rank 0 (`env.is_main`); one that runs collectives (GPU counters'
-mean, an evaluation of a sharded model) runs them on every rank in the same order, so the base methods never skip a
-rank. Every method has a no-op default: an observer overrides only what it uses.
+When any observer is `due` (or an evaluation or checkpoint is), the loop pauses the step clock around every
+`between_steps` (its work is no step's time) and afterwards asks every rank whether a stop was requested meanwhile, so
+that a signal during the work stops the run there. `due` must answer alike on every rank and have no side effects.
+
+Every rank holds the same observers in the same order, and the loop calls every hook of every observer on every rank
+(except `on_report`): an observer that runs collectives (GPU counters' mean, an evaluation of a sharded model) runs
+them in the same order everywhere. One that writes files or prints does so on rank 0 only (`env.is_main`). Every
+method has a no-op default: an observer overrides only what it uses.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 
@@ -47,11 +58,88 @@ class Observer:
     def on_eval(self, record: dict[str, Any]) -> None:
         """A finished validation record, as logged to eval.jsonl."""
 
+    def on_sample(self, record: dict[str, Any]) -> None:
+        """A text generated during training, as logged to samples.jsonl."""
+
+    def due(self, step: int) -> bool:
+        """Whether `between_steps(step)` will do work (the same answer on every rank, no side effects)."""
+        return False
+
     def between_steps(self, step: int) -> None:
-        """After step `step`, with the step clock paused; work only when due."""
+        """After step `step`; work only when due, with the step clock paused."""
 
     def finish(self, step: int) -> None:
         """After the run's last step, its final checkpoint and evaluation."""
 
+    def on_report(self, step: int, verdict: Any, files: list[Path]) -> None:
+        """Rank 0, at the end: the bottleneck verdict, and report.md and its plots (those that were written)."""
+
     def close(self) -> None:
         """Release what the observer holds (threads, files, profiles cut short); safe to call twice."""
+
+
+class ObserverList(Observer):
+    """Observers called in their order, every hook of each: what the loop holds as `run.observers`."""
+
+    def __init__(self, observers: Iterable[Observer] = ()) -> None:
+        self.observers = list(observers)
+
+    def __iter__(self) -> Iterator[Observer]:
+        return iter(self.observers)
+
+    def extend(self, observers: Iterable[Observer]) -> None:
+        self.observers.extend(observers)
+
+    def header(self) -> list[str]:
+        return [line for observer in self.observers for line in observer.header()]
+
+    @contextmanager
+    def step(self, step: int) -> Iterator[None]:
+        with ExitStack() as stack:
+            for observer in self.observers:
+                stack.enter_context(observer.step(step))
+            yield
+
+    def columns(self, step: int) -> dict[str, Any]:
+        columns: dict[str, Any] = {}
+        for observer in self.observers:
+            columns.update(observer.columns(step))
+        return columns
+
+    def on_record(self, record: dict[str, Any]) -> None:
+        for observer in self.observers:
+            observer.on_record(record)
+
+    def on_eval(self, record: dict[str, Any]) -> None:
+        for observer in self.observers:
+            observer.on_eval(record)
+
+    def on_sample(self, record: dict[str, Any]) -> None:
+        for observer in self.observers:
+            observer.on_sample(record)
+
+    def due(self, step: int) -> bool:
+        return any(observer.due(step) for observer in self.observers)
+
+    def between_steps(self, step: int) -> None:
+        for observer in self.observers:
+            observer.between_steps(step)
+
+    def finish(self, step: int) -> None:
+        for observer in self.observers:
+            observer.finish(step)
+
+    def on_report(self, step: int, verdict: Any, files: list[Path]) -> None:
+        for observer in self.observers:
+            observer.on_report(step, verdict, files)
+
+    def close(self) -> None:
+        """Closes every observer, also when one fails to close; the first error is raised after the last close."""
+        error: BaseException | None = None
+        for observer in self.observers:
+            try:
+                observer.close()
+            except BaseException as e:  # the others still release their threads and files
+                error = error or e
+        if error is not None:
+            raise error

@@ -15,10 +15,8 @@ from torch import nn
 
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
-from dlx.metrics.gpu_monitor import NoGpuCounters, NvmlCounters, open_gpu_counters
 from dlx.metrics.logger import EVAL_FILE, METRICS_FILE, MetricsLogger, read_jsonl
 from dlx.metrics.meter import ThroughputMeter
-from dlx.metrics.profiler import StepProfiler
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.llama import Transformer
 from dlx.parallel.build import StepShape, build_strategy, check_strategy_installed
@@ -35,17 +33,49 @@ from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
 from dlx.train.init_from import InitSource, check_tokenizer, load_initial_weights, resolve_source
 from dlx.train.objective import Objective, build_objective
-from dlx.train.observe import build_profiler, check_observers, check_wandb_installed, open_wandb
+from dlx.train.observe import build_observers, check_observers, check_wandb_installed
+from dlx.train.observer import ObserverList
 from dlx.train.optim import ScheduledLR, build_optimizer, build_scheduler
 from dlx.train.preflight import Preflight, run_preflight
 from dlx.train.recipe import write_resolved
-from dlx.train.sample import TrainingSampler
 from dlx.train.signals import GracefulStop
-from dlx.train.step_plan import StepPlan, plan_steps
+from dlx.train.step_plan import StepPlan, header_lines, plan_steps
 
 
 @dataclass
+class RunProgress:
+    """What happened: where the run stands, what it logged, its checkpoints, and how it ended. The loop and
+    `finish` change it; everything else in a `Run` is fixed once `build_run` returns."""
+
+    state: ckpt.TrainerState
+    """The step, the tokens seen, the batches skipped, the loader's position: what a checkpoint saves."""
+    last_checkpoint: Path | None = None
+    """The newest complete checkpoint: this run's latest, or the one it resumed from."""
+    last_save: ckpt.PendingSave | None = None
+    """The latest save this run started; with checkpoint.async it may still be writing."""
+    records: list[dict[str, Any]] = field(default_factory=list)
+    resumed_records: int = 0
+    """How many of `records` a resumed run read back from metrics.jsonl (this process logged the rest)."""
+    eval_records: list[dict[str, Any]] = field(default_factory=list)
+    verdict: Any = None
+    """The bottleneck verdict, once the run has finished (rank 0)."""
+    stopped_early: bool = False
+    """A signal reached some rank and all ranks stopped after the same step."""
+
+    @property
+    def step(self) -> int:
+        """The last optimizer step done (0 before the first)."""
+        return self.state.step
+
+    def advance(self, step: int, tokens: int) -> None:
+        """Optimizer step `step` is done; it read `tokens` tokens."""
+        self.state.step, self.state.tokens_seen = step, self.state.tokens_seen + tokens
+
+
+@dataclass(frozen=True)
 class Run:
+    """What was built for a training run (read-only once `build_run` returns), and its `progress`."""
+
     config: RunConfig
     run_dir: Path
     device: torch.device
@@ -56,38 +86,22 @@ class Run:
     loader: Any
     """TokenLoader or SyntheticLoader (dlx.train.data)."""
     plan: StepPlan
-    state: ckpt.TrainerState
     timer: PhaseTimer
     meter: ThroughputMeter
     logger: MetricsLogger
     console: RunConsole
     stop: GracefulStop
     data_info: DatasetInfo
-    profiler: StepProfiler
-    """torch.profiler around the `profile.*` steps (nothing outside them)."""
-    gpu: NvmlCounters | NoGpuCounters
-    """GPU utilisation per logged record (NVML), or why there is none."""
-    preflight: Preflight | None = None
-    """What was checked before step 1 (dlx.train.preflight), printed in the header."""
-    objective: Objective = field(default_factory=Objective)
-    """The z-loss (train.z_loss) and document ids for the model (data.document_mask), in the step and in eval."""
-    last_checkpoint: Path | None = None
-    last_save: ckpt.PendingSave | None = None
-    """The latest save this run started; with checkpoint.async it may still be writing."""
+    observers: ObserverList
+    """GPU counters, samples, the profiler, W&B (dlx.train.observe): the loop calls them, never one by name."""
+    progress: RunProgress
+    """What happened: the step, the records, the checkpoints, the verdict."""
     header: list[str] = field(default_factory=list)
     """The start-up header, repeated in report.md."""
-    records: list[dict[str, Any]] = field(default_factory=list)
-    resumed_records: int = 0
-    """How many of `records` a resumed run read back from metrics.jsonl (this process logged the rest)."""
-    eval_records: list[dict[str, Any]] = field(default_factory=list)
-    verdict: Any = None
-    """The bottleneck verdict, once the run has finished (rank 0)."""
-    stopped_early: bool = False
-    """A signal reached some rank and all ranks stopped after the same step."""
+    objective: Objective = field(default_factory=Objective)
+    """The z-loss (train.z_loss) and document ids for the model (data.document_mask), in the step and in eval."""
     init: InitSource | None = None
     """Where the initial weights came from (model.init_from), when they were loaded."""
-    sampler: TrainingSampler | None = None
-    """Text generated every `eval.sample_every` steps; None when off."""
 
     @property
     def model(self) -> Transformer:
@@ -109,16 +123,18 @@ class Run:
         return self.strategy.env
 
     def close(self) -> None:
-        """Stop the loader's workers, the GPU sampler and a profile cut short; flush the logs; safe to call twice."""
+        """Abandon an unfinished save, stop the loader's workers, close the observers (GPU sampler, a profile cut
+        short, W&B), flush the logs; safe to call twice."""
         try:
-            if self.last_save is not None:
-                self.last_save.abandon()
+            if self.progress.last_save is not None:
+                self.progress.last_save.abandon()
             self.console.stop()
             self.loader.close()
-            self.gpu.close()
-            self.profiler.close()
         finally:
-            self.logger.close()
+            try:
+                self.observers.close()
+            finally:
+                self.logger.close()
 
 
 def seed_everything(seed: int) -> None:
@@ -274,11 +290,14 @@ def build_run(
     for note in unused_checkpoint_keys(config.checkpoint, strategy.checkpoint_format):
         console.warn(note)
     resume_step = state.step if resume else None
-    wandb = open_wandb(config, run_dir, env, console)
-    logger = MetricsLogger(run_dir, config.log.tensorboard, is_main=env.is_main, resume_step=resume_step, wandb=wandb)
+    logger = MetricsLogger(run_dir, config.log.tensorboard, is_main=env.is_main, resume_step=resume_step)
     timer = PhaseTimer(device)
+    meter = ThroughputMeter(config.model.args, config.data.seq_len, device, precision.name, env.world_size)
+    observers = build_observers(config, run_dir, env, device, timer, console, logger, strategy.model, sampler)
     # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
     records = read_jsonl(run_dir / METRICS_FILE)
+    evals = read_jsonl(run_dir / EVAL_FILE)
+    progress = RunProgress(state, last, records=records, resumed_records=len(records), eval_records=evals)
     return Run(
         config=config,
         run_dir=run_dir,
@@ -287,24 +306,41 @@ def build_run(
         scheduler=scheduler,
         loader=loader,
         plan=plan,
-        state=state,
         timer=timer,
-        meter=ThroughputMeter(config.model.args, config.data.seq_len, device, precision.name, env.world_size),
+        meter=meter,
         logger=logger,
         console=console,
         stop=stop,
         data_info=data_info,
-        preflight=checked,
+        observers=observers,
+        progress=progress,
+        header=build_header(plan, strategy, device, meter, checked, observers, init),
         objective=build_objective(config.train.z_loss, config.data.document_mask, data_info.eos_id),
-        last_checkpoint=last,
         init=init,
-        records=records,
-        resumed_records=len(records),
-        eval_records=read_jsonl(run_dir / EVAL_FILE),
-        profiler=build_profiler(config, run_dir, env, device, timer, console),
-        gpu=open_gpu_counters(device, config.log.nvml),
-        sampler=sampler,
     )
+
+
+def build_header(
+    plan: StepPlan,
+    strategy: Strategy,
+    device: torch.device,
+    meter: ThroughputMeter,
+    preflight: Preflight | None,
+    observers: ObserverList,
+    init: InitSource | None,
+) -> list[str]:
+    """The start-up header: the step plan, the model and device, the meter's conventions, what preflight checked,
+    the observers' lines, and where the initial weights came from."""
+    from dlx.device import device_name
+
+    # ds_numel: a ZeRO-3 parameter's full size (its local tensor is empty); a DTensor's numel is already the full one
+    trainable = sum(getattr(p, "ds_numel", p.numel()) for p in strategy.model.parameters() if p.requires_grad)
+    header = header_lines(plan, trainable, strategy.precision.name, device_name(device)) + meter.header()
+    header += preflight.lines() if preflight else []
+    header += observers.header()
+    if init is not None:
+        header.append(f"initial weights: {init.describe()}")
+    return header
 
 
 def restore(

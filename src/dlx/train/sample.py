@@ -1,11 +1,12 @@
 """`dlx generate`: a trained model and its run's tokenizer, from a run folder or one checkpoint folder; and the same
-generation during training (`eval.sample_every`, `eval.sample_prompts`)."""
+generation during training (`eval.sample_every`, `eval.sample_prompts`), an observer of the run (`SampleObserver`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,6 +17,11 @@ from dlx.model.io import WEIGHTS_FILE
 from dlx.train.checkpoint import DCP_METADATA, find_resumable, load_checkpoint_model
 from dlx.train.config import EvalSection
 from dlx.train.init_from import find_tokenizer_file
+from dlx.train.observer import Observer
+
+if TYPE_CHECKING:
+    from dlx.metrics.logger import MetricsLogger
+    from dlx.train.console import RunConsole
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -171,3 +177,38 @@ def sample_during_training(model: torch.nn.Module, sampler: TrainingSampler, ste
         ]
     finally:
         model.train(was_training)
+
+
+class SampleObserver(Observer):
+    """Text from the model every `eval.sample_every` steps: every rank generates (FSDP and ZeRO-3 forwards gather
+    shards); rank 0 prints and writes samples.jsonl, and each record goes to `publish` (every observer's
+    `on_sample`)."""
+
+    def __init__(
+        self,
+        sampler: TrainingSampler,
+        model: torch.nn.Module,
+        logger: MetricsLogger,
+        console: RunConsole,
+        publish: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self.sampler, self.model, self.logger, self.console, self.publish = sampler, model, logger, console, publish
+
+    def header(self) -> list[str]:
+        s = self.sampler
+        mode = "greedy" if s.temperature == 0 else f"temperature {s.temperature:g}"
+        return [
+            f"Samples: {len(s.prompts)} prompt(s) every {s.every} steps, {s.max_new_tokens} tokens, {mode}, "
+            f"seed {s.seed} -> samples.jsonl"
+        ]
+
+    def due(self, step: int) -> bool:
+        return self.sampler.due(step)
+
+    def between_steps(self, step: int) -> None:
+        if not self.sampler.due(step):
+            return
+        for record in sample_during_training(self.model, self.sampler, step):
+            self.logger.log_sample(record)
+            self.console.print(f"sample step {step} | {record['prompt']!r} →\n{record['text']}")
+            self.publish(record)

@@ -16,6 +16,7 @@ import gc
 import math
 import signal
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,10 @@ from dlx.train import checkpoint as ckpt
 from dlx.train import folder
 from dlx.train.config import RunConfig
 from dlx.train.objective import PLAIN, Objective, training_loss
-from dlx.train.observe import log_samples, observed_columns, observer_header, report_files
+from dlx.train.observe import report_files
 from dlx.train.records import eval_line, evaluate_run, step_fields
 from dlx.train.run import Run, build_run
 from dlx.train.signals import GracefulStop
-from dlx.train.step_plan import header_lines
 
 
 class NonFiniteLoss(UserError):
@@ -83,13 +83,14 @@ def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, 
                 train(run, resume)
             finally:
                 run.close()
+            progress = run.progress
             result = RunResult(
                 run.run_dir,
-                run.state.step,
-                run.records,
-                run.eval_records,
-                run.verdict,
-                run.last_checkpoint,
+                progress.step,
+                progress.records,
+                progress.eval_records,
+                progress.verdict,
+                progress.last_checkpoint,
                 stop.signal_name,
                 run.model,
             )
@@ -108,8 +109,9 @@ def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, 
 
 
 def train(run: Run, resume: bool) -> None:
+    progress = run.progress
     if resume and run.env.is_main:
-        folder.append_event(run.run_dir, event="resume", step=run.state.step, checkpoint=run.last_checkpoint)
+        folder.append_event(run.run_dir, event="resume", step=progress.step, checkpoint=progress.last_checkpoint)
     print_header(run)
     run.console.start()
     train_loop(run)
@@ -119,8 +121,8 @@ def train(run: Run, resume: bool) -> None:
 
 def train_loop(run: Run) -> None:
     """Optimizer steps from where the run stands to the plan's last step; stops early on a signal (to any rank)."""
-    for step in range(run.state.step + 1, run.plan.total_steps + 1):
-        with run.profiler.step(step):  # torch.profiler over the profile.* steps; nothing otherwise
+    for step in range(run.progress.step + 1, run.plan.total_steps + 1):
+        with run.observers.step(step):  # the profiler over the profile.* steps; nothing otherwise
             loss = accumulate_gradients(
                 run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer, run.strategy, run.objective
             )
@@ -130,7 +132,7 @@ def train_loop(run: Run) -> None:
                 grad_norm = run.strategy.optimizer_step() if math.isfinite(loss_value) else None
                 run.scheduler.step()
             run.timer.end_step()
-        run.state.step, run.state.tokens_seen = step, run.state.tokens_seen + run.plan.tokens_per_step
+        run.progress.advance(step, run.plan.tokens_per_step)
         if grad_norm is None:
             handle_non_finite(run, step, loss_value)
         if step % run.config.log.every == 0 or step in (1, run.plan.total_steps):  # step 1: the starting loss
@@ -139,7 +141,7 @@ def train_loop(run: Run) -> None:
             run.console.advance(step, None, loss_value)
         stopped_between = between_steps(run, step)
         if stop_requested or stopped_between:
-            run.stopped_early = True
+            run.progress.stopped_early = True
             name_the_stop(run)
             break
 
@@ -165,24 +167,22 @@ def name_the_stop(run: Run) -> None:
 
 
 def between_steps(run: Run, step: int) -> bool:
-    """Evaluation, samples and checkpoints when due, with the step clock paused: they are not step time. Returns
-    whether a stop was requested (on any rank) while they ran, so that a signal during an evaluation stops here."""
-    cfg = run.config
+    """Evaluation, the observers' work (samples) and checkpoints when due, with the step clock paused: they are not
+    step time. Returns whether a stop was requested (on any rank) while they ran, so that a signal during an
+    evaluation stops here."""
+    cfg, last_save = run.config, run.progress.last_save
     due_eval = cfg.eval.every and step % cfg.eval.every == 0
-    due_sample = run.sampler is not None and run.sampler.due(step)
     due_save = cfg.checkpoint.every and step % cfg.checkpoint.every == 0
-    if run.last_save is not None and run.env.is_main:
-        run.last_save.poll()  # a background save becomes a checkpoint as soon as it is complete
-    if not (due_eval or due_sample or due_save):
-        return False
-    with run.timer.paused():
+    if last_save is not None and run.env.is_main:
+        last_save.poll()  # a background save becomes a checkpoint as soon as it is complete
+    due = bool(due_eval or due_save or run.observers.due(step))
+    with run.timer.paused() if due else nullcontext():
         if due_eval:
             run_eval(run, step)
-        if due_sample:
-            log_samples(run, step)
+        run.observers.between_steps(step)
         if due_save:
             save(run, final=step == run.plan.total_steps)
-    return distributed.any_rank(run.stop.requested, run.device)
+    return due and distributed.any_rank(run.stop.requested, run.device)
 
 
 def accumulate_gradients(
@@ -222,10 +222,10 @@ def handle_non_finite(run: Run, step: int, loss_value: float) -> None:
     if run.env.is_main:
         folder.append_event(run.run_dir, event="non_finite_loss", step=step, loss=str(loss_value), action=policy)
     if policy == "skip":
-        run.state.nan_skipped += 1
+        run.progress.state.nan_skipped += 1
         run.console.warn(f"step {step}: loss is {loss_value}; batch skipped (train.nan_policy: skip)")
         return
-    last = run.last_checkpoint or "none (no checkpoint was saved yet)"
+    last = run.progress.last_checkpoint or "none (no checkpoint was saved yet)"
     raise NonFiniteLoss(
         f"loss is {loss_value} at step {step}; last good checkpoint: {last}. Lower train.lr or raise "
         "train.warmup_ratio and resume with --resume, or set train.nan_policy skip"
@@ -243,11 +243,13 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
         record["peak_mem_gb"] = distributed.all_reduce([record["peak_mem_gb"]], "max", run.device)[0]
     record.update(step_fields(run, step))  # epoch; z_loss and source_tokens when they apply
     record.update(run.timer.spread())  # window_steps, step_s_std: the verdict's confidence
-    record.update(observed_columns(run))  # GPU counters, profiled steps
-    if len(run.records) == run.resumed_records:
+    record.update(run.observers.columns(step))  # GPU counters, profiled steps
+    progress = run.progress
+    if len(progress.records) == progress.resumed_records:
         record[STARTUP_KEY] = True  # this process's compilation and start-up: left out of summaries
     run.logger.log(record)
-    run.records.append(record)
+    run.observers.on_record(record)
+    progress.records.append(record)
     run.console.print(run.meter.format_line(record))
     run.console.advance(step, record)
 
@@ -258,7 +260,8 @@ def run_eval(run: Run, step: int) -> None:
     result = evaluate_run(run)
     record = {"step": step, **result}
     run.logger.log_eval(record)
-    run.eval_records.append(record)
+    run.observers.on_eval(record)
+    run.progress.eval_records.append(record)
     run.console.print(eval_line(step, result))
 
 
@@ -266,54 +269,64 @@ def save(run: Run, final: bool = False) -> None:
     """Wait for the previous save, then start this one (`final`: the run's last, which gathers model.safetensors under
     checkpoint.full_weights last); a background save is waited for by the next save or the end of the run."""
     wait_for_save(run)
-    cfg = run.config.checkpoint
-    run.state.loader = run.loader.state_dict()
+    cfg, progress = run.config.checkpoint, run.progress
+    progress.state.loader = run.loader.state_dict()
     full_weights = cfg.full_weights == "every" or (cfg.full_weights == "last" and final)
-    run.last_save = ckpt.save_checkpoint(
+    progress.last_save = ckpt.save_checkpoint(
         run.run_dir,
         run.strategy,
         run.scheduler,
         run.precision.scaler,
-        run.state,
+        progress.state,
         cfg.keep_last,
         full_weights,
         background=cfg.async_save and not final,
     )
-    if run.last_save.future is None:
+    if progress.last_save.future is None:
         wait_for_save(run)
 
 
 def wait_for_save(run: Run) -> None:
-    if run.last_save is not None and not run.last_save.settled:
-        run.last_checkpoint = run.last_save.wait()
+    progress = run.progress
+    if progress.last_save is not None and not progress.last_save.settled:
+        progress.last_checkpoint = progress.last_save.wait()
 
 
 def finish(run: Run) -> None:
-    """Last evaluation and checkpoint (or the one an orderly stop needs), then the verdict and the report."""
-    step = run.state.step
+    """Last evaluation and checkpoint (or the one an orderly stop needs), the observers' `finish`, then the verdict and
+    the report."""
+    progress, step = run.progress, run.progress.step
     wait_for_save(run)
     this_step = ckpt.checkpoint_dir(run.run_dir, step).name
-    at_step = run.last_checkpoint is not None and run.last_checkpoint.name == this_step
-    last = run.last_save
+    at_step = progress.last_checkpoint is not None and progress.last_checkpoint.name == this_step
+    last = progress.last_save
     lacks_weights = last is not None and not last.state.full_weights and run.config.checkpoint.full_weights == "last"
     if step > 0 and not (at_step and not lacks_weights):
         save(run, final=True)
-    if run.stopped_early:
+    if progress.stopped_early:
         if run.env.is_main:
             folder.append_event(run.run_dir, event="stopped", step=step, signal=run.stop.signal_name)
         run.console.warn(
-            f"stopped by {run.stop.signal_name} after step {step}; checkpoint {run.last_checkpoint}; "
+            f"stopped by {run.stop.signal_name} after step {step}; checkpoint {progress.last_checkpoint}; "
             f"continue with --resume --run-dir {run.run_dir}"
         )
-    elif run.config.eval.every and not (run.eval_records and run.eval_records[-1]["step"] == step):
+    elif run.config.eval.every and not (progress.eval_records and progress.eval_records[-1]["step"] == step):
         run_eval(run, step)
-    if run.records and run.env.is_main:
-        run.verdict = bottleneck_verdict(run.records, hardware=hardware(run))
-        run.console.print(str(run.verdict))
-        weights = {source.name: source.weight for source in run.data_info.sources}  # data.mix; empty otherwise
-        write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records, source_weights=weights)
-        run.logger.finish_run(step, run.verdict, report_files(run.run_dir))
+    run.observers.finish(step)
+    if progress.records and run.env.is_main:
+        report(run, step)
     run.console.print(f"run folder: {run.run_dir} (report.md, metrics.jsonl, checkpoints/)")
+
+
+def report(run: Run, step: int) -> None:
+    """Rank 0: the bottleneck verdict, report.md and its plots, then the observers' `on_report` (W&B)."""
+    progress = run.progress
+    progress.verdict = bottleneck_verdict(progress.records, hardware=hardware(run))
+    run.console.print(str(progress.verdict))
+    weights = {source.name: source.weight for source in run.data_info.sources}  # data.mix; empty otherwise
+    records, evals = progress.records, progress.eval_records
+    write_report(run.run_dir, records, progress.verdict, run.header, evals, source_weights=weights)
+    run.observers.on_report(step, progress.verdict, report_files(run.run_dir))
 
 
 def hardware(run: Run) -> Hardware:
@@ -323,15 +336,6 @@ def hardware(run: Run) -> Hardware:
 
 
 def print_header(run: Run) -> None:
-    from dlx.device import device_name
-
-    # ds_numel: a ZeRO-3 parameter's full size (its local tensor is empty); a DTensor's numel is already the full one
-    trainable = sum(getattr(p, "ds_numel", p.numel()) for p in run.model.parameters() if p.requires_grad)
-    run.header = header_lines(run.plan, trainable, run.precision.name, device_name(run.device)) + run.meter.header()
-    run.header += run.preflight.lines() if run.preflight else []
-    run.header += observer_header(run)
-    if run.init is not None:
-        run.header.append(f"initial weights: {run.init.describe()}")
     for line in run.header:
         run.console.print(line)
     run.console.print(f"run folder: {run.run_dir}")
