@@ -38,9 +38,10 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
 
 
 def apply_compile(model: nn.Module) -> None:
-    """Each block, and the loss's per-chunk math (its matmuls are cuBLAS calls either way)."""
+    """Each block as one graph (`fullgraph=True`: a graph break is an error, not a silent split into eager pieces),
+    and the loss's per-chunk math (its matmuls are cuBLAS calls either way)."""
     for block in model.layers:
-        block.compile()
+        block.compile(fullgraph=True)
     model.loss_fn.compile()
 
 
