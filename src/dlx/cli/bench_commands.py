@@ -56,7 +56,7 @@ def bench(
 ) -> None:
     from dlx.bench.points import BenchSetup, expand_points, parse_positive_ints, parse_precisions
     from dlx.data import SYNTHETIC
-    from dlx.device import prefer_expandable_segments, resolve_device
+    from dlx.device import training_device
     from dlx.errors import UserError
     from dlx.parallel.distributed import env_from_torchrun
     from dlx.precision import resolve_precision
@@ -65,9 +65,9 @@ def bench(
         raise UserError(f"--steps must be at least 1 and --warmup at least 0, got {steps} and {warmup}")
     if strategy not in ("none", "ddp", "fsdp") or tp < 1:
         raise UserError(f"--strategy must be none, ddp or fsdp and --tp at least 1, got {strategy!r} and {tp}")
-    prefer_expandable_segments()  # before the first CUDA allocation
-    world_size = env_from_torchrun().world_size
-    torch_device = resolve_device(device, env_from_torchrun().local_rank)
+    launched = env_from_torchrun()
+    world_size = launched.world_size
+    torch_device = training_device(device, launched.local_rank, world_size, "--device")
     seq_lens = parse_positive_ints("--seq-len", seq_len)
     precisions = parse_precisions(precision, resolve_precision("auto", torch_device))
     if document_mask and data == SYNTHETIC:
