@@ -148,6 +148,17 @@ def supports_native_bf16(device: torch.device) -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
+def float8_capability(device: torch.device) -> str | None:
+    """None where float8 matmuls run (CUDA compute capability 8.9 or later: Ada, Hopper, Blackwell), else what the
+    device is, in words."""
+    if device.type != "cuda":
+        return f"{device.type} has no float8 matmuls"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        return f"{torch.cuda.get_device_name(device)} is compute capability {major}.{minor}; float8 needs 8.9 or later"
+    return None
+
+
 def _cpu_flags() -> set[str]:
     info = cpu_info()
     return set((info.get("flags") or info.get("Features") or "").split())
