@@ -4,8 +4,8 @@
         model.safetensors     the whole model's weights (safetensors: loading runs no code); always in the "full"
                               format, in sharded ones as checkpoint.full_weights says (every, last, never)
         model_args.json       the model shape; with the weights, a model folder `dlx export-hf` and `load_model` read
-        train_state.pt        scheduler, fp16 loss scaler, RNG states and (one process, DDP) the optimizer state:
-                              tensors and plain data only, read back with torch.load(weights_only=True)
+        train_state.pt        scheduler, fp16 loss scaler, every rank's RNG states and (one process, DDP) the optimizer
+                              state: tensors and plain data only, read back with torch.load(weights_only=True)
         dcp/                  FSDP, any tp > 1: model and optimizer shards, PyTorch Distributed Checkpoint (reshards
                               on load; `dlx export-hf` reads the whole weights from it)
         deepspeed/            DeepSpeed: the engine's own ZeRO checkpoint
