@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dlx.model import resolve_model_args
 from dlx.model.llama import Transformer
-from dlx.model.loss import IGNORE_INDEX, OutputLoss, accumulate_fp32
+from dlx.model.loss import IGNORE_INDEX, OutputLoss, accumulate_fp32, balanced_chunk
 from dlx.train.eval import next_token_loss
 from train_helpers import single_torch_thread
 
@@ -224,3 +224,11 @@ def test_the_output_weight_gradient_adds_up_in_fp32_when_the_weight_arrives_narr
     narrow, wide = grads
     assert narrow.dtype == torch.bfloat16 and wide.dtype == torch.float32
     assert torch.equal(narrow, wide.bfloat16())
+
+
+def test_chunks_are_as_equal_as_can_be_so_the_compiled_math_sees_one_shape():
+    assert balanced_chunk(16384, 2**28 // 128256) == 2048  # llama3.2-1b, micro-batch 8 × 2048: 8 equal chunks
+    for n_tokens in range(1, 200):
+        for most in (1, 3, 7, 64):
+            chunk = balanced_chunk(n_tokens, most)
+            assert chunk <= most and -(-n_tokens // chunk) == -(-n_tokens // most)  # no more chunks than needed

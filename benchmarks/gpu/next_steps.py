@@ -4,7 +4,8 @@ seconds). Timed regions are synchronised, after untimed warm-up steps.
 
   ceilings     a large bf16 matmul; every GEMM of one training step at its real shape (forward, input gradient,
                weight gradient of each linear; TFLOPS each); the attention kernels (dlx.bench.attention); the AdamW
-               floor (one fused step over as many fp32 parameters as the model has)
+               floor (one fused step over as many fp32 parameters as the model has); the loss's fp32 gradient
+               accumulation, one GEMM against a product and a second pass
   bare         a bare PyTorch loop on dlx's own model and batch: autocast, the chunked loss, backward, clip at 1.0,
                fused AdamW; blocks compiled as `dlx pretrain` compiles them
   hf-compiled  transformers' LlamaForCausalLM of the same shape (sdpa attention), torch.compile'd, the same loop
@@ -99,6 +100,36 @@ def adamw_floor_s(n_params: int, device: torch.device) -> float:
     return timed(device, optimizer.step, 5)
 
 
+def loss_accumulation(shape: Shape, device: torch.device) -> dict:
+    """The output weight's gradient over one step's loss chunks, in bf16 into fp32: one GEMM accumulating into fp32
+    (`accumulate_fp32`) against the narrow product added in a second pass. ms per step each, and their largest
+    difference in one chunk relative to the product's largest element (bf16 rounding: at most 2⁻⁸)."""
+    from dlx.model.loss import CHUNK_LOGITS, accumulate_fp32, balanced_chunk
+
+    args = resolve_model_args(shape.model)
+    tokens = shape.seq_len * shape.micro_batch
+    chunk = balanced_chunk(tokens, max(1, CHUNK_LOGITS // args.vocab_size))
+    n_chunks = -(-tokens // chunk)
+    a = torch.randn(args.vocab_size, chunk, device=device, dtype=torch.bfloat16)
+    b = torch.randn(chunk, args.dim, device=device, dtype=torch.bfloat16)
+    fused, separate = (torch.zeros(args.vocab_size, args.dim, device=device) for _ in range(2))
+    accumulate_fp32(fused, a, b)
+    product = a @ b
+    separate.add_(product)
+    difference = ((fused - separate).abs().max() / product.float().abs().max()).item()
+
+    def one_step(add) -> None:
+        for _ in range(n_chunks):
+            add()
+
+    return {
+        "fused_ms": 1e3 * timed(device, lambda: one_step(lambda: accumulate_fp32(fused, a, b)), 3),
+        "separate_ms": 1e3 * timed(device, lambda: one_step(lambda: separate.add_(a @ b)), 3),
+        "relative_difference": difference,
+        "chunks": n_chunks,
+    }
+
+
 def ceilings(shape: Shape) -> dict:
     from dlx.bench.attention import choose_attention_backend
     from dlx.model.args import ModelArgs
@@ -121,6 +152,7 @@ def ceilings(shape: Shape) -> dict:
         "attention_ms": attention.ms,
         "adamw_floor_s": adamw_floor_s(n_params, device),
         "adamw_params": n_params,
+        "loss_accumulation": loss_accumulation(shape, device),
     }
 
 

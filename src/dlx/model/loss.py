@@ -164,6 +164,14 @@ def whole_logits_loss(logits: torch.Tensor, targets: torch.Tensor, z_loss: float
     return LossParts(ce + z_loss * z, ce.detach(), z.detach())
 
 
+def balanced_chunk(n_tokens: int, most: int) -> int:
+    """Tokens per chunk: as few chunks as `most` allows, as equal as can be, so that where they divide n_tokens (16,384
+    tokens at a 128,256 vocabulary: 8 chunks of 2,048) every chunk has one shape and the compiled chunk math compiles
+    once, with no shorter last chunk to recompile for."""
+    n_chunks = -(-n_tokens // most)
+    return -(-n_tokens // n_chunks)
+
+
 class OutputLoss:
     """How a model turns its last hidden states into the loss; `Transformer.loss_fn`, set from outside
     (`torch.compile` of the blocks also compiles the chunk math)."""
@@ -185,7 +193,7 @@ class OutputLoss:
         if not self.chunked:
             return whole_logits_loss(output(hidden), targets, z_loss)
         flat_hidden, flat_targets = hidden.flatten(0, 1), targets.flatten()  # (N, D), (N,)
-        chunk_tokens = max(1, self.chunk_logits // output.weight.shape[0])
+        chunk_tokens = balanced_chunk(flat_targets.shape[0], max(1, self.chunk_logits // output.weight.shape[0]))
         if torch.is_grad_enabled() and (hidden.requires_grad or output.weight.requires_grad):
             return LossParts(
                 *_ChunkedLinearCrossEntropy.apply(
