@@ -272,6 +272,7 @@ def test_next_contact_judges_each_target_from_the_figures():
     ceilings = {"matmul_side": 8192, "matmul_tflops": 800.0, "attention": "attention: flash, ...", "gemms": []}
     ceilings |= {"adamw_floor_s": 0.05, "adamw_params": 1_235_814_400}
     ceilings["loss_accumulation"] = {"chunks": 8, "fused_ms": 30.0, "separate_ms": 100.0, "relative_difference": 0.003}
+    ceilings["loss_accumulation"]["one_gemm"] = True
     lines = next_contact.table({"ceilings": {"status": "ok", "seconds": 40.0, "figures": ceilings}})
     assert (
         "- the loss's output-weight gradient over 8 chunks: one GEMM into fp32 30.0 ms, product then add 100.0 ms; "

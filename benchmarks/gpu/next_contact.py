@@ -178,7 +178,8 @@ def target_rows(results: dict) -> list[tuple[str, str, str, str]]:
 
 def accumulation_line(figures: dict) -> str:
     return (
-        f"- the loss's output-weight gradient over {figures['chunks']} chunks: one GEMM into fp32 "
+        f"- the loss's output-weight gradient over {figures['chunks']} chunks: "
+        f"{'one GEMM into fp32' if figures.get('one_gemm') else 'the fp32 path this torch allows'} "
         f"{figures['fused_ms']:.1f} ms, product then add {figures['separate_ms']:.1f} ms; they differ by "
         f"{figures['relative_difference']:.2g} of the largest element (bf16 rounding ≤ 2⁻⁸)"
     )

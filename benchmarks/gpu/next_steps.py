@@ -104,7 +104,7 @@ def loss_accumulation(shape: Shape, device: torch.device) -> dict:
     """The output weight's gradient over one step's loss chunks, in bf16 into fp32: one GEMM accumulating into fp32
     (`accumulate_fp32`) against the narrow product added in a second pass. ms per step each, and their largest
     difference in one chunk relative to the product's largest element (bf16 rounding: at most 2⁻⁸)."""
-    from dlx.model.loss import CHUNK_LOGITS, accumulate_fp32, balanced_chunk
+    from dlx.model.loss import CHUNK_LOGITS, accumulate_fp32, balanced_chunk, cuda_addmm_into_fp32
 
     args = resolve_model_args(shape.model)
     tokens = shape.seq_len * shape.micro_batch
@@ -127,6 +127,7 @@ def loss_accumulation(shape: Shape, device: torch.device) -> dict:
         "separate_ms": 1e3 * timed(device, lambda: one_step(lambda: separate.add_(a @ b)), 3),
         "relative_difference": difference,
         "chunks": n_chunks,
+        "one_gemm": device.type == "cuda" and cuda_addmm_into_fp32(device),
     }
 
 

@@ -23,6 +23,7 @@ Gradient per token of (ce + c · z) with respect to its logits, N counted tokens
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -128,13 +129,29 @@ def gradient_lift(counted: torch.Tensor) -> torch.Tensor:
 def accumulate_fp32(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """total (fp32) += a @ b, one GEMM that accumulates into total. a and b in a narrower compute dtype: on CUDA
     cuBLAS multiplies them and adds into fp32 (`addmm` with `out_dtype`), no narrow product is stored and no second
-    pass adds it; elsewhere the product is taken in fp32 (the same sums, the narrow inputs exact in fp32)."""
+    pass adds it (where this torch refuses an fp32 accumulator, the product then the add); elsewhere the product is
+    taken in fp32 (the same sums, the narrow inputs exact in fp32)."""
     if a.dtype == total.dtype:
         total.addmm_(a, b)
-    elif total.device.type == "cuda":
+    elif total.device.type != "cuda":
+        total.addmm_(a.float(), b.float())
+    elif cuda_addmm_into_fp32(total.device):
         torch.addmm(total, a, b, out_dtype=total.dtype, out=total)
     else:
-        total.addmm_(a.float(), b.float())
+        total.add_(a @ b)
+
+
+@functools.cache
+def cuda_addmm_into_fp32(device: torch.device) -> bool:
+    """Whether this torch's CUDA `addmm` adds bf16 products into an fp32 tensor in place (`out_dtype`; some versions
+    require the added tensor in the inputs' dtype). Tried once per device on 16 × 16 ones."""
+    total = torch.zeros(16, 16, device=device)
+    ones = torch.ones(16, 16, device=device, dtype=torch.bfloat16)
+    try:
+        torch.addmm(total, ones, ones, out_dtype=torch.float32, out=total)
+    except (RuntimeError, TypeError):
+        return False
+    return bool((total == 16).all())
 
 
 def chunked_loss_no_grad(
