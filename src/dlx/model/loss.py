@@ -129,16 +129,17 @@ def gradient_lift(counted: torch.Tensor) -> torch.Tensor:
 def accumulate_fp32(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """total (fp32) += a @ b, one GEMM that accumulates into total. a and b in a narrower compute dtype: on CUDA
     cuBLAS multiplies them and adds into fp32 (`addmm` with `out_dtype`), no narrow product is stored and no second
-    pass adds it (where this torch refuses an fp32 accumulator, the product then the add); elsewhere the product is
-    taken in fp32 (the same sums, the narrow inputs exact in fp32)."""
+    pass adds it. Where this torch refuses an fp32 accumulator, a bf16 product then the add (bf16's range holds any
+    product; fp16's may not, so fp16 takes the product in fp32, as elsewhere: the same sums, the inputs exact)."""
+    cuda = total.device.type == "cuda"
     if a.dtype == total.dtype:
         total.addmm_(a, b)
-    elif total.device.type != "cuda":
-        total.addmm_(a.float(), b.float())
-    elif cuda_addmm_into_fp32(total.device):
+    elif cuda and cuda_addmm_into_fp32(total.device):
         torch.addmm(total, a, b, out_dtype=total.dtype, out=total)
-    else:
+    elif cuda and a.dtype == torch.bfloat16:
         total.add_(a @ b)
+    else:
+        total.addmm_(a.float(), b.float())
 
 
 @functools.cache
