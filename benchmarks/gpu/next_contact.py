@@ -11,8 +11,11 @@ On a lent device machine (its own torch, no network, only what is under $OUT com
     run(command="DLX_GIT_SHA=<sha> python3 benchmarks/gpu/next_contact.py", carry=["benchmarks/gpu/wheels"],
         timeout_s=600)
 
-benchmarks/gpu/wheels must then hold, beside dlx's own (offline_deps.py download), what the image lacks of torchao
-(float8) and transformers + accelerate (the HF rows); a step whose imports fail says so and the others run. Each step
+benchmarks/gpu/wheels must then hold, beside dlx's own (offline_deps.py download), torchao for the float8 step (the
+H200 image of 2026-12-04 had torch 2.11, transformers 5.17 and accelerate 1.15, no torchao; torchao 0.18 needs torch
+>= 2.11, 3.4 MB, its kernels are torch's and Triton's): `.venv/bin/python -m pip download --no-deps
+--only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 --dest benchmarks/gpu/wheels
+torchao==0.18.0`. A step whose imports fail says so in its last line and the others run. Each step
 has its own time limit (STEPS, 570 s in all), so that one that hangs cannot eat the others'. Files brought back
 (at most 8): results.json (every step's status and figures), table.md, steps.log, summary.txt, the two pretrain
 runs' metrics.jsonl.
@@ -71,13 +74,13 @@ def steps(work: Path, dry: bool) -> list[tuple[str, list[str], float]]:
     plan = [python, "-m", "dlx", "plan", "debug" if dry else "llama3.2-1b", "--seq-len", "32" if dry else "1024"]
     plan += ["--micro-batch", "16", "--precision", "fp32", "--activation-checkpointing", "full", "--json"]
     chosen = [
-        ("ceilings", [*worker, "ceilings", shape, str(work / "ceilings.json")], 50),
-        ("pretrain-bf16", [*pretrain, str(work / "bf16"), *pretrain_args(dry)], 140),
-        ("bare", [*worker, "bare", shape, str(work / "bare.json")], 70),
+        ("ceilings", [*worker, "ceilings", shape, str(work / "ceilings.json")], 45),
+        ("pretrain-bf16", [*pretrain, str(work / "bf16"), *pretrain_args(dry)], 135),
+        ("bare", [*worker, "bare", shape, str(work / "bare.json")], 65),
         ("pretrain-float8", [*pretrain, str(work / "float8"), *pretrain_args(dry), "--train.float8", "true"], 110),
         ("hf-compiled", [*worker, "hf-compiled", shape, str(work / "hf-compiled.json")], 80),
-        ("seed-dlx", [*pretrain, str(work / "seed-dlx"), *pretrain_args(dry, seed_row=True)], 50),
-        ("seed-hf", [*worker, "seed-hf", shape, str(work / "seed-hf.json")], 60),
+        ("seed-dlx", [*pretrain, str(work / "seed-dlx"), *pretrain_args(dry, seed_row=True)], 70),
+        ("seed-hf", [*worker, "seed-hf", shape, str(work / "seed-hf.json")], 55),
         ("plan", plan, 10),
     ]
     return [(name, argv, DRY_STEP_S if dry else seconds) for name, argv, seconds in chosen]
@@ -125,7 +128,7 @@ def target_rows(results: dict) -> list[tuple[str, str, str, str]]:
     figure = {name: step.get("figures", {}) for name, step in results.items()}
     bf16, float8 = figure.get("pretrain-bf16", {}), figure.get("pretrain-float8", {})
     seed_dlx, seed_hf, plan = figure.get("seed-dlx", {}), figure.get("seed-hf", {}), figure.get("plan", {})
-    windows = bf16.get("mfu_windows") or []
+    windows = (bf16.get("mfu_windows") or [])[1:]  # the first window holds the compilation
     low = min((w for w in windows if w is not None), default=None)
     bare = ratio(bf16.get("tokens_per_s"), figure.get("bare", {}).get("tokens_per_s"))
     hf = ratio(bf16.get("tokens_per_s"), figure.get("hf-compiled", {}).get("tokens_per_s"))
@@ -139,7 +142,12 @@ def target_rows(results: dict) -> list[tuple[str, str, str, str]]:
 
     graph = (bf16.get("graph_breaks"), bf16.get("recompiles"))
     return [
-        ("dlx pretrain MFU, lowest 10-step window", shown(low, ".1%"), "≥ 60 %", verdict(low, (low or 0) >= 0.6)),
+        (
+            "dlx pretrain MFU, lowest 10-step window after the first",
+            shown(low, ".1%"),
+            "≥ 60 %",
+            verdict(low, (low or 0) >= 0.6),
+        ),
         (
             "graph breaks / recompiles logged",
             "—" if None in graph else f"{graph[0]} / {graph[1]}",
