@@ -58,7 +58,12 @@ def test_training_steps_compile_once_without_graph_breaks(checkpointing):
 def test_a_graph_break_in_a_block_is_an_error(monkeypatch):
     """fullgraph=True: what would split a block into eager pieces stops the run instead."""
     model = compiled_model("none")
-    monkeypatch.setattr("dlx.model.llama.F.silu", lambda x: torch.sigmoid(x) * x if print() is None else x)
+
+    def silu_that_prints(x: torch.Tensor) -> torch.Tensor:
+        print("a side effect Dynamo cannot put in a graph")
+        return torch.sigmoid(x) * x
+
+    monkeypatch.setattr("dlx.model.llama.F.silu", silu_that_prints)
     with pytest.raises(torch._dynamo.exc.Unsupported):
         model(torch.zeros(1, 8, dtype=torch.long))
 
