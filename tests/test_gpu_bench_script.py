@@ -227,3 +227,84 @@ def test_first_contact_fits_one_device_call_and_names_its_steps():
     assert "--document-mask" in lines[3] and "--resume" in lines[6]
     refused = subprocess.run([sys.executable, script, "--only", "nothing"], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and refused.stderr.startswith("error: --only names no step")
+
+
+next_contact = load("next_contact")
+
+
+def test_next_contact_fits_one_device_call():
+    """Its steps' limits add up to at most 9.5 minutes; each pretrain step logs Dynamo's graph breaks and recompiles."""
+    work = Path("WORK")
+    listed = next_contact.steps(work, dry=False)
+    assert [name for name, _, _ in listed] == [
+        *("ceilings", "pretrain-bf16", "bare", "pretrain-float8", "hf-compiled", "seed-dlx", "seed-hf", "plan"),
+    ]
+    assert sum(seconds for _, _, seconds in listed) <= 570
+    argv = dict((name, argv) for name, argv, _ in listed)
+    assert "--train.compile true" in " ".join(argv["pretrain-bf16"]) and "llama3.2-1b" in argv["pretrain-bf16"]
+    assert argv["pretrain-float8"][-2:] == ["--train.float8", "true"]
+    assert "--parallel.activation_checkpointing full" in " ".join(argv["seed-dlx"])
+    assert next_contact.TORCH_LOGS == "graph_breaks,recompiles"
+
+
+def test_next_contact_judges_each_target_from_the_figures():
+    pretrain = {"mfu_windows": [0.30, 0.58, 0.62], "tokens_per_s": 100.0, "loss": 5.0, "graph_breaks": 0}
+    results = {
+        "pretrain-bf16": {"figures": {**pretrain, "recompiles": 1}},
+        "bare": {"figures": {"tokens_per_s": 101.0}},
+        "pretrain-float8": {"figures": {"tokens_per_s": 112.0, "loss": 5.05}},
+        "hf-compiled": {"figures": {"tokens_per_s": 80.0}},
+        "seed-dlx": {"figures": {"peak_mem_gb": 30.0, "it_per_s": 0.5}},
+        "seed-hf": {"figures": {"peak_mem_gb": 40.0, "it_per_s": 0.25}},
+        "plan": {"figures": {"total_gb": 27.0}},
+    }
+    rows = {row[0]: row[1:] for row in next_contact.target_rows(results)}
+    assert rows["dlx pretrain MFU, lowest 10-step window after the first"] == ("58.0%", "≥ 60 %", "MISSED")
+    assert rows["graph breaks / recompiles logged"] == ("0 / 1", "0 / 0 after step 1", "MISSED")
+    assert rows["dlx ÷ bare loop, tokens/s"] == ("0.990", "≥ 0.98", "met")
+    assert rows["dlx ÷ HF compiled, tokens/s"] == ("1.250", "≥ 1.15", "met")
+    assert rows["float8 ÷ bf16, tokens/s"] == ("1.120", "≥ 1.10", "met")
+    assert rows["float8 loss vs bf16 at the last step"] == ("1.00%", "within 2 %", "met")
+    assert rows["seed row peak GB, dlx / HF Trainer"] == ("30.00 / 40.00", "dlx below HF", "met")
+    assert rows["dlx plan vs dlx's measured peak"] == ("10.0%", "within 15 %", "met")
+    empty = next_contact.target_rows({})
+    assert all(row[3] in ("not measured", "") for row in empty)
+    ceilings = {"matmul_side": 8192, "matmul_tflops": 800.0, "attention": "attention: flash, ...", "gemms": []}
+    ceilings |= {"adamw_floor_s": 0.05, "adamw_params": 1_235_814_400}
+    ceilings["loss_accumulation"] = {"chunks": 8, "fused_ms": 30.0, "separate_ms": 100.0, "relative_difference": 0.003}
+    ceilings["loss_accumulation"]["one_gemm"] = True
+    lines = next_contact.table({"ceilings": {"status": "ok", "seconds": 40.0, "figures": ceilings}})
+    assert (
+        "- the loss's output-weight gradient over 8 chunks: one GEMM into fp32 30.0 ms, product then add 100.0 ms; "
+        "they differ by 0.003 of the largest element (bf16 rounding ≤ 2⁻⁸)"
+    ) in lines
+    assert "| ceilings | ok | 40 |" in lines
+
+
+@pytest.mark.slow
+def test_next_contact_dry_run_measures_every_step_on_the_cpu(tmp_path):
+    """The whole script on the CPU with the debug model: every step runs (float8 is refused in one line: torchao is
+    missing, or it is and the CPU has no float8 matmuls), and the files come back."""
+    script = str(ROOT / "benchmarks" / "gpu" / "next_contact.py")
+    done = subprocess.run(
+        [sys.executable, script, "--dry-run", "--out", str(tmp_path)], capture_output=True, text=True, timeout=1200
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert {name: step["status"] for name, step in results.items()} == {
+        **dict.fromkeys(("ceilings", "pretrain-bf16", "bare", "hf-compiled", "seed-dlx", "seed-hf", "plan"), "ok"),
+        "pretrain-float8": "exit 2",
+    }
+    assert results["pretrain-float8"]["last_line"] in (
+        "error: train.float8 needs torchao, which is not installed: pip install 'dlx[float8]'",
+        "error: train.float8: cpu has no float8 matmuls; set train.float8 false (bf16 trains everywhere)",
+    )
+    assert results["pretrain-bf16"]["figures"]["step"] == 3 and results["plan"]["figures"]["params"] == 158016
+    assert "attention: CPU, SDPA ran" in (tmp_path / "table.md").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "metrics-bf16.jsonl",
+        "results.json",
+        "steps.log",
+        "summary.txt",
+        "table.md",
+    ]

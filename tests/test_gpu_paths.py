@@ -149,3 +149,64 @@ def test_bench_points_report_the_fixed_costs_share():
     assert 0 < bf16["optimizer_pct"] < 100 and 0 < bf16["weight_cast_pct"] < 100
     assert bf16["optimizer_pct"] == pytest.approx(100 * bf16["optimizer_s"] / bf16["step_s"])
     assert fp32["weight_cast_pct"] == 0.0  # nothing is cast in fp32
+
+
+def test_pretrain_prefers_expandable_segments_as_bench_does(monkeypatch, tmp_path):
+    from dlx.train.recipe import load_recipe
+    from dlx.train.trainer import pretrain
+    from train_helpers import TINY
+
+    for name in dev.ALLOC_CONF_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    pretrain(load_recipe(None, [*TINY, "--train.max_steps", "1"]), "t", tmp_path / "run")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_an_explicit_gpu_under_torchrun_is_one_line_before_any_group(monkeypatch, tmp_path):
+    from dlx.errors import UserError
+    from dlx.train.recipe import load_recipe
+    from dlx.train.trainer import pretrain
+    from train_helpers import TINY
+
+    for name, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail("no GPU may be touched"))
+    config = load_recipe(None, [*TINY, "--train.max_steps", "1", "--train.device", "cuda:1"])
+    with pytest.raises(UserError) as refused:
+        pretrain(config, "t", tmp_path / "run")
+    assert str(refused.value) == (
+        "train.device cuda:1 under torchrun would put all 2 ranks on one GPU; set train.device cuda (or auto): each "
+        "rank takes the GPU of its LOCAL_RANK"
+    )
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(UserError, match=r"^--device cuda:0 under torchrun"):
+        dev.training_device("cuda:0", 0, 2, "--device")
+
+
+def test_each_rank_saves_and_restores_its_own_gpu_random_state(monkeypatch, tmp_path):
+    """Two ranks' generator states, each with a CUDA state of its own, gathered into rank 0's train_state.pt
+    (the gather faked); on resume each rank restores its own, and a checkpoint without them gives rank 0's."""
+    from types import SimpleNamespace
+
+    states = [cpu_rng_state(cuda_states=1) for _ in range(2)]
+    for rank, state in enumerate(states):
+        state["cuda"][0].fill_(rank + 1)
+    monkeypatch.setattr(ckpt, "gather_to_main", lambda state: states)
+    strategy = SimpleNamespace(
+        full_weights=lambda: None,
+        save_sharded=lambda tmp, background: None,
+        env=SimpleNamespace(is_main=True),
+        model=SimpleNamespace(args=resolve_model_args("debug")),
+        optimizer_state=lambda: {},
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD([torch.zeros(1)], lr=1.0), lambda step: 1.0)
+    ckpt._write_parts(tmp_path, strategy, scheduler, None, full_weights=False, background=False)
+    saved = torch.load(tmp_path / ckpt.TRAIN_STATE_FILE, weights_only=True)
+    assert [int(s["cuda"][0][0]) for s in saved["rng_ranks"]] == [1, 2] and int(saved["rng"]["cuda"][0][0]) == 1
+    restored: list[int] = []
+    FakeCuda(monkeypatch, count=1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append(int(state[0])))
+    for rank in (0, 1):
+        ckpt.set_rng_state(ckpt.own_rng_state(saved, rank))
+    ckpt.set_rng_state(ckpt.own_rng_state({"rng": saved["rng"]}, 1))  # written before every rank's were kept
+    assert restored == [1, 2, 1]

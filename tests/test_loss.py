@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dlx.model import resolve_model_args
 from dlx.model.llama import Transformer
-from dlx.model.loss import IGNORE_INDEX, OutputLoss
+from dlx.model.loss import IGNORE_INDEX, OutputLoss, accumulate_fp32, balanced_chunk
 from train_helpers import single_torch_thread
 
 one_thread = pytest.fixture(autouse=True)(single_torch_thread)
@@ -133,3 +133,101 @@ def test_compiled_chunk_math_equals_eager():
     for model in (compiled, chunked):
         model(inputs, targets=targets, z_loss=1e-3).loss.backward()
     assert max_grad_difference(compiled, chunked) <= 1e-5
+
+
+def one_layer_pair(vocab: int, seq_len: int) -> tuple[Transformer, Transformer]:
+    """(chunked in 2 chunks, whole logits): one debug layer at a real vocabulary."""
+    torch.manual_seed(0)
+    args = resolve_model_args("debug", vocab_size=vocab, n_layers=1, max_seq_len=seq_len)
+    chunked = Transformer(args)
+    chunked.loss_fn = OutputLoss(chunk_logits=vocab * seq_len // 2)
+    reference = copy.deepcopy(chunked)
+    reference.loss_fn = OutputLoss(chunked=False)
+    return chunked, reference
+
+
+def relative_grad_errors(a: Transformer, b: Transformer) -> dict[str, float]:
+    return {
+        name: ((x.grad - y.grad).norm() / y.grad.norm()).item()
+        for (name, x), y in zip(a.named_parameters(), b.parameters(), strict=True)
+    }
+
+
+def test_fp16_chunked_gradients_equal_whole_logits_ones_for_every_parameter():
+    """Vocab 32,768 and 1,024 tokens: each softmax gradient element is about p / N ≈ 3e-8, under fp16's smallest
+    subnormal (6e-8). Cast to fp16 before the loss scale arrives, it flushed to zero: the final norm's gradient was
+    2.1 times off, the embedding's 0.5 % (measured with the previous loss; at 4,096 tokens 0.73 and 0.9 %, but the
+    whole-logits reference alone then takes 10 s on one CPU thread). The loss is scaled by 2¹⁰, as a GradScaler does
+    (its default 2¹⁶ overflows the reference's fp16 attention gradient at this shape; the scaler would back off)."""
+    vocab, seq_len, loss_scale = 32768, 1024, 2.0**10
+    chunked, reference = one_layer_pair(vocab, seq_len)
+    generator = torch.Generator().manual_seed(2)
+    inputs, targets = (torch.randint(0, vocab, (1, seq_len), generator=generator) for _ in range(2))
+    for model in (chunked, reference):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(inputs, targets=targets).loss
+        (loss * loss_scale).backward()
+    errors = relative_grad_errors(chunked, reference)
+    assert len(errors) == 12 and max(errors.values()) <= 2e-3, errors  # measured ≤ 6e-4: fp16 rounding
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_gradient_lift_changes_no_bit_in_bf16_or_fp32(monkeypatch, dtype):
+    """The lift is a power of two: the gradients are those of the plain 1/N scaling, bit for bit."""
+    inputs, targets = batch(ignored=3)  # 57 counted tokens: lifted by 64
+    grads = []
+    for lift in (True, False):
+        if not lift:
+            monkeypatch.setattr("dlx.model.loss.gradient_lift", lambda counted: torch.ones_like(counted))
+        model, _ = models(tie=False, chunk_tokens=7)
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            model(inputs, targets=targets, z_loss=1e-3).loss.backward()
+        grads.append([p.grad for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
+def test_fp32_accumulation_in_one_gemm_differs_from_a_rounded_product_by_its_rounding_only():
+    """accumulate_fp32 adds a @ b into fp32 without first rounding the product to bf16 (the form before it, kept
+    here as `separate`): the two differ by at most bf16's rounding of each product element, 2⁻⁸ relative (bf16 has 8
+    significant bits), and not at all when everything is fp32 (the same addmm)."""
+    generator = torch.Generator().manual_seed(3)
+    a, b = torch.randn(512, 40, generator=generator), torch.randn(40, 64, generator=generator)
+    total = torch.randn(512, 64, generator=generator)
+    fused, separate = total.clone(), total.clone()
+    accumulate_fp32(fused, a.bfloat16(), b.bfloat16())
+    product = a.bfloat16() @ b.bfloat16()
+    separate.add_(product)
+    exact = total + a.bfloat16().double() @ b.bfloat16().double()
+    assert ((fused - separate).abs() <= 2**-8 * product.float().abs() + 1e-5).all()
+    assert (fused.double() - exact).abs().max() <= 1e-4  # fp32 sums of exact products
+    assert (fused.double() - exact).abs().max() < (separate.double() - exact).abs().max()
+    fp32_fused, fp32_plain = total.clone(), total.clone()
+    accumulate_fp32(fp32_fused, a, b)
+    fp32_plain.addmm_(a, b)
+    assert torch.equal(fp32_fused, fp32_plain)
+
+
+def test_the_output_weight_gradient_adds_up_in_fp32_when_the_weight_arrives_narrow():
+    """FSDP2 hands the loss its unsharded bf16 weight; the chunks' shares still add up in fp32 and are rounded once
+    (by autograd, to the weight's dtype): equal to the gradient of the same values held in fp32, rounded to bf16."""
+    generator = torch.Generator().manual_seed(4)
+    hidden = torch.randn(1, 60, 64, generator=generator).bfloat16()
+    targets = torch.randint(0, VOCAB, (1, 60), generator=generator)
+    values = (0.02 * torch.randn(VOCAB, 64, generator=generator)).bfloat16()
+    grads = []
+    for dtype in (torch.bfloat16, torch.float32):
+        output = torch.nn.Linear(64, VOCAB, bias=False)
+        output.weight = torch.nn.Parameter(values.to(dtype))
+        OutputLoss(chunk_logits=7 * VOCAB)(hidden, output, targets, 0.0).loss.backward()
+        grads.append(output.weight.grad)
+    narrow, wide = grads
+    assert narrow.dtype == torch.bfloat16 and wide.dtype == torch.float32
+    assert torch.equal(narrow, wide.bfloat16())
+
+
+def test_chunks_are_as_equal_as_can_be_so_the_compiled_math_sees_one_shape():
+    assert balanced_chunk(16384, 2**28 // 128256) == 2048  # llama3.2-1b, micro-batch 8 × 2048: 8 equal chunks
+    for n_tokens in range(1, 200):
+        for most in (1, 3, 7, 64):
+            chunk = balanced_chunk(n_tokens, most)
+            assert chunk <= most and -(-n_tokens // chunk) == -(-n_tokens // most)  # no more chunks than needed

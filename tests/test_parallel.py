@@ -268,3 +268,15 @@ def test_activation_checkpointing_on_one_device(mode, reference, tmp_path):
     assert launch(None, [*RUN, "--parallel.activation_checkpointing", mode], tmp_path / "run", resume=False) == 0
     assert losses(tmp_path / "run") == losses(reference)
     assert max_difference(final_weights(tmp_path / "run"), final_weights(reference)) == 0.0
+
+
+def test_fsdp_bf16_keeps_the_residual_stream_and_the_output_gradient_in_fp32(tmp_path):
+    """FSDP2 gathers bf16 weights; the residual stream between blocks stays fp32 (block inputs are not cast), and
+    the output weight's gradient adds up its chunks in fp32, is rounded once to bf16 per micro-step (the gathered
+    weight's dtype) and accumulates in fp32: within two bf16 roundings of one process's fp32-master gradient."""
+    result, _ = torchrun([str(tmp_path / "fsdp.json")], tmp_path, script=TESTS / "parallel_fsdp_precision.py")
+    assert result.returncode == 0, result.stderr[-6000:]
+    report = json.loads((tmp_path / "fsdp.json").read_text())
+    assert report["block_dtypes"] == ["torch.float32"], report
+    assert report["output_grad_dtype"] == "torch.float32", report
+    assert report["output_vs_one_process"] <= 2 * 2**-8 * report["output_largest"], report

@@ -12,6 +12,8 @@ import os
 import psutil
 import torch
 
+from dlx.errors import UserError
+
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -46,6 +48,19 @@ def prefer_expandable_segments() -> str:
             return f"{name}={os.environ[name]}"
     os.environ[ALLOC_CONF_VARIABLES[0]] = EXPANDABLE_SEGMENTS
     return f"{ALLOC_CONF_VARIABLES[0]}={EXPANDABLE_SEGMENTS}"
+
+
+def training_device(name: str, local_rank: int, world_size: int, key: str) -> torch.device:
+    """The device a training process (`dlx pretrain`, `dlx bench`) computes on, set up before its first CUDA
+    allocation: expandable segments (unless the user chose), then `resolve_device`. Under torchrun an explicit
+    `cuda:N` is refused in one line (`key` names the setting): it would put every rank on GPU N, where NCCL fails."""
+    if world_size > 1 and name.startswith("cuda:"):
+        raise UserError(
+            f"{key} {name} under torchrun would put all {world_size} ranks on one GPU; set {key} cuda (or auto): "
+            "each rank takes the GPU of its LOCAL_RANK"
+        )
+    prefer_expandable_segments()
+    return resolve_device(name, local_rank)
 
 
 def synchronize(device: torch.device) -> None:
@@ -143,6 +158,17 @@ def supports_native_bf16(device: torch.device) -> bool:
         return torch.cuda.is_bf16_supported()
     flags = _cpu_flags()
     return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def float8_capability(device: torch.device) -> str | None:
+    """None where float8 matmuls run (CUDA compute capability 8.9 or later: Ada, Hopper, Blackwell), else what the
+    device is, in words."""
+    if device.type != "cuda":
+        return f"{device.type} has no float8 matmuls"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        return f"{torch.cuda.get_device_name(device)} is compute capability {major}.{minor}; float8 needs 8.9 or later"
+    return None
 
 
 def _cpu_flags() -> set[str]:

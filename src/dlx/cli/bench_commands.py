@@ -49,7 +49,7 @@ def bench(
     from dlx.bench.command import run_bench
     from dlx.bench.points import BenchSetup, expand_points, parse_positive_ints, parse_precisions
     from dlx.data import SYNTHETIC
-    from dlx.device import prefer_expandable_segments, resolve_device
+    from dlx.device import training_device
     from dlx.errors import UserError
     from dlx.parallel.distributed import env_from_torchrun
     from dlx.parallel.traits import STRATEGY_TRAITS
@@ -60,9 +60,9 @@ def bench(
     benched = [name for name, traits in STRATEGY_TRAITS.items() if traits.benched]
     if strategy not in benched or tp < 1:
         raise UserError(f"--strategy must be {', '.join(benched)} and --tp at least 1, got {strategy!r} and {tp}")
-    prefer_expandable_segments()  # before the first CUDA allocation
-    world_size = env_from_torchrun().world_size
-    torch_device = resolve_device(device, env_from_torchrun().local_rank)
+    launched = env_from_torchrun()
+    world_size = launched.world_size
+    torch_device = training_device(device, launched.local_rank, world_size, "--device")
     seq_lens = parse_positive_ints("--seq-len", seq_len)
     precisions = parse_precisions(precision, resolve_precision("auto", torch_device))
     if document_mask and data == SYNTHETIC:

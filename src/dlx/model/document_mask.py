@@ -65,13 +65,16 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Do
     """q (B, H, T, D), k and v (B, H_kv, T, D) with H a multiple of H_kv → (B, H, T, D)."""
     gqa = q.shape[1] != k.shape[1]
     if isinstance(mask, BlockMask):
-        attend = _compiled(flex_attention) if q.device.type == "cuda" else flex_attention
-        return attend(q, k, v, block_mask=mask, enable_gqa=gqa)
+        if torch.compiler.is_compiling() or q.device.type != "cuda":  # inside a compiled block: traced into its graph
+            return flex_attention(q, k, v, block_mask=mask, enable_gqa=gqa)
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):  # an error, never eager's unfused kernel
+            return _compiled(flex_attention)(q, k, v, block_mask=mask, enable_gqa=gqa)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
 @functools.cache
 def _compiled(function):
     """flex_attention and create_block_mask are fused kernels only when compiled (torch.compile inlines them when the
-    model is compiled too)."""
-    return torch.compile(function, dynamic=False)
+    model is compiled too). A new batch's mask is a new closure over new ids of the same shape: no recompile
+    (tests/test_compile.py)."""
+    return torch.compile(function, dynamic=False, fullgraph=True)

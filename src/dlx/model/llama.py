@@ -3,10 +3,12 @@
 Module and parameter names follow Meta's reference code (`tok_embeddings`, `layers.N.attention.wq`, ...). The model
 knows nothing of devices, precision or parallelism: those are applied from outside (see `dlx.train`).
 
-Under autocast the residual stream stays fp32 and each RMSNorm hands the next matmuls its output once in the compute
-dtype (bf16/fp16), where autocast would cast the same fp32 activation once per matmul (q, k, v; w1, w3). RoPE then
-rotates q and k in that dtype with tables cast once per forward: against the rotation in fp32 rounded to bf16 it
-differs by at most 2 · 2⁻⁷ · max|x| over each head vector (measured 1.33 at seq 2048; tests/test_model_perf.py).
+Under autocast the residual stream stays fp32 (under FSDP2 too, whose gathered weights are bf16: the embedding's
+output is made fp32 and dlx.parallel.wrap leaves block inputs uncast) and each RMSNorm hands the next matmuls its
+output once in the compute dtype (bf16/fp16), where autocast would cast the same fp32 activation once per matmul
+(q, k, v; w1, w3). RoPE then rotates q and k in that dtype with tables cast once per forward: against the
+rotation in fp32 rounded to bf16 it differs by at most 2 · 2⁻⁷ · max|x| over each head vector (measured 1.33 at
+seq 2048; tests/test_model_perf.py).
 """
 
 from __future__ import annotations
@@ -218,6 +220,8 @@ class Transformer(nn.Module):
             positions = positions_in_documents(document_ids)  # (B, T)
             cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, head_dim)
         h = self.tok_embeddings(tokens)  # (B, T, dim)
+        if torch.is_autocast_enabled(h.device.type):
+            h = h.float()  # the residual stream in fp32, also where FSDP2 gathered the embedding in bf16
         cos, sin = cos.to(compute_dtype(h)), sin.to(compute_dtype(h))  # cast once per forward, not per layer
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, caches[i] if caches is not None else None, start_pos, mask)

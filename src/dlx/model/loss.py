@@ -23,6 +23,7 @@ Gradient per token of (ce + c · z) with respect to its logits, N counted tokens
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -54,8 +55,9 @@ def chunk_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tenso
 def chunk_loss_and_grad(
     logits: torch.Tensor, targets: torch.Tensor, z_loss: float, scale: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`chunk_loss`, and d((Σ ce + z_loss · Σ lse²) · scale) / d logits (n, V) in the logits' dtype. The softmax is
-    made in place of the fp32 log-softmax: one fp32 chunk at a time in eager."""
+    """`chunk_loss`, and d((Σ ce + z_loss · Σ lse²) · scale) / d logits (n, V) in the logits' dtype (computed in fp32,
+    one cast at the end: `scale` must keep its elements inside that dtype's range, see `gradient_lift`). The softmax
+    is made in place of the fp32 log-softmax: one fp32 chunk at a time in eager."""
     ce_sum, z_sum, log_probs, lse = _log_softmax_terms(logits, targets)
     counted = targets != IGNORE_INDEX
     row_scale = torch.where(counted, scale * (1 + 2 * z_loss * lse), 0.0)  # (n,)
@@ -85,40 +87,72 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, z_loss, chunk_tokens, math):  # type: ignore[override]
         weight_c = weight.to(hidden.dtype)  # one cast of the output weight per forward, as autocast caches it
-        scale = 1.0 / (targets != IGNORE_INDEX).sum().clamp(min=1).float()  # 1 / counted tokens, on the device
+        counted = (targets != IGNORE_INDEX).sum().clamp(min=1).float()  # on the device
+        scale, lift = 1.0 / counted, gradient_lift(counted)
         grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        # fp32 whatever the weight's dtype (FSDP2 hands its unsharded bf16 copy): chunks add up without rounding
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
         ce_sum = z_sum = hidden.new_zeros((), dtype=torch.float32)
         with torch.autocast(hidden.device.type, enabled=False):  # the dtypes below are chosen, not autocast's
             for start in range(0, hidden.shape[0], chunk_tokens):
                 h = hidden[start : start + chunk_tokens]  # (n, D)
                 logits = h @ weight_c.t()  # (n, V)
-                ce, z, grad_logits = math(logits, targets[start : start + chunk_tokens], z_loss, scale)
+                ce, z, grad_logits = math(logits, targets[start : start + chunk_tokens], z_loss, scale * lift)
                 del logits
                 ce_sum, z_sum = ce_sum + ce, z_sum + z
                 torch.mm(grad_logits, weight_c, out=grad_hidden[start : start + chunk_tokens])  # (n, D)
                 if grad_weight is not None:
-                    _accumulate(grad_weight, grad_logits.t(), h)  # (V, D)
-        ctx.save_for_backward(grad_hidden, grad_weight)
+                    accumulate_fp32(grad_weight, grad_logits.t(), h)  # (V, D)
+        ctx.save_for_backward(grad_hidden, grad_weight, lift)
         ce, z = ce_sum * scale, z_sum * scale
         ctx.mark_non_differentiable(ce, z)
         return ce + z_loss * z, ce, z
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_ce, _grad_z):  # type: ignore[override]
-        grad_hidden, grad_weight = ctx.saved_tensors  # backward runs once: scaled in place
-        grad_hidden = grad_hidden.mul_(grad_loss.to(grad_hidden.dtype))
+        grad_hidden, grad_weight, lift = ctx.saved_tensors  # backward runs once: scaled in place
+        unlift = grad_loss.float() / lift  # a power of two times the incoming scale: exact
+        grad_hidden = grad_hidden.mul_(unlift)
         if grad_weight is not None:
-            grad_weight = grad_weight.mul_(grad_loss)
+            grad_weight = grad_weight.mul_(unlift)  # autograd casts it to the weight's dtype when that is narrower
         return grad_hidden, grad_weight, None, None, None, None
 
 
-def _accumulate(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """total += a @ b; in total's dtype (fp32 for fp32 master weights) when the product is in a narrower one."""
+def gradient_lift(counted: torch.Tensor) -> torch.Tensor:
+    """The power of two nearest the counted tokens N. The per-chunk gradient is made as d(mean loss)/d logits × lift,
+    elements of order 1 rather than ≤ 1/N, before its cast to the compute dtype: in fp16 the plain 1/N-sized values
+    (7e-9 at vocab 32k, N 4k) flush to zero before the loss scaler's factor arrives in backward. Multiplying by a
+    power of two changes no mantissa, so bf16 and fp32 gradients are bit for bit what they are without it."""
+    return torch.exp2(torch.log2(counted).round())
+
+
+def accumulate_fp32(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """total (fp32) += a @ b, one GEMM that accumulates into total. a and b in a narrower compute dtype: on CUDA
+    cuBLAS multiplies them and adds into fp32 (`addmm` with `out_dtype`), no narrow product is stored and no second
+    pass adds it. Where this torch refuses an fp32 accumulator, a bf16 product then the add (bf16's range holds any
+    product; fp16's may not, so fp16 takes the product in fp32, as elsewhere: the same sums, the inputs exact)."""
+    cuda = total.device.type == "cuda"
     if a.dtype == total.dtype:
         total.addmm_(a, b)
-    else:
+    elif cuda and cuda_addmm_into_fp32(total.device):
+        torch.addmm(total, a, b, out_dtype=total.dtype, out=total)
+    elif cuda and a.dtype == torch.bfloat16:
         total.add_(a @ b)
+    else:
+        total.addmm_(a.float(), b.float())
+
+
+@functools.cache
+def cuda_addmm_into_fp32(device: torch.device) -> bool:
+    """Whether this torch's CUDA `addmm` adds bf16 products into an fp32 tensor in place (`out_dtype`; some versions
+    require the added tensor in the inputs' dtype). Tried once per device on 16 × 16 ones."""
+    total = torch.zeros(16, 16, device=device)
+    ones = torch.ones(16, 16, device=device, dtype=torch.bfloat16)
+    try:
+        torch.addmm(total, ones, ones, out_dtype=torch.float32, out=total)
+    except (RuntimeError, TypeError):
+        return False
+    return bool((total == 16).all())
 
 
 def chunked_loss_no_grad(
@@ -148,6 +182,14 @@ def whole_logits_loss(logits: torch.Tensor, targets: torch.Tensor, z_loss: float
     return LossParts(ce + z_loss * z, ce.detach(), z.detach())
 
 
+def balanced_chunk(n_tokens: int, most: int) -> int:
+    """Tokens per chunk: as few chunks as `most` allows, as equal as can be, so that where they divide n_tokens (16,384
+    tokens at a 128,256 vocabulary: 8 chunks of 2,048) every chunk has one shape and the compiled chunk math compiles
+    once, with no shorter last chunk to recompile for."""
+    n_chunks = -(-n_tokens // most)
+    return -(-n_tokens // n_chunks)
+
+
 class OutputLoss:
     """How a model turns its last hidden states into the loss; `Transformer.loss_fn`, set from outside
     (`torch.compile` of the blocks also compiles the chunk math)."""
@@ -169,7 +211,7 @@ class OutputLoss:
         if not self.chunked:
             return whole_logits_loss(output(hidden), targets, z_loss)
         flat_hidden, flat_targets = hidden.flatten(0, 1), targets.flatten()  # (N, D), (N,)
-        chunk_tokens = max(1, self.chunk_logits // output.weight.shape[0])
+        chunk_tokens = balanced_chunk(flat_targets.shape[0], max(1, self.chunk_logits // output.weight.shape[0]))
         if torch.is_grad_enabled() and (hidden.requires_grad or output.weight.requires_grad):
             return LossParts(
                 *_ChunkedLinearCrossEntropy.apply(

@@ -119,6 +119,15 @@ def main_decides(fn: Callable[[], T]) -> T:
     return value
 
 
+def gather_to_main(value: T) -> list[T] | None:
+    """Every rank's `value` (picklable), in rank order, on rank 0; None on the others. [value] in one process."""
+    if not group_active() or dist.get_world_size() == 1:
+        return [value]
+    gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(value, gathered, dst=0)
+    return gathered
+
+
 def barrier() -> None:
     """Every rank waits here for the others (a no-op in one process)."""
     if group_active() and dist.get_world_size() > 1:

@@ -38,18 +38,22 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
 
 
 def apply_compile(model: nn.Module) -> None:
-    """Each block, and the loss's per-chunk math (its matmuls are cuBLAS calls either way)."""
+    """Each block as one graph (`fullgraph=True`: a graph break is an error, not a silent split into eager pieces),
+    and the loss's per-chunk math (its matmuls are cuBLAS calls either way)."""
     for block in model.layers:
-        block.compile()
+        block.compile(fullgraph=True)
     model.loss_fn.compile()
 
 
 def apply_fsdp(model: nn.Module, precision: str, reshard_after_forward: bool, mesh: Any = None) -> None:
-    """FSDP2 per block and at the root, over `mesh` (its data-parallel dimensions) or, without one, the whole world."""
+    """FSDP2 per block and at the root, over `mesh` (its data-parallel dimensions) or, without one, the whole world.
+    Weights are gathered in the compute dtype, gradients reduced and accumulated in fp32 (sharded, and unsharded
+    across micro-steps without sync). Block inputs are not cast (`cast_forward_inputs=False`): the residual stream
+    stays fp32 between blocks, as without FSDP (dlx.model.llama); autocast casts each matmul's input."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     param_dtype = PRECISION_DTYPES[precision]
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
     dp_mesh = data_parallel_mesh(mesh) if mesh is not None else None
     for block in model.layers:
         fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)

@@ -4,8 +4,8 @@
         model.safetensors     the whole model's weights (safetensors: loading runs no code); always in the "full"
                               format, in sharded ones as checkpoint.full_weights says (every, last, never)
         model_args.json       the model shape; with the weights, a model folder `dlx export-hf` and `load_model` read
-        train_state.pt        scheduler, fp16 loss scaler, RNG states and (one process, DDP) the optimizer state:
-                              tensors and plain data only, read back with torch.load(weights_only=True)
+        train_state.pt        scheduler, fp16 loss scaler, every rank's RNG states and (one process, DDP) the optimizer
+                              state: tensors and plain data only, read back with torch.load(weights_only=True)
         dcp/                  FSDP, any tp > 1: model and optimizer shards, PyTorch Distributed Checkpoint (reshards
                               on load; `dlx export-hf` reads the whole weights from it)
         deepspeed/            DeepSpeed: the engine's own ZeRO checkpoint
@@ -44,7 +44,7 @@ from dlx.model.args import ModelArgs
 from dlx.model.io import ARGS_FILE, WEIGHTS_FILE, empty_model, load_model, write_weight_dict
 from dlx.model.llama import Transformer
 from dlx.parallel import dcp
-from dlx.parallel.distributed import any_rank, main_decides
+from dlx.parallel.distributed import any_rank, gather_to_main, main_decides
 from dlx.parallel.strategy import DCP_FOLDER, Strategy, check_format
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -249,6 +249,7 @@ def _write_parts(
 ) -> Future | None:
     """Every rank: its shards (DCP, DeepSpeed); rank 0: the whole weights (when asked) and train_state.pt."""
     weights = strategy.full_weights() if full_weights else None  # a collective when sharded
+    rng_states = gather_to_main(rng_state())  # a collective: each rank's generators (its own GPU's) are its own
     future = strategy.save_sharded(tmp, background)
     if not strategy.env.is_main:
         return future
@@ -262,7 +263,8 @@ def _write_parts(
             "optimizer": strategy.optimizer_state(),
             "scheduler": _scheduler_state(scheduler),
             "scaler": scaler.state_dict() if scaler is not None else None,
-            "rng": rng_state(),
+            "rng": rng_states[0],
+            "rng_ranks": rng_states,
         },
         tmp / OPTIMIZER_STATE_FILE,
     )
@@ -411,8 +413,15 @@ def apply_checkpoint(
     scheduler.load_state_dict(loaded.train_state["scheduler"])
     if scaler is not None and loaded.train_state.get("scaler"):
         scaler.load_state_dict(loaded.train_state["scaler"])
-    set_rng_state(loaded.train_state["rng"], say)
+    set_rng_state(own_rng_state(loaded.train_state, strategy.env.rank), say)
     return loaded.state
+
+
+def own_rng_state(train_state: dict[str, Any], rank: int) -> dict[str, Any]:
+    """This rank's saved generators (`rng_ranks`, one entry per rank); rank 0's (`rng`) where the checkpoint holds
+    none for this rank: written by fewer ranks, or before every rank's were saved."""
+    states = train_state.get("rng_ranks") or []
+    return states[rank] if rank < len(states) else train_state["rng"]
 
 
 def load_checkpoint_model(folder: Path, device: str | torch.device = "cpu") -> Transformer:

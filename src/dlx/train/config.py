@@ -174,6 +174,10 @@ class TrainSection(BaseModel):
     """Seeds the weights, the data order and every random generator."""
     compile: bool = False
     """Wrap the model in torch.compile (needs a C++ compiler on CPU)."""
+    float8: bool = False
+    """Blocks' linear layers compute in float8 through torchao (dlx[float8]; CUDA capability ≥ 8.9, precision bf16)."""
+    float8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
+    """train.float8's scaling: one factor per tensor (faster) or per row (more accurate); torchao's recipes."""
     nan_policy: Literal["stop", "skip"] = "stop"
     """On a NaN/inf loss: `stop` (naming the step and the last good checkpoint) or `skip` the batch's update."""
 
@@ -316,6 +320,13 @@ class RunConfig(BaseModel):
         if not strategy.trains_fp16 and train.precision == "fp16":
             raise ValueError(
                 f"parallel.strategy {strategy.name} trains in bf16 or fp32; set train.precision bf16 (or fp32)"
+            )
+        if train.float8 and (
+            train.precision in ("fp16", "fp32") or strategy.name == "deepspeed" or self.parallel.tp > 1
+        ):
+            raise ValueError(
+                "train.float8 runs with train.precision bf16 (or auto), parallel.strategy none, ddp or fsdp and "
+                "parallel.tp 1; set train.float8 false or change those"
             )
         self._check_tensor_parallel()
 

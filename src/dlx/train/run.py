@@ -21,6 +21,7 @@ from dlx.metrics.timing import PhaseTimer
 from dlx.model.llama import Transformer
 from dlx.parallel.build import StepShape, build_strategy, check_strategy_installed
 from dlx.parallel.distributed import DistEnv, any_rank, main_decides
+from dlx.parallel.float8 import apply_float8, check_float8_installed
 from dlx.parallel.materialize import ShardFiller, materialize
 from dlx.parallel.strategy import Strategy
 from dlx.parallel.tensor import check_layout
@@ -226,6 +227,8 @@ def build_run_strategy(
     def make_optimizer(wrapped: nn.Module) -> torch.optim.Optimizer:
         return build_optimizer(wrapped, config.train, device)
 
+    if config.train.float8:  # before any other wrapping
+        apply_float8(model, config.train.float8_recipe, device)
     seed = config.train.seed
     return build_strategy(
         model, config.parallel, config.train.compile, device, env, precision, make_optimizer, shape, seed, fill
@@ -243,6 +246,8 @@ def resolve_run_dir(config: RunConfig, name: str, run_dir: Path | None, resume: 
 def check_optional_features(config: RunConfig) -> None:
     check_strategy_installed(config.parallel)
     check_wandb_installed(config)
+    if config.train.float8:
+        check_float8_installed()
     if config.log.tensorboard:
         try:
             import torch.utils.tensorboard  # noqa: F401

@@ -72,7 +72,8 @@ def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, 
     from dlx.train.run import check_optional_features
 
     check_optional_features(config)
-    device = dev.resolve_device(config.train.device, distributed.env_from_torchrun().local_rank)
+    launched = distributed.env_from_torchrun()
+    device = dev.training_device(config.train.device, launched.local_rank, launched.world_size, "train.device")
     needs_group = STRATEGY_TRAITS[config.parallel.strategy].always_grouped
     env = distributed.init_distributed(device, needs_group, config.parallel.timeout_s, config.parallel.tp)
     every_rank_ends = False

@@ -1,0 +1,274 @@
+"""The second device session in one call: is `dlx pretrain` itself at 60 % MFU, and against what? Side by side in one
+run on one GPU: the ceilings (a large bf16 matmul, every GEMM of one llama3.2-1b step at its real shape, the attention
+kernels, the AdamW floor), `dlx pretrain` llama3.2-1b bf16 seq 2048 micro-batch 8 compiled for 30 steps with
+TORCH_LOGS=graph_breaks,recompiles, a bare PyTorch loop on the same model and batch, the same run in float8
+(torchao, tensorwise), HF LlamaForCausalLM compiled on the same shape, and the seed's table row (fp32, micro-batch 16,
+seq 1024, activation checkpointing) for HF Trainer and dlx with `dlx plan`'s estimate. It prints a table against the
+targets and writes it into --out ($OUT).
+
+On a lent device machine (its own torch, no network, only what is under $OUT comes back), from the repository root:
+
+    run(command="DLX_GIT_SHA=<sha> python3 benchmarks/gpu/next_contact.py", carry=["benchmarks/gpu/wheels"],
+        timeout_s=600)
+
+benchmarks/gpu/wheels must then hold, beside dlx's own (offline_deps.py download), torchao for the float8 step (the
+H200 image of 2026-12-04 had torch 2.11, transformers 5.17 and accelerate 1.15, no torchao; torchao 0.18 needs torch
+>= 2.11, 3.4 MB, its kernels are torch's and Triton's): `.venv/bin/python -m pip download --no-deps
+--only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 --dest benchmarks/gpu/wheels
+torchao==0.18.0`. A step whose imports fail says so in its last line and the others run. Each step
+has its own time limit (STEPS, 570 s in all), so that one that hangs cannot eat the others'. Files brought back
+(at most 8): results.json (every step's status and figures), table.md, steps.log, summary.txt, the two pretrain
+runs' metrics.jsonl.
+
+`--dry-run` runs every step on the CPU with the debug model, no compile, in seconds: the same code paths (float8 is
+then refused in one line, as on any device without it). `--only a,b` reruns chosen steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE)]
+import offline_deps  # noqa: E402
+import run_gpu_bench  # noqa: E402  (puts src/ and benchmarks/ on sys.path)
+
+ROOT = run_gpu_bench.ROOT
+TARGETS = {"mfu": 0.60, "bare": 0.98, "hf": 1.15, "float8": 1.10, "float8_loss": 0.02, "plan": 0.15}
+TORCH_LOGS = "graph_breaks,recompiles"
+SEED_ROW = "the seed's row (its A100: HF Trainer 8.9 s/it, 42.73 GB)"
+
+
+def pretrain_args(dry: bool, seed_row: bool = False) -> list[str]:
+    """`dlx pretrain` overrides: the 1B bf16 compiled run, or the seed's fp32 row; the debug model when dry."""
+    model, seq, batch, steps = ("debug", 32, 2, 3) if dry else ("llama3.2-1b", 2048, 8, 30)
+    precision, every, compiled = "bf16", 1 if dry else 10, not dry
+    if seed_row:
+        seq, batch, steps, precision, every, compiled = (32 if dry else 1024), 16, (2 if dry else 5), "fp32", 1, False
+    argv = ["--model.preset", model, "--model.max_seq_len", str(seq), "--data.seq_len", str(seq)]
+    argv += ["--data.micro_batch_size", str(batch), "--train.precision", precision, "--train.max_steps", str(steps)]
+    argv += ["--train.compile", str(compiled).lower(), "--log.every", str(every), "--log.progress", "false"]
+    argv += ["--train.warmup_ratio", "0", "--checkpoint.keep_last", "1"]
+    if seed_row:
+        argv += ["--parallel.activation_checkpointing", "full"]
+    return argv
+
+
+DRY_STEP_S = 180
+"""A dry run's limit per step: a CPU shared with other work starts a Python with torch in seconds to a minute."""
+
+
+def steps(work: Path, dry: bool) -> list[tuple[str, list[str], float]]:
+    """(name, argv, seconds allowed) in the order they run; the most wanted figures first."""
+    python, shape = sys.executable, "dry" if dry else "gpu"
+    worker = [python, str(HERE / "next_steps.py")]
+    pretrain = [python, "-m", "dlx", "pretrain", "--run-dir"]
+    plan = [python, "-m", "dlx", "plan", "debug" if dry else "llama3.2-1b", "--seq-len", "32" if dry else "1024"]
+    plan += ["--micro-batch", "16", "--precision", "fp32", "--activation-checkpointing", "full", "--json"]
+    chosen = [
+        ("ceilings", [*worker, "ceilings", shape, str(work / "ceilings.json")], 45),
+        ("pretrain-bf16", [*pretrain, str(work / "bf16"), *pretrain_args(dry)], 135),
+        ("bare", [*worker, "bare", shape, str(work / "bare.json")], 65),
+        ("pretrain-float8", [*pretrain, str(work / "float8"), *pretrain_args(dry), "--train.float8", "true"], 110),
+        ("hf-compiled", [*worker, "hf-compiled", shape, str(work / "hf-compiled.json")], 80),
+        ("seed-dlx", [*pretrain, str(work / "seed-dlx"), *pretrain_args(dry, seed_row=True)], 70),
+        ("seed-hf", [*worker, "seed-hf", shape, str(work / "seed-hf.json")], 55),
+        ("plan", plan, 10),
+    ]
+    return [(name, argv, DRY_STEP_S if dry else seconds) for name, argv, seconds in chosen]
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def pretrain_figures(run: Path, log_text: str) -> dict:
+    """MFU per window, tokens/s after the first window (compile), the last loss, and what Dynamo logged."""
+    rows = records(run)
+    steady = rows[1:] or rows
+    return {
+        "mfu_windows": [r["mfu"] for r in rows],
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
+        "peak_mem_gb": max(r["peak_mem_gb"] for r in rows),
+        "it_per_s": 1 / statistics.median(r["step_s"] for r in steady),
+        "loss": rows[-1]["loss"],
+        "step": rows[-1]["step"],
+        "graph_breaks": log_text.count("Graph break"),
+        "recompiles": log_text.count("Recompiling function"),
+    }
+
+
+def figures(name: str, work: Path, log_text: str) -> dict:
+    """What a finished step measured, read from what it wrote."""
+    if name in ("pretrain-bf16", "pretrain-float8", "seed-dlx"):
+        return pretrain_figures(work / name.removeprefix("pretrain-"), log_text)
+    if name == "plan":
+        return json.loads(log_text[log_text.rindex("\n{") :])
+    return json.loads((work / f"{name}.json").read_text())
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def verdict(value: float | None, met: bool) -> str:
+    return "not measured" if value is None else ("met" if met else "MISSED")
+
+
+def target_rows(results: dict) -> list[tuple[str, str, str, str]]:
+    """(measure, value, target, verdict) for every target of the run."""
+    figure = {name: step.get("figures", {}) for name, step in results.items()}
+    bf16, float8 = figure.get("pretrain-bf16", {}), figure.get("pretrain-float8", {})
+    seed_dlx, seed_hf, plan = figure.get("seed-dlx", {}), figure.get("seed-hf", {}), figure.get("plan", {})
+    windows = (bf16.get("mfu_windows") or [])[1:]  # the first window holds the compilation
+    low = min((w for w in windows if w is not None), default=None)
+    bare = ratio(bf16.get("tokens_per_s"), figure.get("bare", {}).get("tokens_per_s"))
+    hf = ratio(bf16.get("tokens_per_s"), figure.get("hf-compiled", {}).get("tokens_per_s"))
+    speedup = ratio(float8.get("tokens_per_s"), bf16.get("tokens_per_s"))
+    loss_gap = abs(ratio(float8.get("loss"), bf16.get("loss")) - 1) if float8.get("loss") and bf16.get("loss") else None
+    plan_gap = abs(ratio(plan.get("total_gb"), seed_dlx.get("peak_mem_gb")) - 1) if plan and seed_dlx else None
+    peaks = (seed_dlx.get("peak_mem_gb"), seed_hf.get("peak_mem_gb"))
+
+    def shown(value: float | None, form: str) -> str:
+        return "—" if value is None else format(value, form)
+
+    graph = (bf16.get("graph_breaks"), bf16.get("recompiles"))
+    return [
+        (
+            "dlx pretrain MFU, lowest 10-step window after the first",
+            shown(low, ".1%"),
+            "≥ 60 %",
+            verdict(low, (low or 0) >= 0.6),
+        ),
+        (
+            "graph breaks / recompiles logged",
+            "—" if None in graph else f"{graph[0]} / {graph[1]}",
+            "0 / 0 after step 1",
+            verdict(graph[0], graph == (0, 0)),
+        ),
+        ("dlx ÷ bare loop, tokens/s", shown(bare, ".3f"), "≥ 0.98", verdict(bare, (bare or 0) >= 0.98)),
+        ("dlx ÷ HF compiled, tokens/s", shown(hf, ".3f"), "≥ 1.15", verdict(hf, (hf or 0) >= 1.15)),
+        ("float8 ÷ bf16, tokens/s", shown(speedup, ".3f"), "≥ 1.10", verdict(speedup, (speedup or 0) >= 1.10)),
+        (
+            "float8 loss vs bf16 at the last step",
+            shown(loss_gap, ".2%"),
+            "within 2 %",
+            verdict(loss_gap, loss_gap is not None and loss_gap <= 0.02),
+        ),
+        (
+            "seed row peak GB, dlx / HF Trainer",
+            "—" if None in peaks else f"{peaks[0]:.2f} / {peaks[1]:.2f}",
+            "dlx below HF",
+            verdict(peaks[0], None not in peaks and peaks[0] < peaks[1]),
+        ),
+        (
+            "seed row it/s, dlx / HF Trainer",
+            f"{shown(seed_dlx.get('it_per_s'), '.3f')} / {shown(seed_hf.get('it_per_s'), '.3f')}",
+            SEED_ROW,
+            "",
+        ),
+        (
+            "dlx plan vs dlx's measured peak",
+            shown(plan_gap, ".1%"),
+            "within 15 %",
+            verdict(plan_gap, plan_gap is not None and plan_gap <= 0.15),
+        ),
+    ]
+
+
+def accumulation_line(figures: dict) -> str:
+    return (
+        f"- the loss's output-weight gradient over {figures['chunks']} chunks: "
+        f"{'one GEMM into fp32' if figures.get('one_gemm') else 'the fp32 path this torch allows'} "
+        f"{figures['fused_ms']:.1f} ms, product then add {figures['separate_ms']:.1f} ms; they differ by "
+        f"{figures['relative_difference']:.2g} of the largest element (bf16 rounding ≤ 2⁻⁸)"
+    )
+
+
+def table(results: dict) -> list[str]:
+    lines = ["| measure | value | target | verdict |", "|---|---|---|---|"]
+    lines += [f"| {' | '.join(row)} |" for row in target_rows(results)]
+    ceilings = results.get("ceilings", {}).get("figures")
+    if ceilings:
+        lines += [
+            "",
+            f"- matmul {ceilings['matmul_side']}³: {ceilings['matmul_tflops']:.4g} TFLOPS",
+            f"- {ceilings['attention']}",
+            f"- AdamW floor: {ceilings['adamw_floor_s'] * 1e3:.1f} ms for {ceilings['adamw_params']:,} params",
+            accumulation_line(ceilings["loss_accumulation"]),
+            "",
+            "| GEMM | M | N | K | TFLOPS |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [f"| {g['gemm']} | {g['m']} | {g['n']} | {g['k']} | {g['tflops']:.4g} |" for g in ceilings["gemms"]]
+    lines += ["", "| step | status | seconds |", "|---|---|---|"]
+    lines += [f"| {name} | {step['status']} | {step['seconds']:.0f} |" for name, step in results.items()]
+    return lines
+
+
+def run_steps(work: Path, chosen: list[str], out: Path, dry: bool) -> int:
+    deps = work / "deps"
+    if not dry:
+        offline_deps.unpack_missing(offline_deps.WHEELS, deps)
+    env = {**run_gpu_bench.child_env(deps if not dry else None), "TORCH_LOGS": TORCH_LOGS}
+    results: dict[str, dict] = {}
+    for name, argv, seconds in steps(work, dry):
+        if name not in chosen:
+            continue
+        log_path = work / f"{name}.log"
+        start = time.monotonic()
+        with open(log_path, "w") as log:
+            status = run_gpu_bench.run_within(argv, env, seconds, log)
+        step = {"status": status, "seconds": time.monotonic() - start, "command": argv}
+        try:
+            step["figures"] = figures(name, work, log_path.read_text()) if status == "ok" else {}
+        except (OSError, KeyError, ValueError) as error:
+            step["figures"], step["status"] = {}, f"{status}, no figures ({error})"
+        if status != "ok":
+            step["last_line"] = (log_path.read_text().strip().splitlines() or [""])[-1][:300]
+        results[name] = step
+        print(f"{name}: {step['status']} in {step['seconds']:.0f} s", flush=True)
+    collect(work, out, results)
+    return 0
+
+
+def collect(work: Path, out: Path, results: dict) -> None:
+    """At most 8 files into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    lines = table(results)
+    print("\n".join(lines))
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    logs = sorted(work.glob("*.log"))
+    (out / "steps.log").write_text("".join(f"===== {p.stem}\n{p.read_text()}\n" for p in logs))
+    summary = [f"{name}: {step['status']} in {step['seconds']:.0f} s" for name, step in results.items()]
+    (out / "summary.txt").write_text("\n".join(summary) + "\n")
+    for run in ("bf16", "float8"):
+        if (work / run / "metrics.jsonl").is_file():
+            shutil.copy(work / run / "metrics.jsonl", out / f"metrics-{run}.jsonl")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="every step on the CPU with the debug model")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "runs/next-contact")))
+    parser.add_argument("--only", help="comma-separated step names to run (a rerun of those that failed)")
+    args = parser.parse_args(argv)
+    names = [name for name, _, _ in steps(Path("WORK"), args.dry_run)]
+    chosen = [name for name in names if not args.only or name in args.only.split(",")]
+    if not chosen:
+        return run_gpu_bench.fail(f"--only names no step; choose from {', '.join(names)}")
+    with tempfile.TemporaryDirectory(prefix="dlx-next-contact-") as tmp:
+        return run_steps(Path(tmp), chosen, args.out, args.dry_run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
