@@ -15,6 +15,7 @@ import torch
 
 from conftest import counting_dataset
 from dlx.data.loader import TokenLoader, document_positions
+from dlx.data.source import LoaderSettings
 from dlx.errors import UserError
 
 SEQ = 8
@@ -26,9 +27,9 @@ def dataset(tmp_path: Path) -> Path:
     return counting_dataset(tmp_path / "data", {"train": [300, 1, 450, 249], "val": [200]})
 
 
-def loader(folder: Path, **kwargs) -> TokenLoader:
+def loader(folder: Path, split: str = "train", loop: bool = True, **kwargs) -> TokenLoader:
     options = {"seq_len": SEQ, "micro_batch_size": 4, "num_workers": 0, **kwargs}
-    return TokenLoader(folder, **options)
+    return TokenLoader(folder, LoaderSettings(**options), split, loop)
 
 
 def window_ids(inputs: torch.Tensor) -> list[int]:

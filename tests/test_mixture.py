@@ -20,6 +20,7 @@ from conftest import write_dataset
 from dlx.data.mixture import MixtureLoader
 from dlx.data.mixture.order import MixOrder, MixWindows, SourcePattern, quotas
 from dlx.data.mixture.sources import mix_sources, parse_mix
+from dlx.data.source import LoaderSettings
 from dlx.errors import UserError
 
 SEQ = 8
@@ -43,7 +44,7 @@ def sources(tmp_path: Path) -> dict[str, float]:
 
 def mixture(mix: dict[str, float], **kwargs) -> MixtureLoader:
     options = {"seq_len": SEQ, "micro_batch_size": 4, "num_workers": 0, **kwargs}
-    return MixtureLoader(mix_sources(mix), **options)
+    return MixtureLoader(mix_sources(mix), LoaderSettings(**options))
 
 
 def rows(inputs: torch.Tensor) -> list[tuple[str, int]]:
