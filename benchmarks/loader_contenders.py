@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 from dlx.data.loader.loader import TokenLoader, open_split
 from dlx.data.loader.order import Cursor, EpochWindows, Order, advance, make_state, read_state, schedule, settle
 from dlx.data.loader.windows import SplitSpec, TokenWindows, count_windows
+from dlx.data.source import LoaderSettings
 
 CONTENDERS = ("dlx TokenLoader", "torch DataLoader", "torchdata StatefulDataLoader")
 
@@ -189,11 +190,13 @@ class LibraryLoader:
         self.close()
 
 
-def make_loader(contender: str, folder: str | Path, **options) -> TokenLoader | LibraryLoader:
-    """The contender named `contender` (one of CONTENDERS) with TokenLoader's arguments."""
+def make_loader(
+    contender: str, folder: str | Path, split: str = "train", loop: bool = True, **options
+) -> TokenLoader | LibraryLoader:
+    """The contender named `contender` (one of CONTENDERS); `options` are `LoaderSettings` fields."""
     if contender == CONTENDERS[0]:
-        return TokenLoader(folder, **options)
-    return LibraryLoader(folder, contender, **options)
+        return TokenLoader(folder, LoaderSettings(**options), split, loop)
+    return LibraryLoader(folder, contender, split=split, loop=loop, **options)
 
 
 def window_ids(inputs: torch.Tensor, seq_len: int) -> np.ndarray:

@@ -135,9 +135,10 @@ def build_eval_loaders(
     evaluation}; synthetic data: {"": its validation stream}. Built in-process (no workers): an evaluation reads a
     few batches, not worth starting processes for."""
     settings = replace(loader_settings(config, device, rank, world_size), seed=0, num_workers=0, shuffle=False)
-    if config.data.path == SYNTHETIC and config.data.mix is None:
+    sources = run_sources(config)
+    if not sources:
         seed = config.train.seed + VAL_SEED_OFFSET
         return {"": SyntheticLoader(config.model.args.vocab_size, replace(settings, seed=seed), config.eval.batches)}
     from dlx.data.loader import TokenLoader
 
-    return {s.name: TokenLoader(s.path, settings, "val", loop=False) for s in run_sources(config)}
+    return {s.name: TokenLoader(s.path, settings, "val", loop=False) for s in sources}

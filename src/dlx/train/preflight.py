@@ -66,9 +66,7 @@ def read_datasets(config: RunConfig) -> list[Dataset]:
     """The prepared datasets the run reads (`run_sources`): data.path's, or every data.mix source's; none for
     synthetic data."""
     in_mix = config.data.mix is not None
-    return [
-        Dataset(source_label(config, s), s.path, read_manifest(s.path), in_mix=in_mix) for s in run_sources(config)
-    ]
+    return [Dataset(source_label(config, s), s.path, read_manifest(s.path), in_mix=in_mix) for s in run_sources(config)]
 
 
 @dataclass(frozen=True)
@@ -188,7 +186,8 @@ def check_batches(config: RunConfig, datasets: list[Dataset], world_size: int) -
                 )
     train_tokens = sum(d.manifest.split_tokens("train") for d in datasets)
     train = sum(count_windows(d.manifest.split_tokens("train"), data.seq_len) for d in datasets) // per_step
-    where = "the training split of " + (str(data.path) if len(datasets) == 1 else "the data.mix sources together")
+    together = "the data.mix sources together"
+    where = "the training split of " + (str(datasets[0].folder) if len(datasets) == 1 else together)
     if train == 0:
         raise UserError(
             f"{where} has {train_tokens:,} tokens, fewer than one batch needs ("

@@ -69,10 +69,10 @@ class FeedLoader:
         """Stop the workers (idempotent). Also runs when the loader is garbage collected and at interpreter exit."""
         self._stop()
 
-    def __iter__(self):
+    def __iter__(self) -> FeedLoader:
         return self
 
-    def __enter__(self):
+    def __enter__(self) -> FeedLoader:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
