@@ -89,29 +89,29 @@ def inspect_dataset(config: RunConfig) -> DatasetInfo:
     sources, mixture = run_sources(config), config.data.mix is not None
     if not sources:
         return DatasetInfo((), False, config.model.args.vocab_size, 0, None, 1 << 62)
-    manifests = open_sources(
-        list(sources), source_key(config)
-    )  # UserError naming the source, or both whose tokenizers differ
+    manifests = open_sources(list(sources), source_key(config))  # UserError naming the source (or both tokenizers)
     vocab_size = manifests[0].vocab_size
     if vocab_size > config.model.args.vocab_size:
-        fix = (
-            f"prepare the data with the tokenizer of model.init_from {config.model.init_from}"
-            if config.model.init_from
-            else f"set --model.vocab_size {vocab_size} (or more)"
-        )
         what = "data.mix sources have" if mixture else f"{source_label(config, sources[0])} has"
-        raise UserError(
-            f"{what} vocab_size {vocab_size:,}, larger than model.vocab_size {config.model.args.vocab_size:,}; {fix}"
-        )
+        raise UserError(f"{what} vocab_size {vocab_size:,}, {_larger_than_model(config, vocab_size)}")
     for source, manifest in zip(sources, manifests, strict=True):
         if config.eval.every and manifest.split_tokens("val") == 0:
             raise UserError(
                 f"{source_label(config, source)} has no validation split; set eval.every 0 or prepare it with one"
             )
     tokenizer = sources[0].path / TOKENIZER_FILE
+    found = tokenizer if tokenizer.is_file() else None  # preflight refuses a missing one and says how to fix it
     val_tokens = min(m.split_tokens("val") for m in manifests)
-    found = tokenizer if tokenizer.is_file() else None  # checked in preflight, which says how to fix it
     return DatasetInfo(sources, mixture, vocab_size, manifests[0].eos_id, found, val_tokens)
+
+
+def _larger_than_model(config: RunConfig, vocab_size: int) -> str:
+    fix = (
+        f"prepare the data with the tokenizer of model.init_from {config.model.init_from}"
+        if config.model.init_from
+        else f"set --model.vocab_size {vocab_size} (or more)"
+    )
+    return f"larger than model.vocab_size {config.model.args.vocab_size:,}; {fix}"
 
 
 def build_train_loader(config: RunConfig, device: torch.device, rank: int = 0, world_size: int = 1) -> BatchSource:
