@@ -8,8 +8,9 @@
 - `batch_size=None` (the dataset returns whole batches), `prefetch_factor` = dlx's `prefetch`, `pin_memory` on CUDA,
   and a `worker_init_fn` that ignores SIGINT as dlx's workers do (Ctrl-C is the trainer's to handle).
 
-`LibraryLoader` gives both libraries TokenLoader's face (iteration, `state_dict`, `load_state_dict`, `close`,
-`worker_pids`), so the same driver, trainer and checks run every contender.
+`LibraryLoader` gives both libraries TokenLoader's face, the `dlx.data.source.BatchSource` protocol (iteration,
+`state_dict`, `load_state_dict`, `close`, `worker_pids`, ...), so the same driver, trainer and checks run every
+contender.
 """
 
 from __future__ import annotations
@@ -139,6 +140,16 @@ class LibraryLoader:
     @property
     def eos_id(self) -> int:
         return self._manifest.eos_id
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._manifest.bos_id
+
+    def source_tokens(self) -> dict[str, int]:
+        return {}
+
+    def new_source_epochs(self) -> list[tuple[str, int]]:
+        return []
 
     @property
     def worker_pids(self) -> list[int]:
