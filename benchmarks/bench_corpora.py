@@ -37,6 +37,7 @@ from dlx.data.loader import TokenLoader
 from dlx.data.mixture import MixtureLoader
 from dlx.data.mixture.sources import mix_sources
 from dlx.data.shards import Manifest, ShardInfo, read_manifest, sha256_file, write_manifest
+from dlx.data.source import LoaderSettings
 from dlx.metrics.timing import PhaseTimer
 from dlx.parallel.distributed import DistEnv
 from dlx.precision import build_precision
@@ -94,7 +95,7 @@ def document_counts(data: Path, seq_len: int, micro_batch: int, eos_id: int) -> 
     """Over the first 100 training batches of `data`: the mean number of documents a window touches (1 + the
     end-of-document tokens inside it), and the share of batches with a boundary in some row (the others take the
     unmasked path)."""
-    with TokenLoader(data, seq_len=seq_len, micro_batch_size=micro_batch, num_workers=0, seed=0) as it:
+    with TokenLoader(data, LoaderSettings(seq_len=seq_len, micro_batch_size=micro_batch, num_workers=0)) as it:
         batches = [x for x, _ in itertools.islice(it, 100)]
     boundaries = [(x[:, :-1] == eos_id).sum(dim=1) for x in batches]  # (B,) per batch
     per_window = 1.0 + torch.cat(boundaries).double().mean().item()
@@ -165,10 +166,9 @@ def mixture_sampling(rounds: int, seconds: float) -> dict[str, list[float]]:
         sources = mix_sources({str(first): 0.7, str(second): 0.3})
         makers = {}
         for workers in (0, 1):
-            makers[f"one dataset, {workers} worker(s)"] = lambda w=workers: TokenLoader(first, num_workers=w, **options)
-            makers[f"data.mix of two, {workers} worker(s)"] = lambda w=workers: MixtureLoader(
-                sources, num_workers=w, **options
-            )
+            settings = LoaderSettings(num_workers=workers, **options)
+            makers[f"one dataset, {workers} worker(s)"] = lambda s=settings: TokenLoader(first, s)
+            makers[f"data.mix of two, {workers} worker(s)"] = lambda s=settings: MixtureLoader(sources, s)
         for index in range(rounds):
             names = list(makers) if index % 2 == 0 else list(makers)[::-1]
             for name in names:

@@ -8,8 +8,9 @@
 - `batch_size=None` (the dataset returns whole batches), `prefetch_factor` = dlx's `prefetch`, `pin_memory` on CUDA,
   and a `worker_init_fn` that ignores SIGINT as dlx's workers do (Ctrl-C is the trainer's to handle).
 
-`LibraryLoader` gives both libraries TokenLoader's face (iteration, `state_dict`, `load_state_dict`, `close`,
-`worker_pids`), so the same driver, trainer and checks run every contender.
+`LibraryLoader` gives both libraries TokenLoader's face, the `dlx.data.source.BatchSource` protocol (iteration,
+`state_dict`, `load_state_dict`, `close`, `worker_pids`, ...), so the same driver, trainer and checks run every
+contender.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 from dlx.data.loader.loader import TokenLoader, open_split
 from dlx.data.loader.order import Cursor, EpochWindows, Order, advance, make_state, read_state, schedule, settle
 from dlx.data.loader.windows import SplitSpec, TokenWindows, count_windows
+from dlx.data.source import LoaderSettings
 
 CONTENDERS = ("dlx TokenLoader", "torch DataLoader", "torchdata StatefulDataLoader")
 
@@ -140,6 +142,16 @@ class LibraryLoader:
         return self._manifest.eos_id
 
     @property
+    def bos_id(self) -> int | None:
+        return self._manifest.bos_id
+
+    def source_tokens(self) -> dict[str, int]:
+        return {}
+
+    def new_source_epochs(self) -> list[tuple[str, int]]:
+        return []
+
+    @property
     def worker_pids(self) -> list[int]:
         workers = getattr(self._iterator, "_workers", [])
         return [w.pid for w in workers if w.is_alive()]
@@ -189,11 +201,13 @@ class LibraryLoader:
         self.close()
 
 
-def make_loader(contender: str, folder: str | Path, **options) -> TokenLoader | LibraryLoader:
-    """The contender named `contender` (one of CONTENDERS) with TokenLoader's arguments."""
+def make_loader(
+    contender: str, folder: str | Path, split: str = "train", loop: bool = True, **options
+) -> TokenLoader | LibraryLoader:
+    """The contender named `contender` (one of CONTENDERS); `options` are `LoaderSettings` fields."""
     if contender == CONTENDERS[0]:
-        return TokenLoader(folder, **options)
-    return LibraryLoader(folder, contender, **options)
+        return TokenLoader(folder, LoaderSettings(**options), split, loop)
+    return LibraryLoader(folder, contender, split=split, loop=loop, **options)
 
 
 def window_ids(inputs: torch.Tensor, seq_len: int) -> np.ndarray:

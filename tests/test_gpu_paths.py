@@ -12,11 +12,12 @@ import torch
 from dlx import device as dev
 from dlx.bench import measure
 from dlx.bench.points import BenchPoint, BenchSetup
+from dlx.data.source import LoaderSettings
+from dlx.data.synthetic import SyntheticLoader
 from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.peak import Peak
 from dlx.model import resolve_model_args
 from dlx.train import checkpoint as ckpt
-from dlx.train.data import SyntheticLoader
 from train_helpers import single_torch_thread
 
 one_thread = pytest.fixture(autouse=True)(single_torch_thread)
@@ -59,30 +60,34 @@ def test_rng_restore_with_as_many_gpus_is_silent_and_with_none_says_so(monkeypat
     assert len(notes) == 1
 
 
+def synthetic(vocab_size: int, seq_len: int, micro_batch_size: int, **settings) -> SyntheticLoader:
+    return SyntheticLoader(vocab_size, LoaderSettings(seq_len=seq_len, micro_batch_size=micro_batch_size, **settings))
+
+
 def test_synthetic_batches_are_made_on_the_device():
     """On the meta device every op must run there: one host tensor in the way would raise."""
-    inputs, targets = next(SyntheticLoader(512, 16, 4, seed=3, device="meta"))
+    inputs, targets = next(synthetic(512, 16, 4, seed=3, device="meta"))
     assert inputs.device.type == targets.device.type == "meta"
     assert inputs.shape == targets.shape == (4, 16) and inputs.dtype == torch.int64
 
 
 def test_synthetic_sequences_depend_only_on_seed_and_index():
-    one = SyntheticLoader(512, 16, 4, seed=3)
+    one = synthetic(512, 16, 4, seed=3)
     inputs, targets = next(one)
     assert torch.equal(inputs[:, 1:], targets[:, :-1])  # targets are the inputs shifted by one
-    ranks = [next(SyntheticLoader(512, 16, 2, seed=3, rank=r, world_size=2))[0] for r in (0, 1)]
+    ranks = [next(synthetic(512, 16, 2, seed=3, rank=r, world_size=2))[0] for r in (0, 1)]
     assert torch.equal(torch.cat(ranks), inputs)  # two ranks see one process's batch
-    resumed = SyntheticLoader(512, 16, 4, seed=3)
+    resumed = synthetic(512, 16, 4, seed=3)
     resumed.load_state_dict(one.state_dict())
     assert torch.equal(next(resumed)[0], next(one)[0])
-    assert not torch.equal(next(SyntheticLoader(512, 16, 4, seed=4))[0], inputs)
+    assert not torch.equal(next(synthetic(512, 16, 4, seed=4))[0], inputs)
     continued = (inputs[:, 1:] == inputs[:, :-1] + 1).float().mean().item()
     assert 0.4 < continued < 0.7  # half the tokens continue the previous one (+ a few fresh draws that happen to)
     assert inputs.min() >= 0 and inputs.max() < 512
 
 
 def test_synthetic_tokens_follow_the_zipf_like_distribution():
-    tokens = torch.cat([next(SyntheticLoader(64, 512, 8, seed=s))[0].flatten() for s in range(4)])
+    tokens = torch.cat([next(synthetic(64, 512, 8, seed=s))[0].flatten() for s in range(4)])
     counts = torch.bincount(tokens, minlength=64).float()
     assert counts[:8].sum() > counts[-8:].sum() * 3  # small ids are drawn far more often
 
@@ -201,7 +206,7 @@ def test_each_rank_saves_and_restores_its_own_gpu_random_state(monkeypatch, tmp_
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD([torch.zeros(1)], lr=1.0), lambda step: 1.0)
     ckpt._write_parts(tmp_path, strategy, scheduler, None, full_weights=False, background=False)
-    saved = torch.load(tmp_path / ckpt.TRAIN_STATE_FILE, weights_only=True)
+    saved = torch.load(tmp_path / ckpt.OPTIMIZER_STATE_FILE, weights_only=True)
     assert [int(s["cuda"][0][0]) for s in saved["rng_ranks"]] == [1, 2] and int(saved["rng"]["cuda"][0][0]) == 1
     restored: list[int] = []
     FakeCuda(monkeypatch, count=1)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlx.train.data import SyntheticLoader
+from dlx.data.source import LoaderSettings
+from dlx.data.synthetic import SyntheticLoader
 from hf_helpers import next_token_loss, write_hf_llama
 from test_parallel import LOSS_TOLERANCE, RUN, STRATEGIES, TESTS, torchrun
 from train_helpers import losses, train_quietly
@@ -38,7 +39,8 @@ def reference(hf_dir, tmp_path_factory) -> Path:
 
 
 def test_one_process_starts_at_the_weights_loss(hf_dir, reference):
-    inputs, targets = next(SyntheticLoader(512, 32, 8))  # the first global batch: sequences 0-7
+    first = SyntheticLoader(512, LoaderSettings(seq_len=32, micro_batch_size=8))
+    inputs, targets = next(first)  # the first global batch: sequences 0-7
     hf = transformers.LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         expected = next_token_loss(hf(inputs).logits, targets)

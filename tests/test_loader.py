@@ -15,6 +15,8 @@ import torch
 
 from dataset_helpers import counting_dataset
 from dlx.data.loader import TokenLoader, document_positions
+from dlx.data.source import BatchSource, LoaderSettings
+from dlx.data.synthetic import SyntheticLoader
 from dlx.errors import UserError
 
 SEQ = 8
@@ -26,9 +28,9 @@ def dataset(tmp_path: Path) -> Path:
     return counting_dataset(tmp_path / "data", {"train": [300, 1, 450, 249], "val": [200]})
 
 
-def loader(folder: Path, **kwargs) -> TokenLoader:
+def loader(folder: Path, split: str = "train", loop: bool = True, **kwargs) -> TokenLoader:
     options = {"seq_len": SEQ, "micro_batch_size": 4, "num_workers": 0, **kwargs}
-    return TokenLoader(folder, **options)
+    return TokenLoader(folder, LoaderSettings(**options), split, loop)
 
 
 def window_ids(inputs: torch.Tensor) -> list[int]:
@@ -77,6 +79,51 @@ def test_order_depends_on_seed_only(dataset: Path):
     again = [window_ids(x) for x, _ in take(loader(dataset, seed=1), 40)]
     other = [window_ids(x) for x, _ in take(loader(dataset, seed=2), 40)]
     assert first == again != other
+
+
+def test_the_window_order_is_pinned(dataset: Path):
+    """Old checkpoints resume onto these windows: the order (and the state's format) must never change."""
+    it = loader(dataset, seed=7, rank=1, world_size=2)
+    ids = [window_ids(x) for x, _ in take(it, 20)]
+    assert ids[:3] == [[28, 70, 35, 77], [2, 116, 80, 19], [61, 120, 122, 84]]
+    assert ids[-3:] == [[17, 44, 101, 10], [96, 92, 46, 57], [113, 91, 79, 3]]
+    assert it.state_dict() == {
+        "format": "dlx-loader-state",
+        "version": 1,
+        "epoch": 1,
+        "consumed": 40,
+        "split": "train",
+        "seq_len": 8,
+        "n_windows": 124,
+        "seed": 7,
+        "order": "shuffled",
+        "world_size": 2,
+        "micro_batch_size": 4,
+    }
+
+
+def test_every_kind_of_loader_is_a_batch_source(dataset: Path):
+    synthetic = SyntheticLoader(64, LoaderSettings(seq_len=SEQ, micro_batch_size=4))
+    for it in (loader(dataset), synthetic):
+        assert isinstance(it, BatchSource)
+        assert it.source_tokens() == {} and it.new_source_epochs() == []  # one stream: no per-source figures
+        with it:
+            inputs, targets = next(it)
+        assert inputs.shape == targets.shape == (4, SEQ) and it.worker_pids == []
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"seq_len": 0}, "seq_len must be an integer ≥ 1, got 0"),
+        ({"micro_batch_size": 2.0}, "micro_batch_size must be an integer ≥ 1, got 2.0"),
+        ({"num_workers": True}, "num_workers must be an integer ≥ 0, got True"),
+        ({"rank": 2, "world_size": 2}, r"rank must be in \[0, world_size=2\), got 2"),
+    ],
+)
+def test_settings_name_the_bad_field(settings: dict, message: str):
+    with pytest.raises(ValueError, match=message):
+        LoaderSettings(**settings)
 
 
 def test_loop_false_runs_one_epoch_per_iteration(dataset: Path):

@@ -22,14 +22,16 @@ import torch
 from dataset_helpers import counting_dataset
 from dlx.data.loader import TokenLoader
 from dlx.data.pool import WorkerError
+from dlx.data.source import LoaderSettings
 from dlx.errors import UserError
 
 DRIVER = """
 import sys, time
 from dlx.data.loader import TokenLoader
+from dlx.data.source import LoaderSettings
 
 folder, mode = sys.argv[1], sys.argv[2]
-loader = TokenLoader(folder, seq_len=16, micro_batch_size=2, num_workers=2, prefetch=2)
+loader = TokenLoader(folder, LoaderSettings(seq_len=16, micro_batch_size=2, num_workers=2, prefetch=2))
 if mode == "normal":
     with loader:
         for step, _ in zip(range(50), loader):
@@ -90,8 +92,9 @@ def shm_mappings(pid: int) -> list[str]:
 
 def test_workers_give_the_same_batches_as_in_process(dataset: Path):
     options = {"seq_len": 16, "micro_batch_size": 3, "seed": 5}
-    reference = [x.clone() for x, _ in itertools.islice(TokenLoader(dataset, num_workers=0, **options), 200)]
-    with TokenLoader(dataset, num_workers=3, prefetch=4, **options) as loader:
+    in_process = TokenLoader(dataset, LoaderSettings(num_workers=0, **options))
+    reference = [x.clone() for x, _ in itertools.islice(in_process, 200)]
+    with TokenLoader(dataset, LoaderSettings(num_workers=3, prefetch=4, **options)) as loader:
         assert loader.worker_pids == []  # started lazily, on the first batch
         batches = [x.clone() for x, _ in itertools.islice(loader, 200)]
         pids = loader.worker_pids
@@ -101,7 +104,7 @@ def test_workers_give_the_same_batches_as_in_process(dataset: Path):
 
 
 def test_a_killed_worker_raises_within_a_second(dataset: Path):
-    with TokenLoader(dataset, seq_len=16, micro_batch_size=2, num_workers=2) as loader:
+    with TokenLoader(dataset, LoaderSettings(seq_len=16, micro_batch_size=2, num_workers=2)) as loader:
         next(loader)
         victim = loader.worker_pids[1]
         os.kill(victim, signal.SIGKILL)
@@ -116,7 +119,7 @@ def test_a_killed_worker_raises_within_a_second(dataset: Path):
 
 def test_a_shard_a_worker_cannot_open_is_named_in_one_line(dataset: Path):
     """A worker's failure with a known cause is a UserError (a failure's traceback: tests/test_pool.py)."""
-    loader = TokenLoader(dataset, seq_len=16, micro_batch_size=2, num_workers=1, verify=False)
+    loader = TokenLoader(dataset, LoaderSettings(seq_len=16, micro_batch_size=2, num_workers=1, verify=False))
     (dataset / "train-00000.bin").unlink()  # after validation: the worker cannot open its shard
     with pytest.raises(UserError, match=r"cannot read shard train-00000\.bin \(No such file or directory\)") as error:
         next(loader)
@@ -131,7 +134,7 @@ def test_a_changed_shard_is_found_by_the_workers_while_they_build_batches(tmp_pa
     data = bytearray(shard.read_bytes())
     data[0] ^= 1  # a token id still inside the vocabulary: only the checksum sees it
     shard.write_bytes(bytes(data))
-    with TokenLoader(dataset, seq_len=16, micro_batch_size=2, num_workers=2, prefetch=2) as loader:
+    with TokenLoader(dataset, LoaderSettings(seq_len=16, micro_batch_size=2, num_workers=2, prefetch=2)) as loader:
         start = time.monotonic()
         with pytest.raises(UserError, match=rf"shard train-00002\.bin does not match the checksum.*{dataset}"):
             while time.monotonic() - start < 10:

@@ -20,6 +20,7 @@ from dataset_helpers import write_dataset
 from dlx.data.mixture import MixtureLoader
 from dlx.data.mixture.order import MixOrder, MixWindows, SourcePattern, quotas
 from dlx.data.mixture.sources import mix_sources, parse_mix
+from dlx.data.source import BatchSource, LoaderSettings
 from dlx.errors import UserError
 
 SEQ = 8
@@ -43,7 +44,7 @@ def sources(tmp_path: Path) -> dict[str, float]:
 
 def mixture(mix: dict[str, float], **kwargs) -> MixtureLoader:
     options = {"seq_len": SEQ, "micro_batch_size": 4, "num_workers": 0, **kwargs}
-    return MixtureLoader(mix_sources(mix), **options)
+    return MixtureLoader(mix_sources(mix), LoaderSettings(**options))
 
 
 def rows(inputs: torch.Tensor) -> list[tuple[str, int]]:
@@ -117,6 +118,16 @@ def test_batches_follow_the_weights_and_source_tokens_count_them(sources):
     assert counts == {"big": 50, "small": 150}  # 1 : 3 exactly over 200 slots
     assert it.source_tokens() == {"big": 50 * SEQ, "small": 150 * SEQ}
     assert it.names == ["big", "small"]
+
+
+def test_the_mixture_order_is_pinned(sources):
+    """Old checkpoints resume onto these rows: the order must never change."""
+    it = mixture(sources, seed=7, rank=1, world_size=2)
+    batches = [rows(x) for x in take(it, 40)]
+    assert batches[0] == [("small", 11), ("big", 93), ("small", 1), ("small", 8)]
+    assert batches[-1] == [("small", 8), ("big", 77), ("small", 11), ("small", 19)]
+    assert it.state_dict()["position"] == 320 and it.source_tokens() == {"big": 640, "small": 1920}
+    assert isinstance(it, BatchSource)
 
 
 def test_a_used_up_source_starts_its_next_epoch_and_says_so(sources):

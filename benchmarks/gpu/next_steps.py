@@ -27,9 +27,10 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parents[1] / "src")]
 
 from dlx import device as dev  # noqa: E402
+from dlx.data.source import LoaderSettings  # noqa: E402
+from dlx.data.synthetic import SyntheticLoader  # noqa: E402
 from dlx.model.llama import Transformer  # noqa: E402
 from dlx.model.presets import resolve_model_args  # noqa: E402
-from dlx.train.data import SyntheticLoader  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ def ceilings(shape: Shape) -> dict:
 
 
 def synthetic_batches(vocab: int, shape: Shape, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    loader = SyntheticLoader(vocab, shape.seq_len, shape.micro_batch, seed=0, device=device)
+    loader = SyntheticLoader(vocab, LoaderSettings(shape.seq_len, shape.micro_batch, seed=0, device=device))
     return [next(loader) for _ in range(2)]
 
 

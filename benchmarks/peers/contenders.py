@@ -27,10 +27,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from dlx.data.source import LoaderSettings
+from dlx.data.synthetic import SyntheticLoader
 from dlx.device import autocast
 from dlx.model.llama import Transformer
 from dlx.parallel.distributed import DistEnv
-from dlx.train.data import SyntheticLoader
 from dlx.train.recipe import load_recipe
 from dlx.train.run import build_run
 from dlx.train.signals import GracefulStop
@@ -77,7 +78,7 @@ class Bare:
         torch.manual_seed(0)
         self.model = Transformer(load_recipe(None, recipe(precision)).model.args)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=LR, fused=True)
-        loader = SyntheticLoader(VOCAB, SEQ, BATCH)
+        loader = SyntheticLoader(VOCAB, LoaderSettings(seq_len=SEQ, micro_batch_size=BATCH))
         self.batches = [next(loader) for _ in range(4)]
 
     def run(self, steps: int) -> float:
@@ -130,7 +131,7 @@ class HFTrainer:
         config = hf_config(load_recipe(None, recipe(precision)).model.args, torch.float32)
         config.pop("torch_dtype", None)
         model = LlamaForCausalLM(LlamaConfig(**config))
-        loader = SyntheticLoader(VOCAB, SEQ, BATCH)
+        loader = SyntheticLoader(VOCAB, LoaderSettings(seq_len=SEQ, micro_batch_size=BATCH))
         rows = [row for inputs, _ in (next(loader) for _ in range(4)) for row in inputs]
         dataset = [{"input_ids": row, "labels": row} for row in rows] * 1000
         self.stamps: list[float] = []

@@ -9,7 +9,7 @@ Each check, what it proves, and what it costs:
 - tokenizer: tokenizer.json is the one the shards were made with (SHA-256 against the manifest), in every data.mix
   source; on --resume, the run folder's copy is the same tokenizer by content. Reading tokenizer.json once per dataset
   (once more on --resume). That the data.mix sources share one tokenizer, and that model.init_from's tokenizer is the
-  data's, is checked where those are opened (`inspect_mixture`, `resolve_initial_weights`), also before step 1.
+  data's, is checked where those are opened (`inspect_dataset`, `resolve_initial_weights`), also before step 1.
 - batches: global_batch_size divides; the training data holds one batch (with data.mix, every source one window), and
   grad_accum micro-batches per rank when the run length is in epochs; with eval on, the validation split (of each
   data.mix source: each is evaluated on its own) holds at least one batch per rank. Arithmetic.
@@ -34,13 +34,13 @@ from pathlib import Path
 import numpy as np
 
 from dlx.data.loader.windows import count_windows
-from dlx.data.mixture.sources import mix_sources
 from dlx.data.shards import TOKENIZER_FILE, Manifest, read_manifest, sha256_file
 from dlx.data.tokenizer_identity import same_tokenizer
 from dlx.errors import UserError
 from dlx.model.stats import ParamFormula
 from dlx.parallel.traits import STRATEGY_TRAITS
-from dlx.train.config import SYNTHETIC, RunConfig
+from dlx.train.config import RunConfig
+from dlx.train.data import run_sources, source_label
 from dlx.train.step_plan import resolve_grad_accum
 
 
@@ -64,16 +64,10 @@ class Dataset:
 
 
 def read_datasets(config: RunConfig) -> list[Dataset]:
-    """The prepared datasets the run reads: data.path's, or every data.mix source's; none for synthetic data."""
-    if config.data.mix is not None:
-        return [
-            Dataset(f"data.mix source {s.path}", s.path, read_manifest(s.path), in_mix=True)
-            for s in mix_sources(config.data.mix)
-        ]
-    if config.data.path == SYNTHETIC:
-        return []
-    folder = Path(config.data.path)
-    return [Dataset(f"data.path {folder}", folder, read_manifest(folder))]
+    """The prepared datasets the run reads (`run_sources`): data.path's, or every data.mix source's; none for
+    synthetic data."""
+    in_mix = config.data.mix is not None
+    return [Dataset(source_label(config, s), s.path, read_manifest(s.path), in_mix=in_mix) for s in run_sources(config)]
 
 
 @dataclass(frozen=True)
@@ -193,7 +187,8 @@ def check_batches(config: RunConfig, datasets: list[Dataset], world_size: int) -
                 )
     train_tokens = sum(d.manifest.split_tokens("train") for d in datasets)
     train = sum(count_windows(d.manifest.split_tokens("train"), data.seq_len) for d in datasets) // per_step
-    where = "the training split of " + (str(data.path) if len(datasets) == 1 else "the data.mix sources together")
+    together = "the data.mix sources together"
+    where = "the training split of " + (str(datasets[0].folder) if len(datasets) == 1 else together)
     if train == 0:
         raise UserError(
             f"{where} has {train_tokens:,} tokens, fewer than one batch needs ("

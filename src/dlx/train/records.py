@@ -1,7 +1,7 @@
 """What the trainer logs besides the meter's figures: the loader's epoch, the z-loss, tokens and validation loss per
 `data.mix` source; and the evaluation itself (each rank its share of the batches, the mean over ranks).
 
-Per-source figures (data.mix only):
+Per-source figures (data.mix only: the loader's `source_tokens` and the run's `data_info.mixture` say so):
 - `source_tokens` in every metrics record: training tokens (input positions) each source has supplied since step 0,
   all ranks together, keyed by source name (`dlx.data.mixture.sources`); they add up to the tokens seen.
 - `source_loss` in every eval record: each source's validation loss over `eval.batches` batches of its own val split.
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlx.parallel import distributed
 from dlx.train import folder
-from dlx.train.data import build_eval_loader, build_source_eval_loaders
+from dlx.train.data import build_eval_loaders
 from dlx.train.eval import evaluate, perplexity
 from dlx.train.objective import training_loss
 
@@ -30,9 +30,10 @@ def step_fields(run: Run, step: int) -> dict[str, Any]:
     z = run.objective.step_z_loss()
     if z is not None:
         fields["z_loss"] = distributed.all_reduce([float(z)], "mean", run.device)[0]
-    if run.config.data.mix is not None:
-        fields["source_tokens"] = run.loader.source_tokens()
-        note_new_source_epochs(run, step)
+    tokens = run.loader.source_tokens()
+    if tokens:
+        fields["source_tokens"] = tokens
+    note_new_source_epochs(run, step)
     return fields
 
 
@@ -47,13 +48,11 @@ def note_new_source_epochs(run: Run, step: int) -> None:
 
 
 def evaluate_run(run: Run) -> dict[str, Any]:
-    """{"loss", "perplexity", "batches", "eval_s"} over the validation split, or each data.mix source's
-    (`source_loss`, and `loss` their weighted mean); under torchrun the mean over ranks."""
+    """{"loss", "perplexity", "batches", "eval_s"} over the validation split of each source, `loss` their mean
+    weighted by the sources' weights; with data.mix also `source_loss`, each source's. Under torchrun the mean over
+    ranks."""
     config, env = run.config, run.env
-    if config.data.mix is None:
-        loaders = {"": build_eval_loader(config, run.device, env.dp_rank, env.dp_size)}
-    else:
-        loaders = build_source_eval_loaders(config, run.device, env.dp_rank, env.dp_size)
+    loaders = build_eval_loaders(config, run.device, env.dp_rank, env.dp_size)
     results, loss_fn = {}, functools.partial(training_loss, run.strategy)
     try:
         for name, loader in loaders.items():
@@ -65,16 +64,17 @@ def evaluate_run(run: Run) -> dict[str, Any]:
     losses = [r["loss"] for r in results.values()]
     if env.is_distributed:
         losses = distributed.all_reduce(losses, "mean", run.device)
+    weights = {s.name: s.weight for s in run.data_info.sources} or {"": 1.0}  # synthetic data: one unnamed stream
+    loss = sum(weights[name] * value for name, value in zip(results, losses, strict=True)) / sum(weights.values())
     result = {
+        "loss": loss,
+        "perplexity": perplexity(loss),
         "batches": sum(r["batches"] for r in results.values()),
         "eval_s": sum(r["eval_s"] for r in results.values()),
     }
-    if config.data.mix is None:
-        return {"loss": losses[0], "perplexity": perplexity(losses[0]), **result}
-    weights = {s.name: s.weight for s in run.data_info.sources}
-    loss = sum(weights[name] * value for name, value in zip(results, losses, strict=True)) / sum(weights.values())
-    source_loss = dict(zip(results, losses, strict=True))
-    return {"loss": loss, "perplexity": perplexity(loss), **result, "source_loss": source_loss}
+    if run.data_info.mixture:
+        result["source_loss"] = dict(zip(results, losses, strict=True))
+    return result
 
 
 def eval_line(step: int, result: dict[str, Any]) -> str:

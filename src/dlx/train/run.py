@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from dlx.data.shards import TOKENIZER_FILE
+from dlx.data.source import BatchSource
 from dlx.errors import UserError
 from dlx.metrics.logger import EVAL_FILE, METRICS_FILE, MetricsLogger, read_jsonl
 from dlx.metrics.meter import ThroughputMeter
@@ -84,8 +85,8 @@ class Run:
     """What differs between one process, DDP, FSDP and DeepSpeed: gradient sync, the update, checkpoints. It holds
     the model (bare and wrapped), the optimizer, the precision and this rank's place in the world."""
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    loader: Any
-    """TokenLoader or SyntheticLoader (dlx.train.data)."""
+    loader: BatchSource
+    """The training batches (`dlx.train.data.build_train_loader`)."""
     plan: StepPlan
     timer: PhaseTimer
     meter: ThroughputMeter
@@ -354,7 +355,7 @@ def restore(
     loaded: ckpt.LoadedCheckpoint | None,
     strategy: Strategy,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-    loader: Any,
+    loader: BatchSource,
     console: RunConsole,
 ) -> tuple[ckpt.TrainerState, Path | None]:
     """On --resume: the newest complete checkpoint (`find_checkpoint`) into every piece, the loader to its position."""

@@ -324,7 +324,7 @@ def report(run: Run, step: int) -> None:
     progress = run.progress
     progress.verdict = bottleneck_verdict(progress.records, hardware=hardware(run))
     run.console.print(str(progress.verdict))
-    weights = {source.name: source.weight for source in run.data_info.sources}  # data.mix; empty otherwise
+    weights = {source.name: source.weight for source in run.data_info.sources}  # data.path: one source
     records, evals = progress.records, progress.eval_records
     write_report(run.run_dir, records, progress.verdict, run.header, evals, source_weights=weights)
     run.observers.on_report(step, progress.verdict, report_files(run.run_dir))

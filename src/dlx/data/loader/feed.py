@@ -22,17 +22,13 @@ import itertools
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dlx.data.loader.order import Cursor
-from dlx.data.loader.plan import SplitPlan
+from dlx.data.loader.plan import BatchPlan
 from dlx.data.pool import WorkerPool, shared_memory
 from dlx.errors import UserError
-
-if TYPE_CHECKING:
-    from dlx.data.mixture.plan import MixturePlan
 
 _verified: set[tuple[str, int, int, str]] = set()
 """Shards this process has verified: (path, size, mtime_ns, sha256). A rebuilt loader (an evaluation's) skips them."""
@@ -42,7 +38,7 @@ _verified: set[tuple[str, int, int, str]] = set()
 class ReaderJob:
     """What a reader needs to build one rank's batches; sent to each worker once."""
 
-    plan: SplitPlan | MixturePlan
+    plan: BatchPlan
     """Which windows each batch holds (`dlx.data.loader.plan`)."""
     vocab_size: int
     checksums: tuple[tuple[str, str], ...]

@@ -10,21 +10,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from dlx.data.loader.feed import InProcessFeed, ReaderJob, WorkerFeed, open_feed
+from dlx.data.loader.base import FeedLoader
+from dlx.data.loader.feed import ReaderJob
 from dlx.data.loader.order import Cursor, Order, advance, make_state, read_state, schedule, settle
 from dlx.data.loader.plan import SplitPlan
 from dlx.data.loader.windows import SplitSpec, count_windows
 from dlx.data.shards import SPLITS, Manifest, open_shard, read_manifest
-from dlx.device import HostToDevice
+from dlx.data.source import LoaderSettings
 from dlx.errors import UserError
 from dlx.faults import pause_point
 
 
-class TokenLoader:
-    """Iterate `(inputs, targets)`: int64 tensors (micro_batch_size, seq_len) on `device`, targets shifted by one.
+class TokenLoader(FeedLoader):
+    """Iterate `(inputs, targets)`: int64 tensors (micro_batch_size, seq_len) on the device, targets shifted by one.
 
     `loop=True` runs epoch after epoch forever, each in a new order drawn from (seed, epoch); `loop=False` runs to the
     end of the current epoch and stops (a later iteration runs the next epoch). Iterating resumes where the last batch
@@ -36,42 +36,29 @@ class TokenLoader:
     """
 
     def __init__(
-        self,
-        folder: str | Path,
-        split: str = "train",
-        seq_len: int = 256,
-        micro_batch_size: int = 8,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        num_workers: int = 1,
-        prefetch: int = 4,
-        shuffle: bool = True,
-        loop: bool = True,
-        device: str | torch.device = "cpu",
-        verify: bool = True,
+        self, folder: str | Path, settings: LoaderSettings = LoaderSettings(), split: str = "train", loop: bool = True
     ):
-        """`num_workers`: worker processes (0 = build batches in the calling thread). `prefetch`: batches each worker
-        keeps ready in shared memory. `verify`: check each shard's SHA-256 against the manifest the first time it
-        is mapped (in the workers' background, or on first touch with num_workers=0); a mismatch raises UserError."""
-        _check_arguments(split, seq_len, micro_batch_size, seed, rank, world_size, num_workers, prefetch)
-        self.folder, self.split, self.seq_len, self.loop = Path(folder), split, seq_len, loop
-        self.num_workers, self.prefetch = num_workers, prefetch
-        self._manifest, spec = open_split(folder, split)
-        n_windows = count_windows(spec.n_tokens, seq_len)
-        self._order = Order(n_windows, int(micro_batch_size), int(world_size), int(rank), int(seed), bool(shuffle))
+        """`settings.verify`: check each shard's SHA-256 against the manifest the first time it is mapped (in the
+        workers' background, or on first touch with num_workers=0); a mismatch raises UserError."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        self.folder, self.split, self.loop = Path(folder), split, loop
+        manifest, spec = open_split(folder, split)
+        s = settings  # short: the message below names five of its fields
+        n_windows = count_windows(spec.n_tokens, s.seq_len)
+        self._order = Order(n_windows, int(s.micro_batch_size), int(s.world_size), int(s.rank), int(s.seed), s.shuffle)
         if self._order.batches_per_epoch == 0:
             raise UserError(
                 f"dataset {folder} has {spec.n_tokens:,} {split!r} tokens, fewer than one batch needs "
-                f"(world_size {world_size} × micro_batch_size {micro_batch_size} × seq_len {seq_len} + 1 = "
-                f"{self._order.step_windows * seq_len + 1:,}); prepare more data or use smaller batches"
+                f"(world_size {s.world_size} × micro_batch_size {s.micro_batch_size} × seq_len {s.seq_len} + 1 = "
+                f"{self._order.step_windows * s.seq_len + 1:,}); prepare more data or use smaller batches"
             )
-        checksums = shard_checksums(self._manifest, spec, split) if verify else ()
-        self._job = ReaderJob(SplitPlan(spec, self._order, seq_len), self._manifest.vocab_size, checksums)
-        self._transfer = HostToDevice(torch.device(device), (2, micro_batch_size, seq_len))
+        checksums = shard_checksums(manifest, spec, split) if s.verify else ()
+        super().__init__(
+            manifest, ReaderJob(SplitPlan(spec, self._order, s.seq_len), manifest.vocab_size, checksums), s
+        )
         self._cursor = Cursor(0, 0)
         self._epoch = 0
-        self._feed: InProcessFeed | WorkerFeed | None = None
         self._schedule = None
 
     @property
@@ -89,52 +76,24 @@ class TokenLoader:
         """Micro-batches per rank per epoch."""
         return self._order.batches_per_epoch
 
-    @property
-    def vocab_size(self) -> int:
-        return self._manifest.vocab_size
-
-    @property
-    def eos_id(self) -> int:
-        return self._manifest.eos_id
-
-    @property
-    def bos_id(self) -> int | None:
-        return self._manifest.bos_id
-
-    @property
-    def worker_pids(self) -> list[int]:
-        """Process ids of the running workers (empty before the first batch, after close, or with num_workers=0)."""
-        return self._feed.pids if self._feed is not None else []
-
-    def __iter__(self) -> TokenLoader:
-        return self
-
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         pause_point(f"{self.split}_batch")  # test-only, off by default: see dlx.faults
         if self._schedule is None:
-            self._start()
+            start = settle(self._order, self._cursor)
+            self._schedule = schedule(self._order, start, self.loop)
+            self._open(start, self.loop)
         cursor = next(self._schedule, None)
         if cursor is None:  # loop=False: this pass is over; the next iteration starts the next epoch
             self._stop()
             raise StopIteration
-        try:
-            batch = self._transfer(torch.from_numpy(self._feed.next_batch()))  # (2, B, seq_len)
-        except BaseException:
-            self._stop()  # the position is unchanged: the next call restarts cleanly from it
-            raise
+        batch = self._read()
         self._cursor = advance(self._order, cursor)
         self._epoch = cursor.epoch
-        return batch[0], batch[1]
-
-    def _start(self) -> None:
-        start = settle(self._order, self._cursor)
-        self._schedule = schedule(self._order, start, self.loop)
-        self._feed = open_feed(self._job, start, self.loop, self.num_workers, self.prefetch)
+        return batch
 
     def _stop(self) -> None:
-        feed, self._feed, self._schedule = self._feed, None, None
-        if feed is not None:
-            feed.close()
+        self._schedule = None
+        super()._stop()
 
     def state_dict(self) -> dict:
         """Where the next batch comes from; JSON-ready, identical on every rank."""
@@ -146,42 +105,6 @@ class TokenLoader:
         self._stop()
         self._cursor = settle(self._order, cursor)
         self._epoch = self._cursor.epoch
-
-    def close(self) -> None:
-        """Stop the workers (idempotent). Also runs when the loader is garbage collected and at interpreter exit."""
-        self._stop()
-
-    def __enter__(self) -> TokenLoader:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-
-def _check_arguments(
-    split: str,
-    seq_len: int,
-    micro_batch_size: int,
-    seed: int,
-    rank: int,
-    world_size: int,
-    num_workers: int,
-    prefetch: int,
-) -> None:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    for name, value, minimum in (
-        ("seq_len", seq_len, 1),
-        ("micro_batch_size", micro_batch_size, 1),
-        ("seed", seed, 0),
-        ("world_size", world_size, 1),
-        ("num_workers", num_workers, 0),
-        ("prefetch", prefetch, 1),
-    ):
-        if not isinstance(value, (int, np.integer)) or value < minimum:
-            raise ValueError(f"{name} must be an integer ≥ {minimum}, got {value!r}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}")
 
 
 def open_split(folder: str | Path, split: str) -> tuple[Manifest, SplitSpec]:

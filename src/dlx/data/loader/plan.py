@@ -1,27 +1,45 @@
-"""What a feed builds, batch by batch: the seam between the feeds (`dlx.data.loader.feed`) and what decides which
-windows each batch holds.
+"""What a feed builds, batch by batch: the seam (`BatchPlan`) between the feeds (`dlx.data.loader.feed`) and what
+decides which windows each batch holds.
 
 A plan is built in the trainer's process and sent to each worker once (pickled without its memory maps, which it
-opens on first use). It has `micro_batch_size`, `seq_len` and:
-
-    schedule(start, loop) -> iterator of cursors   the cursor of each batch this rank reads, from `start`
-    fill(cursor, out)                              write that batch into out, (2, micro_batch_size, seq_len) int64
-    shards_of(cursor) -> set of paths              the shard files that batch reads
-    describe_bad_token(cursor, vocab_size)         the line naming the shard of an id outside the vocabulary
-
-`SplitPlan` reads one split of one dataset (`order` + `windows`); `dlx.data.mixture.plan.MixturePlan` draws from
-several datasets by weight. numpy only, like everything a worker imports.
+opens on first use). `SplitPlan` reads one split of one dataset (`order` + `windows`);
+`dlx.data.mixture.plan.MixturePlan` draws from several datasets by weight. numpy only, like everything a worker
+imports.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
 from dlx.data.loader.order import Cursor, EpochWindows, Order, schedule
 from dlx.data.loader.windows import SplitSpec, TokenWindows
+
+
+class BatchPlan(Protocol):
+    """Which windows each of one rank's batches holds; a cursor is whatever the plan's schedule yields."""
+
+    micro_batch_size: int
+    seq_len: int
+
+    def schedule(self, start: Any, loop: bool) -> Iterator[Any]:
+        """The cursor of each batch this rank reads, from `start`; `loop=False` ends with the epoch."""
+        ...
+
+    def fill(self, cursor: Any, out: np.ndarray) -> None:
+        """Write that batch into `out`, (2, micro_batch_size, seq_len) int64: inputs, then targets."""
+        ...
+
+    def shards_of(self, cursor: Any) -> set[str]:
+        """The shard files that batch reads."""
+        ...
+
+    def describe_bad_token(self, cursor: Any, vocab_size: int) -> str:
+        """The line naming the shard of an id outside the vocabulary in that batch."""
+        ...
 
 
 class SplitPlan:

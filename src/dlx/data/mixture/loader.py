@@ -1,71 +1,57 @@
 """`MixtureLoader`: training batches drawn from several prepared datasets in proportion to their weights.
 
-The same face as `TokenLoader` (iterate `(inputs, targets)`, `epoch`, `windows_per_epoch`, `state_dict`, ...) and the
-same feeds (in-process or worker processes, `dlx.data.loader.feed`, which verify every shard's checksum). Which window
-of which source each row holds is `dlx.data.mixture.order`, a pure function of (seed, position). Every source is read
-whole, window by window, before any window of it repeats; a source read to its end starts its next epoch in a new order
-(`new_source_epochs` reports it).
+A `BatchSource` (`dlx.data.source`) with `TokenLoader`'s feeds, transfer and close (`FeedLoader`: in-process or
+worker processes, which verify every shard's checksum). Which window of which source each row holds is
+`dlx.data.mixture.order`, a pure function of (seed, position). Every source is read whole, window by window, before
+any window of it repeats; a source read to its end starts its next epoch in a new order (`new_source_epochs` reports
+it).
 """
 
 from __future__ import annotations
 
 import torch
 
-from dlx.data.loader.feed import ReaderJob, open_feed
+from dlx.data.loader.base import FeedLoader
+from dlx.data.loader.feed import ReaderJob
 from dlx.data.loader.loader import open_split, shard_checksums
 from dlx.data.loader.windows import count_windows
 from dlx.data.mixture.order import MixOrder, SourcePattern, source_epochs
 from dlx.data.mixture.plan import MixturePlan
 from dlx.data.mixture.sources import Source, open_sources
-from dlx.device import HostToDevice
+from dlx.data.source import LoaderSettings
 from dlx.errors import UserError
 
 STATE_FORMAT = "dlx-mixture-state"
 STATE_VERSION = 1
 
 
-class MixtureLoader:
-    """Iterate `(inputs, targets)`: int64 (micro_batch_size, seq_len) on `device`, rows drawn from `sources` by weight.
+class MixtureLoader(FeedLoader):
+    """Iterate `(inputs, targets)`: int64 (micro_batch_size, seq_len) on the device; rows from `sources` by weight.
 
     One mixture epoch (`windows_per_epoch`, what `train.epochs` counts) is as many windows as the sources hold together,
     rounded down to whole steps; `epoch` is the mixture epoch of the next batch. `source_epochs` counts each source's
     own passes, which differ from it when the weights differ from the sources' sizes."""
 
-    def __init__(
-        self,
-        sources: list[Source],
-        seq_len: int = 256,
-        micro_batch_size: int = 8,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        num_workers: int = 1,
-        prefetch: int = 4,
-        shuffle: bool = True,
-        device: str | torch.device = "cpu",
-        verify: bool = True,
-    ):
-        """`verify`: check each shard's SHA-256 against its manifest the first time it is read (as `TokenLoader`)."""
+    def __init__(self, sources: list[Source], settings: LoaderSettings = LoaderSettings()):
+        """`settings.verify`: check each shard's SHA-256 against its manifest the first time it is read."""
         manifests = open_sources(sources)
-        self.sources, self.seq_len = sources, seq_len
-        self.num_workers, self.prefetch = num_workers, prefetch
-        self._manifest = manifests[0]
+        self.sources, seq_len = sources, settings.seq_len
         self._splits = [open_split(s.path, "train")[1] for s in sources]
         n_windows = tuple(count_windows(split.n_tokens, seq_len) for split in self._splits)
         for source, n in zip(sources, n_windows, strict=True):
             if n == 0:
                 raise UserError(f"data.mix source {source.path} holds fewer than seq_len + 1 = {seq_len + 1} tokens")
-        weights = tuple(s.weight for s in sources)
-        self._order = MixOrder(n_windows, weights, micro_batch_size, world_size, rank, seed, shuffle)
+        weights = tuple(source.weight for source in sources)
+        o = settings
+        self._order = MixOrder(n_windows, weights, o.micro_batch_size, o.world_size, o.rank, o.seed, o.shuffle)
         self._pattern = SourcePattern(weights)
         checksums = [shard_checksums(m, split, "train") for m, split in zip(manifests, self._splits, strict=True)]
         plan = MixturePlan(self._order, self._splits, seq_len)
-        self._job = ReaderJob(plan, self._manifest.vocab_size, sum(checksums, ()) if verify else ())
-        self._transfer = HostToDevice(torch.device(device), (2, micro_batch_size, seq_len))
+        job = ReaderJob(plan, manifests[0].vocab_size, sum(checksums, ()) if settings.verify else ())
+        super().__init__(manifests[0], job, settings)
         self._position = 0
         """Slots (windows) consumed by all ranks together."""
         self._reported_epochs = self.source_epochs()
-        self._feed = None
 
     @property
     def names(self) -> list[str]:
@@ -84,22 +70,6 @@ class MixtureLoader:
     def epoch(self) -> int:
         return self._position // max(1, self.windows_per_epoch)
 
-    @property
-    def vocab_size(self) -> int:
-        return self._manifest.vocab_size
-
-    @property
-    def eos_id(self) -> int:
-        return self._manifest.eos_id
-
-    @property
-    def bos_id(self) -> int | None:
-        return self._manifest.bos_id
-
-    @property
-    def worker_pids(self) -> list[int]:
-        return getattr(self._feed, "pids", [])
-
     def source_tokens(self) -> dict[str, int]:
         """Training tokens (input positions) each source has supplied so far, all ranks together."""
         draws = self._pattern.draws_before(self._position)
@@ -117,27 +87,12 @@ class MixtureLoader:
         self._reported_epochs = now
         return started
 
-    def __iter__(self) -> MixtureLoader:
-        return self
-
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._feed is None:
-            self._start()
-        try:
-            batch = self._transfer(torch.from_numpy(self._feed.next_batch()))  # (2, B, seq_len)
-        except BaseException:
-            self._stop()  # the position is unchanged: the next call restarts cleanly from it
-            raise
+            self._open(self._position, True)
+        batch = self._read()
         self._position += self._order.step_windows
-        return batch[0], batch[1]
-
-    def _start(self) -> None:
-        self._feed = open_feed(self._job, self._position, True, self.num_workers, self.prefetch)
-
-    def _stop(self) -> None:
-        feed, self._feed = self._feed, None
-        if feed is not None:
-            feed.close()
+        return batch
 
     def state_dict(self) -> dict:
         """Where the next batch comes from (JSON-ready, the same on every rank) and what it refers to."""
@@ -174,13 +129,3 @@ class MixtureLoader:
         self._stop()
         self._position = position
         self._reported_epochs = self.source_epochs()
-
-    def close(self) -> None:
-        """Stop the workers (idempotent)."""
-        self._stop()
-
-    def __enter__(self) -> MixtureLoader:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from dlx.data.shards import TOKENIZER_FILE, Manifest, read_manifest
+from dlx.data.source import Source
 from dlx.data.tokenizer_identity import describe_difference, read_identity
 from dlx.errors import UserError
 
@@ -50,15 +50,6 @@ def check_mix(mix: dict[str, float]) -> None:
         seen[resolved] = path
 
 
-@dataclass(frozen=True)
-class Source:
-    name: str
-    """How metrics, eval records and the report call it: the folder name, or the path when folder names collide."""
-    path: Path
-    """As written in data.mix."""
-    weight: float
-
-
 def mix_sources(mix: dict[str, float]) -> list[Source]:
     """The sources of a checked `data.mix`, in the order of their resolved paths, each with its name."""
     paths = sorted(mix, key=lambda p: str(Path(p).resolve()))
@@ -70,17 +61,18 @@ def mix_sources(mix: dict[str, float]) -> list[Source]:
     ]
 
 
-def open_sources(sources: list[Source]) -> list[Manifest]:
-    """Each source's manifest; UserError when one is not a complete prepared dataset or the tokenizers differ."""
+def open_sources(sources: list[Source], key: str = "data.mix source") -> list[Manifest]:
+    """Each source's manifest; UserError when one is not a complete prepared dataset or the tokenizers differ. `key`:
+    how a message names a source before its path (`data.path` for one dataset)."""
     manifests = []
     for source in sources:
         try:
             manifest = read_manifest(source.path)
         except UserError as e:
-            raise UserError(f"data.mix source {source.path}: {e}") from None
+            raise UserError(f"{key} {source.path}: {e}") from None
         if not manifest.complete:
             raise UserError(
-                f"data.mix source {source.path} is still being prepared (manifest not complete); finish `dlx prepare`"
+                f"{key} {source.path} is still being prepared (manifest not complete); finish `dlx prepare` first"
             )
         manifests.append(manifest)
     check_same_tokenizer(sources)
@@ -88,7 +80,10 @@ def open_sources(sources: list[Source]) -> list[Manifest]:
 
 
 def check_same_tokenizer(sources: list[Source]) -> None:
-    """Every source was tokenized by one tokenizer, compared by content (`dlx.data.tokenizer_identity`)."""
+    """Every source was tokenized by one tokenizer, compared by content (`dlx.data.tokenizer_identity`); nothing to
+    compare for one source."""
+    if len(sources) < 2:
+        return
     first = sources[0]
     reference = read_identity(first.path / TOKENIZER_FILE)
     for source in sources[1:]:

@@ -1,0 +1,79 @@
+"""`FeedLoader`: what the loaders of prepared data share: a feed of a plan's batches (in this thread or in worker
+processes, `feed`), their transfer to the device, the manifest's ids, and closing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dlx.data.loader.feed import InProcessFeed, ReaderJob, WorkerFeed, open_feed
+from dlx.data.shards import Manifest
+from dlx.data.source import LoaderSettings
+from dlx.device import HostToDevice
+
+
+class FeedLoader:
+    """The feed, transfer and close of a `BatchSource` over prepared shards; a subclass decides where each pass starts
+    (`_open`) and how the position moves."""
+
+    def __init__(self, manifest: Manifest, job: ReaderJob, settings: LoaderSettings):
+        self.settings, self.seq_len = settings, settings.seq_len
+        self.num_workers, self.prefetch = settings.num_workers, settings.prefetch
+        self._manifest, self._job = manifest, job
+        self._transfer = HostToDevice(torch.device(settings.device), settings.batch_shape)
+        self._feed: InProcessFeed | WorkerFeed | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._manifest.vocab_size
+
+    @property
+    def eos_id(self) -> int:
+        return self._manifest.eos_id
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._manifest.bos_id
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the running workers (empty before the first batch, after close, or with num_workers=0)."""
+        return self._feed.pids if self._feed is not None else []
+
+    def source_tokens(self) -> dict[str, int]:
+        return {}
+
+    def new_source_epochs(self) -> list[tuple[str, int]]:
+        return []
+
+    def _open(self, start: Any, loop: bool) -> None:
+        self._feed = open_feed(self._job, start, loop, self.num_workers, self.prefetch)
+
+    def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The feed's next batch on the device; on any failure the feed is stopped and the position left unchanged,
+        so the next call restarts cleanly from it."""
+        try:
+            batch = self._transfer(torch.from_numpy(self._feed.next_batch()))  # (2, B, seq_len)
+        except BaseException:
+            self._stop()
+            raise
+        return batch[0], batch[1]
+
+    def _stop(self) -> None:
+        feed, self._feed = self._feed, None
+        if feed is not None:
+            feed.close()
+
+    def close(self) -> None:
+        """Stop the workers (idempotent). Also runs when the loader is garbage collected and at interpreter exit."""
+        self._stop()
+
+    def __iter__(self) -> FeedLoader:
+        return self
+
+    def __enter__(self) -> FeedLoader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
