@@ -14,6 +14,7 @@ LAYERS = {
     "metrics": 2,
     "parallel": 2,
     "bench": 2,
+    "evals": 2,
     "model": 1,
     "data": 1,
     "device": 0,

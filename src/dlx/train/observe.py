@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dlx.data.token_bytes import read_token_bytes
 from dlx.errors import UserError
 from dlx.metrics.gpu_monitor import RECORD_KEYS
 from dlx.metrics.profiler import PROFILED_KEY, ProfileWindow, StepProfiler
@@ -97,6 +98,8 @@ def observer_header(run: Run) -> list[str]:
             f"Samples: {len(run.sampler.prompts)} prompt(s) every {run.sampler.every} steps, "
             f"{run.sampler.max_new_tokens} tokens, {mode}, seed {run.sampler.seed} -> samples.jsonl"
         )
+    lines += run.tasks.header() if run.tasks is not None else []  # observers
+    lines += bpb_note(run)
     window = run.profiler.window
     if window.steps:
         lines.append(
@@ -105,6 +108,16 @@ def observer_header(run: Run) -> list[str]:
     return lines
 
 
+def bpb_note(run: Run) -> list[str]:
+    """Why validation records have no bits per byte, when they have none."""
+    path = run.data_info.path
+    if not run.config.eval.every or (path is not None and read_token_bytes(path) is not None):
+        return []
+    why = "synthetic data has no tokenizer" if path is None else "the tokenizer is not byte-level BPE"
+    return [f"Bits per byte: n/a in eval.jsonl ({why})"]
+
+
 def report_files(run_dir: Path) -> list[Path]:
     """What W&B gets at the end: report.md and its plots."""
-    return [run_dir / name for name in ("report.md", "loss.png", "throughput.png", "phases.png")]
+    names = ("report.md", "loss.png", "throughput.png", "phases.png", "tasks.png")
+    return [run_dir / name for name in names if name != "tasks.png" or (run_dir / name).is_file()]

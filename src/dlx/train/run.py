@@ -41,6 +41,7 @@ from dlx.train.recipe import write_resolved
 from dlx.train.sample import TrainingSampler
 from dlx.train.signals import GracefulStop
 from dlx.train.step_plan import StepPlan, plan_steps
+from dlx.train.tasks import TaskEvaluation, build_task_evaluation, load_run_tasks
 
 
 @dataclass
@@ -87,6 +88,8 @@ class Run:
     """Where the initial weights came from (model.init_from), when they were loaded."""
     sampler: TrainingSampler | None = None
     """Text generated every `eval.sample_every` steps; None when off."""
+    tasks: TaskEvaluation | None = None
+    """lm-evaluation-harness tasks every `eval.tasks_every` steps and at the end; None without eval.tasks."""
 
     @property
     def model(self) -> Transformer:
@@ -259,6 +262,7 @@ def build_run(
         init = resolve_initial_weights(config, data_info, loaded is not None, console)
         tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
         sampler = check_observers(config, plan.total_steps, tokenizer)
+        tasks = load_run_tasks(config.eval, tokenizer, main_decides)  # observers
         fill = initial_weights(init, device, config)
         strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan, fill)
         scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
@@ -276,7 +280,7 @@ def build_run(
     timer = PhaseTimer(device)
     # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
     records = read_jsonl(run_dir / METRICS_FILE)
-    return Run(
+    run = Run(
         config=config,
         run_dir=run_dir,
         device=device,
@@ -302,6 +306,8 @@ def build_run(
         gpu=open_gpu_counters(device, config.log.nvml),
         sampler=sampler,
     )
+    run.tasks = build_task_evaluation(run, tasks, tokenizer)  # observers
+    return run
 
 
 def restore(

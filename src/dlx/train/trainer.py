@@ -171,15 +171,18 @@ def between_steps(run: Run, step: int) -> bool:
     due_eval = cfg.eval.every and step % cfg.eval.every == 0
     due_sample = run.sampler is not None and run.sampler.due(step)
     due_save = cfg.checkpoint.every and step % cfg.checkpoint.every == 0
+    due_tasks = run.tasks is not None and run.tasks.due(step)  # observers
     if run.last_save is not None and run.env.is_main:
         run.last_save.poll()  # a background save becomes a checkpoint as soon as it is complete
-    if not (due_eval or due_sample or due_save):
+    if not (due_eval or due_sample or due_save or due_tasks):
         return False
     with run.timer.paused():
         if due_eval:
             run_eval(run, step)
         if due_sample:
             log_samples(run, step)
+        if due_tasks:
+            run.tasks.between_steps(step)  # observers
         if due_save:
             save(run, final=step == run.plan.total_steps)
     return distributed.any_rank(run.stop.requested, run.device)
@@ -307,6 +310,8 @@ def finish(run: Run) -> None:
         )
     elif run.config.eval.every and not (run.eval_records and run.eval_records[-1]["step"] == step):
         run_eval(run, step)
+    if run.tasks is not None:
+        run.tasks.finish(step)  # observers
     if run.records and run.env.is_main:
         run.verdict = bottleneck_verdict(run.records, hardware=hardware(run))
         run.console.print(str(run.verdict))
