@@ -105,10 +105,9 @@ class TaskSet:
         from `lm_eval.evaluator.evaluate`: unlike `simple_evaluate` it leaves the global random generators alone (a
         training run goes on after it) and runs no git or pip to describe the environment."""
         from lm_eval.evaluator import evaluate
-        from lm_eval.tasks import get_task_dict
 
         with offline():
-            tasks = get_task_dict(self.entries, self.manager)  # fresh task objects: documents from the cache
+            tasks = self.manager.load(self.entries)  # fresh task objects: documents from the datasets cache
             return evaluate(
                 lm, tasks, limit=self.limit, bootstrap_iters=BOOTSTRAP_ITERS, log_samples=False, verbosity="WARNING"
             )
@@ -117,7 +116,7 @@ class TaskSet:
 def load_tasks(names: list[str], task_dir: str | None, limit: int | None, option: str = "eval.tasks") -> TaskSet:
     """Resolve every task and load its documents (offline); one UserError naming the first that does not."""
     check_lm_eval(option)
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import TaskManager
     from lm_eval.tasks._yaml_loader import load_yaml  # how lm-eval's own CLI reads a task given as a YAML path
 
     folders, entries = _task_folders(names, task_dir, option), []
@@ -139,7 +138,7 @@ def load_tasks(names: list[str], task_dir: str | None, limit: int | None, option
             where = f" or in eval.task_dir {task_dir}" if task_dir else ""
             raise UserError(f"{option}: unknown task {unknown[0]!r}: not one of lm-eval's tasks{where}")
         for entry in entries:
-            _load_offline(entry, manager, option, get_task_dict)
+            _load_offline(entry, manager, option)
     return TaskSet(list(names), entries, manager, limit)
 
 
@@ -152,10 +151,10 @@ def _task_folders(names: list[str], task_dir: str | None, option: str) -> list[P
     return folders
 
 
-def _load_offline(entry: Any, manager: Any, option: str, get_task_dict: Any) -> None:
+def _load_offline(entry: Any, manager: Any, option: str) -> None:
     name = entry if isinstance(entry, str) else entry.get("task", "?")
     try:
-        get_task_dict([entry], manager)
+        manager.load([entry])
     except Exception as e:  # datasets and lm-eval raise many kinds; the first line says which
         reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise UserError(
