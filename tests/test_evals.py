@@ -139,10 +139,8 @@ def test_tasks_in_the_loop_equal_dlx_eval_on_the_final_checkpoint(run_dir, capsy
     result = run_cli(["eval", str(run_dir), "--tasks", TASK, "--limit", str(LIMIT), "--json"], run_dir.parent)
     assert result.returncode == 0, result.stderr
     metrics = json.loads(result.stdout)["results"][TASK]
-    assert (metrics["acc,none"], metrics["acc_stderr,none"]) == (
-        records[-1][f"{TASK}/acc"],
-        records[-1][f"{TASK}/acc_stderr"],
-    )
+    last = records[-1]
+    assert (metrics["acc,none"], metrics["acc_stderr,none"]) == (last[f"{TASK}/acc"], last[f"{TASK}/acc_stderr"])
     from dlx.cli.eval_commands import eval_checkpoint
 
     eval_checkpoint(run_dir, TASK, limit=LIMIT, device="cpu")  # the table, in this process
