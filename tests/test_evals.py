@@ -241,3 +241,23 @@ def test_the_shipped_task_is_deterministic_four_way_and_indentation_blind(tmp_pa
         assert len(indents) == 1  # the answer's indentation does not give it away
         assert doc["context"].endswith("\n") and doc["context"].lstrip().startswith("def ")
     assert 0.1 < np.mean([doc["label"] == 0 for doc in docs]) < 0.45  # the answer's position is shuffled
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("layout", [["--parallel.strategy", "fsdp"], ["--parallel.tp", "2"]], ids=["fsdp", "tp"])
+def test_tasks_on_two_ranks_equal_one_process(prepared, tmp_path, layout):
+    """FSDP (the data-parallel ranks split the requests) and tensor parallelism (logits sharded over the vocabulary):
+    the metrics of the sharded live model equal `dlx eval` of its final checkpoint in one process."""
+    from test_parallel import torchrun
+
+    run_dir = tmp_path / "run"
+    options = [*TINY, "--data.path", str(prepared), "--data.num_workers", "0", "--train.max_steps", "2"]
+    options += ["--eval.tasks", f'["{TASK}"]', "--eval.tasks_limit", "8", *layout, "--run-dir", str(run_dir)]
+    result, _ = torchrun(["pretrain", *options], tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    (record,) = [json.loads(line) for line in (run_dir / "tasks.jsonl").read_text().splitlines()]
+    single = run_cli(["eval", str(run_dir), "--tasks", TASK, "--limit", "8", "--json"], tmp_path)
+    assert single.returncode == 0, single.stderr
+    metrics = json.loads(single.stdout)["results"][TASK]
+    for name in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr"):
+        assert record[f"{TASK}/{name}"] == metrics[f"{name},none"], name
