@@ -26,10 +26,32 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import LM
 
 from dlx.data.prepare.tokenizer import document_token_ids
+from dlx.model.kv_cache import KVCache
 from dlx.parallel.distributed import DistEnv
 
 BATCH_TOKENS = 8192
 """Padded tokens per forward at most (rows × the longest row): the logits of one batch are this × the vocabulary."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One request as the model sees it: HFLM's input (context + continuation)[-(max_seq_len + 1):][:-1], split where
+    the scored positions start. The logits at `scored`'s positions predict `targets`, the continuation's tokens."""
+
+    index: int
+    before: list[int]
+    scored: list[int]
+    targets: list[int]
+
+    @classmethod
+    def of(cls, index: int, context: list[int], continuation: list[int], max_length: int) -> Row:
+        row = (context + continuation)[-(max_length + 1) :][:-1]
+        n = min(len(continuation), len(row))
+        return cls(index, row[: len(row) - n], row[len(row) - n :], continuation[len(continuation) - n :])
+
+    @property
+    def width(self) -> int:
+        return len(self.before) + len(self.scored)
 
 
 @dataclass(frozen=True)
@@ -103,7 +125,11 @@ class DlxLM(LM):
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         """Every rank generates every request (generation is a few sequential forwards; FSDP needs all ranks)."""
-        return [self.generate_one(*request.args) for request in requests]
+        was_training = self.model.training
+        try:
+            return [self.generate_one(*request.args) for request in requests]
+        finally:
+            self.model.train(was_training)
 
     def generate_one(self, context: str, gen_kwargs: dict[str, Any]) -> str:
         until = gen_kwargs.get("until") or [self.tokenizer.decode([self.eos_id])]
@@ -111,10 +137,9 @@ class DlxLM(LM):
         max_new = int(gen_kwargs.get("max_gen_toks", 256))
         temperature = float(gen_kwargs.get("temperature", 0.0)) if gen_kwargs.get("do_sample") else 0.0
         ids = self.tok_encode(context)[-max(1, self.max_length - max_new) :]
-        prompt = torch.tensor([ids], device=self.device)
+        prompt = torch.tensor([ids], device=self.device)  # generated in the weights' dtype, as `dlx generate` runs
         self.model.eval()
-        with torch.no_grad(), self.autocast():
-            out = self.model.generate(prompt, max_new, temperature=temperature, eos_id=self.eos_id)
+        out = self.model.generate(prompt, max_new, temperature=temperature, eos_id=self.eos_id)
         self.forwards += out.shape[1] - prompt.shape[1]
         text = self.tokenizer.decode(out[0, prompt.shape[1] :].tolist(), skip_special_tokens=True)
         for stop in until:
@@ -124,38 +149,48 @@ class DlxLM(LM):
 
     def score(self, pairs: list[tuple[list[int], list[int]]]) -> list[Scored]:
         """Σ log p(continuation | context) and whether greedy decoding gives the continuation, per pair. This rank
-        scores its share (longest first, in batches of similar length); every rank gets every result."""
-        order = sorted(range(len(pairs)), key=lambda i: -len(pairs[i][0]) - len(pairs[i][1]))
-        mine = order[self.env.dp_rank :: self.env.dp_size]
-        batches = self.batches([pairs[i] for i in mine])
-        n_batches = self.agree_on_batches(len(batches))
-        results: list[Scored] = []
+        scores its share of the units (`units`); every rank gets every result."""
+        units = self.units([Row.of(i, *pair, self.max_length) for i, pair in enumerate(pairs)])
+        mine = units[self.env.dp_rank :: self.env.dp_size]
+        count = self.agree_on_units(len(mine))
+        results: dict[int, Scored] = {}
         was_training = self.model.training
         self.model.eval()
         try:
-            for index in range(n_batches):
-                rows = batches[index] if index < len(batches) else [([self.prefix_token_id], [self.eos_id])]
-                scored = self.score_batch(rows)
-                results += scored if index < len(batches) else []  # a rank with fewer batches joins the forwards
+            for index in range(count):
+                if index < len(mine):
+                    results.update(self.score_unit(mine[index]))
+                else:  # a rank with fewer units joins the forwards the others run (FSDP gathers in each)
+                    self.score_unit([Row(-1, [self.prefix_token_id], [self.eos_id], [self.eos_id])])
         finally:
             self.model.train(was_training)
-        return self.exchange(len(pairs), dict(zip(mine, results, strict=True)))
+        return self.exchange(len(pairs), results)
 
-    def batches(self, pairs: list[tuple[list[int], list[int]]]) -> list[list[tuple[list[int], list[int]]]]:
-        """Consecutive pairs (longest first) grouped so that rows × the longest row stays within batch_tokens."""
-        batches: list[list[tuple[list[int], list[int]]]] = []
-        for pair in pairs:
-            if batches and (len(batches[-1]) + 1) * self.row_width(batches[-1][0]) <= self.batch_tokens:
-                batches[-1].append(pair)
+    @property
+    def shares_contexts(self) -> bool:
+        """On a CPU (compute-bound at any batch size), requests with one context run it once into a KV cache."""
+        return self.device.type == "cpu" and self.env.tp == 1
+
+    def units(self, rows: list[Row]) -> list[list[Row]]:
+        """Work units, longest rows first. Sharing contexts: the rows of one context (a multiple-choice question's
+        answers: 2.5x fewer tokens on dlx_stdlib_next_line). Else (a GPU, where small batches leave it idle; tensor
+        parallelism, which has no KV cache): batches of whole rows, rows × the longest within batch_tokens."""
+        rows = sorted(rows, key=lambda row: -row.width)
+        if self.shares_contexts:
+            by_context: dict[tuple[int, ...], list[Row]] = {}
+            for row in rows:
+                by_context.setdefault(tuple(row.before), []).append(row)
+            return list(by_context.values())
+        units: list[list[Row]] = []
+        for row in rows:
+            if units and (len(units[-1]) + 1) * units[-1][0].width <= self.batch_tokens:
+                units[-1].append(row)
             else:
-                batches.append([pair])
-        return batches
+                units.append([row])
+        return units
 
-    def row_width(self, pair: tuple[list[int], list[int]]) -> int:
-        return min(len(pair[0]) + len(pair[1]) - 1, self.max_length)
-
-    def agree_on_batches(self, count: int) -> int:
-        """The most batches any rank has: every rank runs that many forwards."""
+    def agree_on_units(self, count: int) -> int:
+        """The most units any rank has: every rank runs that many."""
         if not self.env.is_distributed:
             return count
         from dlx.parallel.distributed import all_reduce
@@ -163,27 +198,58 @@ class DlxLM(LM):
         return int(all_reduce([float(count)], "max", self.device)[0])
 
     @torch.no_grad()
-    def score_batch(self, pairs: list[tuple[list[int], list[int]]]) -> list[Scored]:
-        """One forward over the rows, right-padded (causal attention: padding after a row changes nothing in it)."""
-        rows = [(context + continuation)[-(self.max_length + 1) :][:-1] for context, continuation in pairs]
-        width = max(map(len, rows))
-        width += -width % self.env.tp  # sequence parallelism splits the positions over the tensor-parallel ranks
+    def score_unit(self, unit: list[Row]) -> dict[int, Scored]:
+        """Each row's scored logits, (len(scored), vocab), from one unit's forwards."""
+        logits, offset = self.shared_context_logits(unit) if self.shares_contexts else self.whole_row_logits(unit)
+        scored = {}
+        for i, row in enumerate(unit):
+            start = offset(row)
+            picked = F.log_softmax(logits[i, start : start + len(row.scored)].float(), dim=-1)  # (n, vocab)
+            target = torch.tensor(row.targets, device=picked.device)
+            logprob = picked.gather(1, target[:, None]).sum().item()
+            scored[row.index] = Scored(logprob, bool((picked.argmax(-1) == target).all()))
+        return scored
+
+    def whole_row_logits(self, unit: list[Row]) -> tuple[torch.Tensor, Callable[[Row], int]]:
+        """One forward over the whole rows, right-padded (causal attention: padding after a row changes nothing)."""
+        width = unit[0].width + (-unit[0].width % self.env.tp)  # sequence parallelism: positions split over tp
+        logits = self.forward(self.padded([row.before + row.scored for row in unit], width))  # (B, T, vocab)
+        if hasattr(logits, "full_tensor"):  # tensor parallelism: the vocabulary is sharded over the ranks
+            logits = logits.full_tensor()
+        return logits, lambda row: len(row.before)
+
+    def shared_context_logits(self, unit: list[Row]) -> tuple[torch.Tensor, Callable[[Row], int]]:
+        """The context (`before`, the same for every row) once into a KV cache, then the scored parts of all rows
+        from there: the same positions and attention as whole rows, fewer tokens."""
+        before, width = unit[0].before, max(len(row.scored) for row in unit)
+        shared = self.caches(1, len(before) + 1)
+        self.forward(self.padded([before or [self.prefix_token_id]], len(before) or 1), shared)
+        caches = self.caches(len(unit), len(before) + width)
+        for cache, one in zip(caches, shared, strict=True):
+            cache.keys[:, : len(before)] = one.keys[:, : len(before)]
+            cache.values[:, : len(before)] = one.values[:, : len(before)]
+        logits = self.forward(self.padded([row.scored for row in unit], width), caches, len(before))
+        return logits, lambda row: 0
+
+    def caches(self, batch: int, length: int) -> list[KVCache]:
+        """One KV cache per layer, in the dtype attention computes in (autocast's, else the weights')."""
+        args = self.model.args
+        with self.autocast():
+            on = torch.is_autocast_enabled(self.device.type)
+            dtype = torch.get_autocast_dtype(self.device.type) if on else next(self.model.parameters()).dtype
+        return [KVCache(batch, length, args.kv_heads, args.head_dim, dtype, self.device) for _ in range(args.n_layers)]
+
+    def padded(self, rows: list[list[int]], width: int) -> torch.Tensor:
         tokens = torch.zeros(len(rows), width, dtype=torch.long)
         for i, row in enumerate(rows):
             tokens[i, : len(row)] = torch.tensor(row)
+        return tokens.to(self.device)
+
+    def forward(self, tokens: torch.Tensor, caches: list[KVCache] | None = None, start: int = 0) -> torch.Tensor:
         with self.autocast():
-            logits = self.model(tokens.to(self.device))  # (B, T, vocab)
+            logits = self.model(tokens, caches, start_pos=start) if caches is not None else self.model(tokens)
         self.forwards += 1
-        if hasattr(logits, "full_tensor"):  # tensor parallelism: the vocabulary is sharded over the ranks
-            logits = logits.full_tensor()
-        scored = []
-        for i, (row, (_, continuation)) in enumerate(zip(rows, pairs, strict=True)):
-            n = min(len(continuation), len(row))
-            picked = F.log_softmax(logits[i, len(row) - n : len(row)].float(), dim=-1)  # (n, vocab)
-            target = torch.tensor(continuation[-n:], device=picked.device)
-            logprob = picked.gather(1, target[:, None]).sum().item()
-            scored.append(Scored(logprob, bool((picked.argmax(-1) == target).all())))
-        return scored
+        return logits
 
     def exchange(self, total: int, mine: dict[int, Scored]) -> list[Scored]:
         """Every data-parallel rank's results, in request order, on every rank."""
