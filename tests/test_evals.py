@@ -261,3 +261,22 @@ def test_tasks_on_two_ranks_equal_one_process(prepared, tmp_path, layout):
     metrics = json.loads(single.stdout)["results"][TASK]
     for name in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr"):
         assert record[f"{TASK}/{name}"] == metrics[f"{name},none"], name
+
+
+def test_shared_contexts_score_as_whole_rows(adapters):
+    """The CPU path (a context once into a KV cache, then its continuations) equals batches of whole rows (the GPU
+    and tensor-parallel path) request for request."""
+    from dlx.evals.adapter import DlxLM
+
+    ours, _ = adapters
+
+    class WholeRows(DlxLM):
+        shares_contexts = False
+
+    whole = WholeRows(ours.model, ours.tokenizer, ours.max_length, ours.prefix_token_id, ours.eos_id)
+    context = "    def _remote(self, action):\n        s = self._find_grail_rc()\n"
+    pairs = [(context, "        if not s:"), (context, "        return 0"), ("", "import os"), ("x" * 600, " = 1")]
+    shared, rows = ours.loglikelihood(instances("loglikelihood", pairs)), whole.loglikelihood(instances("ll", pairs))
+    for a, b in zip(shared, rows, strict=True):
+        assert abs(a[0] - b[0]) <= TOLERANCE and a[1] == b[1]
+    assert ours.shares_contexts and whole.forwards == 1  # one batch of whole rows
