@@ -11,6 +11,11 @@ lm-evaluation-harness task `dlx_stdlib_next_line` (`--limit` documents) every `-
 - the start-up cost before step 1: importing lm-eval and resolving and loading the task, in a fresh interpreter;
 - the accuracy curve: lm-eval's `acc` and `acc_norm` ± standard error at each evaluation (chance: 25 %).
 
+With `--compare-paths` instead: the adapter's two ways of scoring on a CPU, interleaved in one process on the demo's
+model (random weights: the cost does not depend on them), `--limit` documents, `--rounds` rounds: contexts shared
+through a KV cache (the CPU default) against batches of whole rows (the GPU and tensor-parallel path); wall and
+process CPU seconds per evaluation.
+
 Run:  .venv/bin/python benchmarks/bench_evals.py    (appends to BENCHMARKS.md; --no-record to only print)
 """
 
@@ -58,6 +63,44 @@ def run(data: Path, steps: int, every: int, limit: int) -> dict:
     return {"wall_s": wall, "tasks": tasks, "step_s": statistics.median(steps_s), "recipe": recipe}
 
 
+def compare_paths(data: Path, limit: int, rounds: int) -> list[str]:
+    import torch
+
+    from dlx.evals.adapter import DlxLM, build_adapter
+    from dlx.evals.harness import load_tasks
+    from dlx.model.llama import Transformer
+    from dlx.model.presets import resolve_model_args
+
+    class WholeRows(DlxLM):
+        shares_contexts = False
+
+    model = Transformer(resolve_model_args("demo").model_copy(update={"vocab_size": 8192})).eval()
+    shared = build_adapter(model, data / "tokenizer.json")
+    whole = WholeRows(model, shared.tokenizer, shared.max_length, shared.prefix_token_id, shared.eos_id)
+    tasks = load_tasks([STDLIB_NEXT_LINE], None, limit)
+    tasks.run(shared)  # warm: datasets cache, lm-eval's templates
+    times: dict[str, list[tuple[float, float]]] = {"shared contexts (KV cache)": [], "whole rows": []}
+    for _ in range(rounds):
+        for spent, lm in zip(times.values(), (shared, whole), strict=True):
+            wall, cpu = time.perf_counter(), time.process_time()
+            tasks.run(lm)
+            spent.append((time.perf_counter() - wall, time.process_time() - cpu))
+    lines = [
+        f"Scoring paths on a CPU: `{STDLIB_NEXT_LINE}`, {limit} documents, demo model (random weights), "
+        f"{rounds} interleaved rounds, torch threads {torch.get_num_threads()}.",
+        "",
+        "| path | wall s per evaluation, median (min) | process CPU s, median (min) |",
+        "|---|---:|---:|",
+    ]
+    for name, spent in times.items():
+        walls, cpus = [w for w, _ in spent], [c for _, c in spent]
+        lines.append(
+            f"| {name} | {statistics.median(walls):.2f} ({min(walls):.2f}) | "
+            f"{statistics.median(cpus):.2f} ({min(cpus):.2f}) |"
+        )
+    return lines
+
+
 def startup_seconds() -> float:
     out = subprocess.run([sys.executable, "-c", STARTUP], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
@@ -97,11 +140,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--limit", type=int, default=100)
+    parser.add_argument("--compare-paths", action="store_true", help="only the two scoring paths, interleaved")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-record", action="store_true", help="print only; leave BENCHMARKS.md alone")
     args = parser.parse_args()
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if args.compare_paths:
+        head = [f"### {when}", "", *environment(["src/dlx/evals"]), ""]
+        lines = head + compare_paths(args.data, args.limit, args.rounds)
+        print("\n".join(lines))
+        if not args.no_record:
+            record_section("Evals", "", lines)
+        return
     startup = startup_seconds()
     measured = run(args.data, args.steps, args.every, args.limit)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"### {when}",
         "",
