@@ -15,6 +15,7 @@ LAYERS = {
     "train": 3,
     "metrics": 2,
     "parallel": 2,
+    "evals": 2,
     "model": 1,
     "data": 1,
     "device": 0,

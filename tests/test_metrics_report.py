@@ -91,3 +91,17 @@ def test_report_without_peak_or_eval(tmp_path: Path) -> None:
     text = path.read_text()
     assert "| validation | not evaluated (eval.every 0) |" in text and "| MFU, attention convention | n/a |" in text
     assert (tmp_path / "throughput.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_report_with_tasks_and_bits_per_byte(tmp_path: Path) -> None:
+    """tasks.jsonl (eval.tasks) becomes a table of each metric ± stderr, first and last evaluation, and tasks.png;
+    validation bits per byte is stated first → last."""
+    records = [{"step": s, "loss": 3.0, "tokens_per_s": 100.0, "step_s": 1.0, "forward_s": 1.0} for s in (1, 2)]
+    evals = [{"step": 1, "loss": 3.0, "bpb": 1.5}, {"step": 2, "loss": 2.5, "bpb": 1.25}]
+    with MetricsLogger(tmp_path) as logger:
+        for step, acc in ((1, 0.25), (2, 0.5)):
+            logger.log_tasks({"step": step, "t/acc": acc, "t/acc_stderr": 0.1, "tasks_s": 0.5})
+    text = write_report(tmp_path, records, bottleneck_verdict(records), [], evals).read_text()
+    assert "| t/acc | 0.2500 ± 0.1000 | 0.5000 ± 0.1000 |" in text
+    assert "Validation bits per byte: 1.5000 (step 1) → 1.2500 (step 2)" in text
+    assert (tmp_path / "tasks.png").read_bytes()[:8] == PNG_MAGIC and "![downstream tasks](tasks.png)" in text

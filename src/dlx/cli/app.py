@@ -27,9 +27,10 @@ def _register_commands() -> None:
     train_commands.register(app)
     plan_commands.register(app)
     bench_commands.register(app)
-    from dlx.cli import data_commands
+    from dlx.cli import data_commands, eval_commands
 
     data_commands.register(app)
+    eval_commands.register(app)
 
 
 BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}

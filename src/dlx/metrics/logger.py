@@ -1,6 +1,7 @@
-"""MetricsLogger: one JSON object per line in run_dir/metrics.jsonl (train steps), eval.jsonl and samples.jsonl
-(text generated during training); optional TensorBoard. (Weights & Biases is an observer of the run, fed the same
-records: dlx.metrics.wandb_sink, dlx.train.observe.)
+"""MetricsLogger: one JSON object per line in run_dir/metrics.jsonl (train steps), eval.jsonl, tasks.jsonl
+(lm-evaluation-harness metrics, `{"step", "task/metric": value, "task/metric_stderr": value, ..., "tasks_s"}`) and
+samples.jsonl (text generated during training); optional TensorBoard. (Weights & Biases is an observer of the run, fed
+the same records: dlx.metrics.wandb_sink, dlx.train.observe.)
 
 Lines are flushed as they are written, so a crashed run keeps every step it logged; a line cut short by a crash is
 skipped by `read_jsonl`. Non-finite floats (a NaN loss) are written as null: JSON has no NaN. Only the main rank
@@ -22,6 +23,7 @@ from dlx.errors import UserError
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.jsonl"
 SAMPLES_FILE = "samples.jsonl"
+TASKS_FILE = "tasks.jsonl"
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -59,7 +61,7 @@ class MetricsLogger:
         if not is_main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        for name in (METRICS_FILE, EVAL_FILE, SAMPLES_FILE):
+        for name in (METRICS_FILE, EVAL_FILE, SAMPLES_FILE, TASKS_FILE):
             _end_torn_line(self.run_dir / name)
             if resume_step is not None:
                 _drop_after(self.run_dir / name, resume_step)
@@ -73,6 +75,10 @@ class MetricsLogger:
     def log_eval(self, record: dict[str, Any]) -> None:
         """Append one evaluation record ({"step", "loss", "perplexity", ...}) to eval.jsonl (TensorBoard: eval/)."""
         self._write(EVAL_FILE, "eval", record)
+
+    def log_tasks(self, record: dict[str, Any]) -> None:
+        """Append one task evaluation ({"step", "task/metric": value, ...}) to tasks.jsonl (TensorBoard: tasks/)."""
+        self._write(TASKS_FILE, "tasks", record)
 
     def log_sample(self, record: dict[str, Any]) -> None:
         """Append one generated text ({"step", "prompt", "text", ...}) to samples.jsonl."""

@@ -1,4 +1,4 @@
-"""The report's PNGs: loss, throughput and MFU, phase times. Matplotlib's Agg canvas, no pyplot.
+"""The report's PNGs: loss, throughput and MFU, phase times, downstream tasks. Matplotlib's Agg canvas, no pyplot.
 
 `Figure` + `FigureCanvasAgg` keep no global state (no backend switch, no figure registry), so plotting is safe
 inside a trainer or a test process; each PNG is rendered to memory and written atomically.
@@ -83,6 +83,28 @@ def plot_phases(path: Path, records: Sequence[dict[str, Any]]) -> Path:
     ax.set(xlabel="optimizer step", ylabel="ms per step", title="Where each step's time goes")
     ax.legend(loc="upper right", fontsize="small")
     return _save(fig, path)
+
+
+def plot_tasks(path: Path, records: Sequence[dict[str, Any]]) -> Path:
+    """Each task metric of tasks.jsonl (`task/metric`) over the steps, ± its standard error as error bars."""
+    fig, ax = _figure()
+    for key in task_metric_keys(records):
+        steps, values = _series(records, key)
+        errors = [float(rec.get(f"{key}_stderr") or 0.0) for rec in records if _finite(rec.get(key))]
+        ax.errorbar(steps, values, yerr=errors, marker="o", markersize=4, capsize=3, label=key)
+    ax.set(xlabel="optimizer step", ylabel="metric (lm-evaluation-harness)", title="Downstream tasks")
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def task_metric_keys(records: Sequence[dict[str, Any]]) -> list[str]:
+    """The `task/metric` keys of task records, standard errors left out, in first-seen order."""
+    keys = [key for rec in records for key in rec if "/" in key and "_stderr" not in key]
+    return list(dict.fromkeys(keys))
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _figure(rows: int = 1) -> tuple[Any, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from dlx.atomic import atomic_write_text
 from dlx.metrics import flops, plots
+from dlx.metrics.logger import TASKS_FILE, read_jsonl
 from dlx.metrics.profiler import profile_report_section
 from dlx.metrics.verdict import LOW_MFU, THRESHOLDS, Verdict, steady_records
 
@@ -44,12 +45,15 @@ def write_report(
     """Write run_dir/report.md with loss.png, throughput.png and phases.png beside it; return the report's path.
     `source_weights`: data.mix's {source name: weight}, for the realised mixture against them."""
     run_dir = Path(run_dir)
-    evals = [{"step": r["step"], "loss": r.get("loss", r.get("eval_loss"))} for r in eval_records]
+    evals = [{"step": r["step"], "loss": r.get("loss", r.get("eval_loss")), "bpb": r.get("bpb")} for r in eval_records]
+    tasks = read_jsonl(run_dir / TASKS_FILE)  # eval.tasks: lm-evaluation-harness metrics
     used = steady_records(records, skip_first)
     if records:
         plots.plot_loss(run_dir / "loss.png", records, evals)
         plots.plot_throughput(run_dir / "throughput.png", records)
         plots.plot_phases(run_dir / "phases.png", records)
+    if tasks:
+        plots.plot_tasks(run_dir / "tasks.png", tasks)
     sections = [
         ["# Run report", "", "```", *header_lines, "```"],
         _conventions(),
@@ -58,9 +62,10 @@ def write_report(
         _losses(records, evals),
         _z_loss(records),
         _mixture(records, eval_records, source_weights or {}),
+        _tasks(tasks),
         _verdict(verdict),
         profile_report_section(run_dir),
-        _figures() if records else [],
+        _figures(bool(tasks)) if records else [],
     ]
     text = "\n\n".join("\n".join(lines) for lines in sections if lines) + "\n"
     path = run_dir / REPORT_FILE
@@ -128,10 +133,48 @@ def _losses(records: Sequence[dict[str, Any]], evals: list[dict[str, Any]]) -> l
         last = evaluated[-1]
         lines.append(f"| validation (nats/token) | {_at(evaluated[0])} | {_at(last)} | {_at(_best(evaluated))} | |")
         lines.append(f"\nValidation perplexity at step {last['step']}: {_perplexity(last['loss']):,.2f} (e^loss).")
+        lines += _bits_per_byte(evaluated)
     else:
         lines.append("| validation | not evaluated (eval.every 0) | | | |")
     lines.append(f"\nThe smoothed column is the EMA (weight {plots.PLOT_SMOOTHING}) over the logged steps.")
     return lines
+
+
+def _bits_per_byte(evals: list[dict[str, Any]]) -> list[str]:
+    """Validation bits per byte, first and last: the figure that compares runs with different tokenizers."""
+    measured = [r for r in evals if _finite(r.get("bpb"))]
+    if not measured:
+        return ["Validation bits per byte: n/a (no byte-level BPE tokenizer with the data)."]
+    first, last = measured[0], measured[-1]
+    return [
+        f"Validation bits per byte: {first['bpb']:.4f} (step {first['step']}) → {last['bpb']:.4f} (step "
+        f"{last['step']}): cross-entropy in bits ÷ UTF-8 bytes of the targets, comparable across tokenizers."
+    ]
+
+
+def _tasks(records: Sequence[dict[str, Any]]) -> list[str]:
+    """eval.tasks: each lm-evaluation-harness metric at the first and last evaluation, ± its standard error."""
+    if not records:
+        return []
+    first, last = records[0], records[-1]
+    lines = [
+        "## Downstream tasks",
+        "",
+        "lm-evaluation-harness metrics on the live model (tasks.jsonl), ± their standard errors.",
+        "",
+        f"| task/metric | step {first['step']} | step {last['step']} |",
+        "|---|---:|---:|",
+    ]
+    for key in plots.task_metric_keys(records):
+        lines.append(f"| {key} | {_with_stderr(first, key)} | {_with_stderr(last, key)} |")
+    return lines
+
+
+def _with_stderr(record: dict[str, Any], key: str) -> str:
+    value, stderr = record.get(key), record.get(f"{key}_stderr")
+    if not _finite(value):
+        return "n/a"
+    return f"{value:.4f}" + (f" ± {stderr:.4f}" if _finite(stderr) else "")
 
 
 def _finite(value: Any) -> bool:
@@ -204,8 +247,8 @@ def _verdict(verdict: Verdict) -> list[str]:
     ]
 
 
-def _figures() -> list[str]:
-    return [
+def _figures(tasks: bool = False) -> list[str]:
+    lines = [
         "## Plots",
         "",
         "![loss](loss.png)",
@@ -214,6 +257,7 @@ def _figures() -> list[str]:
         "",
         "![phase times per step](phases.png)",
     ]
+    return lines + (["", "![downstream tasks](tasks.png)"] if tasks else [])
 
 
 def _format(value: float, fmt: str) -> str:

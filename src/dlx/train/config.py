@@ -212,6 +212,15 @@ class EvalSection(BaseModel):
     """Sample among the k likeliest tokens (null: among all) when eval.sample_temperature > 0."""
     sample_seed: int = Field(0, ge=0, lt=2**63)
     """Seed of the sampler's own generator, the same at every sampling step; training's random state is untouched."""
+    # Downstream tasks through lm-evaluation-harness on the live model (dlx.train.tasks; needs dlx[eval]).
+    tasks: list[str] = Field(default_factory=list, max_length=256)
+    """lm-eval task names or task YAML paths (dlx ships dlx_stdlib_next_line); results in tasks.jsonl."""
+    task_dir: str | None = None
+    """A folder of local lm-eval task YAML files (data from local files) whose tasks eval.tasks may name."""
+    tasks_every: int = Field(0, ge=0)
+    """Run eval.tasks every this many optimizer steps and at the end; 0: only at the end of the run."""
+    tasks_limit: int | None = Field(None, gt=0)
+    """Documents per task at most (each task's first ones); null: all of them."""
 
     @model_validator(mode="after")
     def _check_samples(self) -> EvalSection:
@@ -219,6 +228,11 @@ class EvalSection(BaseModel):
             raise ValueError(
                 f"eval.sample_every is {self.sample_every} but eval.sample_prompts is empty; give prompts, "
                 "e.g. --eval.sample_prompts '[\"def \"]', or set eval.sample_every 0"
+            )
+        if self.tasks_every and not self.tasks:
+            raise ValueError(
+                f"eval.tasks_every is {self.tasks_every} but eval.tasks is empty; name tasks, e.g. "
+                "--eval.tasks '[\"dlx_stdlib_next_line\"]', or set eval.tasks_every 0"
             )
         empty = [i for i, prompt in enumerate(self.sample_prompts) if not prompt]
         if empty:
@@ -361,11 +375,13 @@ class RunConfig(BaseModel):
             )
 
     def _check_observers(self) -> None:
-        if self.eval.sample_every and self.data.path == SYNTHETIC and not self.data.mix and not self.model.init_from:
-            raise ValueError(
-                "eval.sample_every needs a tokenizer and synthetic data has none; set data.path to a prepared "
-                "dataset (or model.init_from to weights with their tokenizer) or eval.sample_every 0"
-            )
+        no_tokenizer = self.data.path == SYNTHETIC and not self.data.mix and not self.model.init_from
+        for key, value in (("sample_every", self.eval.sample_every), ("tasks", self.eval.tasks)):
+            if value and no_tokenizer:
+                raise ValueError(
+                    f"eval.{key} needs a tokenizer and synthetic data has none; set data.path to a prepared "
+                    f"dataset (or model.init_from to weights with their tokenizer) or turn eval.{key} off"
+                )
         last = self.profile.start + self.profile.steps - 1
         if self.profile.steps and self.train.max_steps is not None and last > self.train.max_steps:
             raise ValueError(

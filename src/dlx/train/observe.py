@@ -1,6 +1,7 @@
-"""The observers a run has (`dlx.train.observer`): GPU counters (`log.nvml`), samples (`eval.sample_*`), the
-profiler (`profile.*`) and Weights & Biases (`log.wandb`), each an `Observer` around its `dlx.metrics` class (which
-knows nothing of the loop), built in that order by `build_observers`.
+"""The observers a run has (`dlx.train.observer`): GPU counters (`log.nvml`), samples (`eval.sample_*`), downstream
+tasks (`eval.tasks`, dlx.train.tasks), the profiler (`profile.*`) and Weights & Biases (`log.wandb`), each an
+`Observer` around its `dlx.metrics` (or `dlx.evals`) class, which knows nothing of the loop, built in that order by
+`build_observers`.
 
 `check_observers` and `check_wandb_installed` run before the run folder exists (bad input leaves nothing behind).
 """
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dlx.data.token_bytes import read_token_bytes
 from dlx.errors import UserError
 from dlx.metrics.gpu_monitor import RECORD_KEYS, NoGpuCounters, NvmlCounters, open_gpu_counters
 from dlx.metrics.logger import MetricsLogger
@@ -28,6 +30,8 @@ from dlx.train.sample import SampleObserver, TrainingSampler, build_sampler
 
 if TYPE_CHECKING:
     from dlx.metrics.wandb_sink import WandbSink
+    from dlx.train.data import DatasetInfo
+    from dlx.train.tasks import TaskEvaluation
 
 
 def check_observers(config: RunConfig, total_steps: int, tokenizer: Path | None) -> TrainingSampler | None:
@@ -59,15 +63,18 @@ def build_observers(
     logger: MetricsLogger,
     model: torch.nn.Module,
     sampler: TrainingSampler | None,
+    tasks: TaskEvaluation | None = None,
 ) -> ObserverList:
     """The same observers on every rank, in the order their header lines are printed; the sampler passes its
-    samples on to all of them (W&B's table)."""
+    samples, the task evaluation its metrics, on to all of them (W&B)."""
     observers = ObserverList()
     gpu = GpuObserver(open_gpu_counters(device, config.log.nvml), env, device)
     samples = [SampleObserver(sampler, model, logger, console, observers.on_sample)] if sampler is not None else []
     profiler = ProfilerObserver(build_profiler(config, run_dir, env, device, timer, console), env.rank)
     wandb = [WandbObserver(open_wandb(config, run_dir, env, console))] if config.log.wandb else []
-    observers.extend([gpu, *samples, profiler, *wandb])
+    if tasks is not None:
+        tasks.publish = observers.on_tasks
+    observers.extend([gpu, *samples, *([tasks] if tasks is not None else []), profiler, *wandb])
     return observers
 
 
@@ -153,6 +160,10 @@ class WandbObserver(Observer):
         if self.sink is not None:
             self.sink.log_sample(record)
 
+    def on_tasks(self, record: dict[str, Any]) -> None:
+        if self.sink is not None:
+            self.sink.log("tasks", record)
+
     def on_report(self, step: int, verdict: Any, files: list[Path]) -> None:
         if self.sink is not None:
             self.sink.finish_run(step, verdict, files)
@@ -162,6 +173,16 @@ class WandbObserver(Observer):
             self.sink.close()
 
 
+def bpb_note(config: RunConfig, data_info: DatasetInfo) -> list[str]:
+    """Why validation records have no bits per byte, when they have none."""
+    path = data_info.path
+    if not config.eval.every or (path is not None and read_token_bytes(path) is not None):
+        return []
+    why = "synthetic data has no tokenizer" if path is None else "the tokenizer is not byte-level BPE"
+    return [f"Bits per byte: n/a in eval.jsonl ({why})"]
+
+
 def report_files(run_dir: Path) -> list[Path]:
-    """What the observers get at the end: report.md and its plots."""
-    return [run_dir / name for name in ("report.md", "loss.png", "throughput.png", "phases.png")]
+    """What the observers get at the end: report.md and its plots (tasks.png with eval.tasks)."""
+    names = ("report.md", "loss.png", "throughput.png", "phases.png", "tasks.png")
+    return [run_dir / name for name in names if name != "tasks.png" or (run_dir / name).is_file()]

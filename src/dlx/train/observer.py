@@ -13,6 +13,7 @@ When each method is called, in a run's life:
 | `on_record(record)` | the finished step record, after it is logged | every rank |
 | `on_eval(record)` | a finished validation record (eval.jsonl) | every rank |
 | `on_sample(record)` | a text generated during training (samples.jsonl), passed on by the sampler | every rank |
+| `on_tasks(record)` | a task evaluation's metrics (tasks.jsonl), passed on by the task evaluation | every rank |
 | `due(step)` | after every step: whether `between_steps(step)` will do work | every rank alike |
 | `between_steps(step)` | after every step; does its work only when due | every rank alike |
 | `finish(step)` | once, after the last step (also after a stop), the final checkpoint and evaluation | every rank |
@@ -60,6 +61,9 @@ class Observer:
 
     def on_sample(self, record: dict[str, Any]) -> None:
         """A text generated during training, as logged to samples.jsonl."""
+
+    def on_tasks(self, record: dict[str, Any]) -> None:
+        """A task evaluation's metrics (lm-evaluation-harness), as logged to tasks.jsonl."""
 
     def due(self, step: int) -> bool:
         """Whether `between_steps(step)` will do work (the same answer on every rank, no side effects)."""
@@ -117,6 +121,10 @@ class ObserverList(Observer):
     def on_sample(self, record: dict[str, Any]) -> None:
         for observer in self.observers:
             observer.on_sample(record)
+
+    def on_tasks(self, record: dict[str, Any]) -> None:
+        for observer in self.observers:
+            observer.on_tasks(record)
 
     def due(self, step: int) -> bool:
         return any(observer.due(step) for observer in self.observers)

@@ -6,6 +6,9 @@ Per-source figures (data.mix only: the loader's `source_tokens` and the run's `d
   all ranks together, keyed by source name (`dlx.data.mixture.sources`); they add up to the tokens seen.
 - `source_loss` in every eval record: each source's validation loss over `eval.batches` batches of its own val split.
   The record's `loss` is their mean weighted by the mixture's weights: the mixture's expected loss per token.
+- `bpb` in every eval record (`source_bpb` per data.mix source): bits per UTF-8 byte of the evaluated targets
+  (dlx.data.token_bytes); null where the tokenizer is not byte-level BPE or there is none (synthetic data). With
+  data.mix, `bpb` is the weighted mean of the sources' as `loss` is.
 - A source read to its end starts its next epoch in a new order; that is said on the console and in events.jsonl.
 """
 
@@ -14,10 +17,13 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from dlx.data.token_bytes import read_token_bytes
 from dlx.parallel import distributed
 from dlx.train import folder
 from dlx.train.data import build_eval_loaders
-from dlx.train.eval import evaluate, perplexity
+from dlx.train.eval import bits_per_byte, evaluate, perplexity
 from dlx.train.objective import training_loss
 
 if TYPE_CHECKING:
@@ -48,38 +54,66 @@ def note_new_source_epochs(run: Run, step: int) -> None:
 
 
 def evaluate_run(run: Run) -> dict[str, Any]:
-    """{"loss", "perplexity", "batches", "eval_s"} over the validation split of each source, `loss` their mean
-    weighted by the sources' weights; with data.mix also `source_loss`, each source's. Under torchrun the mean over
-    ranks."""
+    """{"loss", "perplexity", "bpb", "batches", "eval_s"} over the validation split of each source, `loss` and `bpb`
+    (bits per byte; None without a byte table) their means weighted by the sources' weights; with data.mix also
+    `source_loss` and `source_bpb`, each source's. Under torchrun the mean over ranks."""
     config, env = run.config, run.env
     loaders = build_eval_loaders(config, run.device, env.dp_rank, env.dp_size)
     results, loss_fn = {}, functools.partial(training_loss, run.strategy)
+    table = byte_table(run)
     try:
         for name, loader in loaders.items():
             inputs = run.objective.model_inputs
-            results[name] = evaluate(run.model, loader, config.eval.batches, run.precision, inputs, loss_fn)
+            results[name] = evaluate(run.model, loader, config.eval.batches, run.precision, inputs, loss_fn, table)
     finally:
         for loader in loaders.values():
             loader.close()
-    losses = [r["loss"] for r in results.values()]
-    if env.is_distributed:
-        losses = distributed.all_reduce(losses, "mean", run.device)
+    losses, bpbs = mean_over_ranks(run, list(results.values()))
     weights = {s.name: s.weight for s in run.data_info.sources} or {"": 1.0}  # synthetic data: one unnamed stream
-    loss = sum(weights[name] * value for name, value in zip(results, losses, strict=True)) / sum(weights.values())
+    source_loss, source_bpb = (dict(zip(results, values, strict=True)) for values in (losses, bpbs))
+    loss, bpb = weighted_mean(weights, source_loss), weighted_mean(weights, source_bpb)
     result = {
         "loss": loss,
         "perplexity": perplexity(loss),
+        "bpb": bpb,
         "batches": sum(r["batches"] for r in results.values()),
         "eval_s": sum(r["eval_s"] for r in results.values()),
     }
     if run.data_info.mixture:
-        result["source_loss"] = dict(zip(results, losses, strict=True))
+        result.update(source_loss=source_loss, source_bpb=source_bpb)
     return result
 
 
+def byte_table(run: Run) -> torch.Tensor | None:
+    """Bytes per token id of the dataset's tokenizer on the device (data.mix: one tokenizer for all sources)."""
+    if run.data_info.path is None:
+        return None
+    table = read_token_bytes(run.data_info.path)
+    return None if table is None else torch.from_numpy(table).long().to(run.device)
+
+
+def mean_over_ranks(run: Run, results: list[dict[str, Any]]) -> tuple[list[float], list[float | None]]:
+    """Each source's loss (the mean over ranks) and bits per byte (Σ nats ÷ Σ bytes, all ranks together)."""
+    losses = [r["loss"] for r in results]
+    sums = [value for r in results for value in (r.get("nats", 0.0), r.get("target_bytes", 0.0))]
+    if run.env.is_distributed:
+        losses = distributed.all_reduce(losses, "mean", run.device)
+        sums = distributed.all_reduce(sums, "sum", run.device)
+    return losses, [bits_per_byte(sums[2 * i], sums[2 * i + 1]) for i in range(len(results))]
+
+
+def weighted_mean(weights: dict[str, float], values: dict[str, float | None]) -> float | None:
+    """The mean of the sources' values weighted by the mixture's weights (one source: its value); None when any is
+    None."""
+    if any(value is None for value in values.values()):
+        return None
+    return sum(weights[name] * value for name, value in values.items()) / sum(weights.values())  # type: ignore[operator]
+
+
 def eval_line(step: int, result: dict[str, Any]) -> str:
+    bpb = "" if result.get("bpb") is None else f" | bpb {result['bpb']:.4f}"
     line = (
-        f"eval step {step} | loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f} "
+        f"eval step {step} | loss {result['loss']:.4f} | perplexity {result['perplexity']:.2f}{bpb} "
         f"| {result['batches']} batches in {result['eval_s']:.1f} s"
     )
     if "source_loss" in result:

@@ -35,13 +35,14 @@ from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
 from dlx.train.init_from import InitSource, check_tokenizer, load_initial_weights, resolve_source
 from dlx.train.objective import Objective, build_objective
-from dlx.train.observe import build_observers, check_observers, check_wandb_installed
+from dlx.train.observe import bpb_note, build_observers, check_observers, check_wandb_installed
 from dlx.train.observer import ObserverList
 from dlx.train.optim import ScheduledLR, build_optimizer, build_scheduler
 from dlx.train.preflight import Preflight, run_preflight
 from dlx.train.recipe import write_resolved
 from dlx.train.signals import GracefulStop
 from dlx.train.step_plan import StepPlan, header_lines, plan_steps
+from dlx.train.tasks import build_task_evaluation, load_run_tasks
 
 
 @dataclass
@@ -284,6 +285,7 @@ def build_run(
         init = resolve_initial_weights(config, data_info, loaded is not None, console)
         tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
         sampler = check_observers(config, plan.total_steps, tokenizer)
+        tasks = load_run_tasks(config.eval, tokenizer, main_decides)  # eval.tasks, checked before step 1
         fill = initial_weights(init, device, config)
         strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan, fill)
         scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
@@ -299,11 +301,16 @@ def build_run(
     logger = MetricsLogger(run_dir, config.log.tensorboard, is_main=env.is_main, resume_step=resume_step)
     timer = PhaseTimer(device)
     meter = ThroughputMeter(config.model.args, config.data.seq_len, device, precision.name, env.world_size)
-    observers = build_observers(config, run_dir, env, device, timer, console, logger, strategy.model, sampler)
     # A resumed run's report covers the whole run: the records before the checkpoint (the logger kept only those).
     records = read_jsonl(run_dir / METRICS_FILE)
     evals = read_jsonl(run_dir / EVAL_FILE)
     progress = RunProgress(state, last, records=records, resumed_records=len(records), eval_records=evals)
+    task_eval = build_task_evaluation(
+        tasks, tokenizer, config.eval.tasks_every, strategy.model, precision, env, logger, console, progress
+    )
+    observers = build_observers(
+        config, run_dir, env, device, timer, console, logger, strategy.model, sampler, task_eval
+    )
     return Run(
         config=config,
         run_dir=run_dir,
@@ -320,7 +327,7 @@ def build_run(
         data_info=data_info,
         observers=observers,
         progress=progress,
-        header=build_header(plan, strategy, device, meter, checked, observers, init),
+        header=[*build_header(plan, strategy, device, meter, checked, observers, init), *bpb_note(config, data_info)],
         objective=build_objective(config.train.z_loss, config.data.document_mask, data_info.eos_id),
         init=init,
     )

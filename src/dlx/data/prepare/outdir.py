@@ -22,11 +22,14 @@ from dlx.data.shards import (
     token_dtype,
     write_manifest,
 )
+from dlx.data.token_bytes import write_token_bytes
 from dlx.errors import UserError
 
 WORK_DIR = ".work"
 TASKS_DIR = ".tasks"
-_OURS = re.compile(r"^(manifest\.json|tokenizer\.json|(train|val)-\d+\.bin(\.partial)?|\..+\.tmp|\.work|\.tasks)$")
+_OURS = re.compile(
+    r"^(manifest\.json|tokenizer\.json|token_bytes\.npy|(train|val)-\d+\.bin(\.partial)?|\..+\.tmp|\.work|\.tasks)$"
+)
 _SHARD_FILE = re.compile(r"^(train|val)-\d+\.bin(\.partial)?$")
 
 
@@ -132,6 +135,7 @@ def start_dataset(
     """The first writes of a dataset: tokenizer.json, then a manifest without shards (`source` holds the resume)."""
     clear_fresh(out)
     atomic_write_text(out / TOKENIZER_FILE, tokenizer_json)
+    write_token_bytes(out, tokenizer_json)  # bytes per token id: bits per byte in evaluation
     manifest = Manifest(
         dtype=token_dtype(vocab_size),
         vocab_size=vocab_size,

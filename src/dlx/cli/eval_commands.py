@@ -1,0 +1,49 @@
+"""`dlx eval`: lm-evaluation-harness tasks on a saved checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def eval_checkpoint(
+    path: Annotated[
+        Path,
+        typer.Argument(
+            metavar="RUN_DIR_OR_CHECKPOINT",
+            help="A run folder (its newest complete checkpoint), a checkpoint (any layout, DCP included) or a dlx "
+            "model folder.",
+        ),
+    ],
+    tasks: Annotated[
+        str, typer.Option(help="Comma-separated lm-eval task names or task YAML paths, e.g. dlx_stdlib_next_line.")
+    ],
+    task_dir: Annotated[str | None, typer.Option(help="A folder of local lm-eval task YAML files.")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Documents per task at most (the first ones).")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print lm-evaluation-harness's results object as JSON.")
+    ] = False,
+) -> None:
+    """Run lm-evaluation-harness tasks on a trained model, offline, through the adapter a run uses (eval.tasks);
+    print lm-eval's table, or with --json its results object ({"results": {task: {"acc,none": ...}}, ...})."""
+    from dlx.errors import UserError
+    from dlx.train.tasks import evaluate_checkpoint
+
+    names = [name.strip() for name in tasks.split(",") if name.strip()]
+    if not names:
+        raise UserError("--tasks names no task; give lm-eval task names or YAML paths, e.g. dlx_stdlib_next_line")
+    results = evaluate_checkpoint(path, names, task_dir, limit, device)  # checks that lm-eval is installed
+    from lm_eval.utils import handle_non_serializable, make_table
+
+    if as_json:
+        print(json.dumps(results, indent=2, default=handle_non_serializable))
+    else:
+        print(make_table(results))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_checkpoint)
