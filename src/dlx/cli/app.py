@@ -30,6 +30,9 @@ def _register_commands() -> None:
     from dlx.cli import data_commands
 
     data_commands.register(app)
+    from dlx.cli import tokenizer_commands
+
+    tokenizer_commands.register(app)
 
 
 BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
