@@ -144,8 +144,35 @@ def load_recipe(
     path: str | Path | None, overrides: list[str], base: dict[str, Any] | None = None, resuming: bool = False
 ) -> RunConfig:
     """The recipe file (or `base`, or the defaults), with command-line overrides, validated."""
-    raw = read_recipe_file(path) if path is not None else dict(base or {})
-    return build_config(apply_overrides(raw, parse_overrides(overrides)), resuming)
+    raw = apply_overrides(read_recipe_file(path) if path is not None else dict(base or {}), parse_overrides(overrides))
+    config = build_config(raw, resuming)
+    grown = vocabulary_after_growth(config)
+    if grown is None:
+        return config
+    return build_config({**raw, "model": {**raw.get("model", {}), "vocab_size": grown}}, resuming)
+
+
+def vocabulary_after_growth(config: RunConfig) -> int | None:
+    """With model.init_from and a dataset whose tokenizer extends the weights' beyond their rows: the vocabulary the
+    model grows to (`dlx.train.vocab_growth`); None otherwise."""
+    init_from = config.model.init_from
+    if not init_from or not Path(init_from).exists():  # a resumed run whose initial weights are gone
+        return None
+    from dlx.train.init_from import resolve_source
+    from dlx.train.vocab_growth import dataset_tokenizer, grown_vocab_size
+
+    data = dataset_tokenizer(config.data.path, config.data.mix)
+    args = config.model.args
+    if data is None or data[1] <= args.vocab_size:
+        return None
+    source = resolve_source(init_from)
+    if source.in_shards:
+        raise UserError(
+            f"model.init_from {init_from}: growing the vocabulary reads {source.weights}/model.safetensors, which this "
+            "sharded checkpoint lacks; give a checkpoint with full weights (checkpoint.full_weights last or every)"
+        )
+    where = f"data.path {config.data.path}" if not config.data.mix else "the data.mix sources"
+    return grown_vocab_size(args.vocab_size, source.tokenizer, data, config.model.pad_vocab_to, where)
 
 
 def config_yaml(config: RunConfig) -> str:

@@ -162,7 +162,9 @@ def resolve_initial_weights(
     return source
 
 
-def initial_weights(init: InitSource | None, device: torch.device, config: RunConfig) -> ShardFiller | None:
+def initial_weights(
+    init: InitSource | None, device: torch.device, config: RunConfig, data_tokenizer: Path | None = None
+) -> ShardFiller | None:
     """model.init_from's weights as what fills each rank's shards when the model is materialised (each rank reads only
     the rows it holds); a rank that cannot read them stops all ranks with its one line. None: random weights."""
     if init is None:
@@ -171,7 +173,7 @@ def initial_weights(init: InitSource | None, device: torch.device, config: RunCo
     def fill(model: Transformer) -> None:
         error: UserError | None = None
         try:
-            load_initial_weights(model, init)
+            load_initial_weights(model, init, data_tokenizer)
         except UserError as e:
             error = e
         if any_rank(error is not None, device):
@@ -259,7 +261,7 @@ def build_run(
         init = resolve_initial_weights(config, data_info, loaded is not None, console)
         tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
         sampler = check_observers(config, plan.total_steps, tokenizer)
-        fill = initial_weights(init, device, config)
+        fill = initial_weights(init, device, config, data_info.tokenizer)
         strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan, fill)
         scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
         state, last = restore(run_dir, resume, loaded, strategy, scheduler, loader, console)

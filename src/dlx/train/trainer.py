@@ -34,6 +34,7 @@ from dlx.train import checkpoint as ckpt
 from dlx.train import folder
 from dlx.train.config import RunConfig
 from dlx.train.eval import training_loss
+from dlx.train.init_from import describe_changes
 from dlx.train.objective import PLAIN, Objective
 from dlx.train.observe import log_samples, observed_columns, observer_header, report_files
 from dlx.train.records import eval_line, evaluate_run, step_fields
@@ -332,6 +333,9 @@ def print_header(run: Run) -> None:
     run.header += observer_header(run)
     if run.init is not None:
         run.header.append(f"initial weights: {run.init.describe()}")
+        changes = describe_changes(run.init.args(), run.config.model.args)
+        if changes:
+            run.header.append(f"changed at init_from: {', '.join(changes)}")
     for line in run.header:
         run.console.print(line)
     run.console.print(f"run folder: {run.run_dir}")
