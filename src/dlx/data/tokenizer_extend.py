@@ -8,6 +8,7 @@ merge is reachable, and text whose encoding holds no new id encodes exactly as t
 concatenation is already a base token is never merged (it would change old-domain encodings without adding a token).
 
 New tokens take ids after the last existing id, special tokens included (Llama 3's 128000-128255 stay where they are).
+The extended tokenizer.json also lists every added token in the model's vocabulary at its id (see `extend_json`).
 """
 
 from __future__ import annotations
@@ -144,8 +145,13 @@ def extend_json(base: dict[str, Any], merges: Sequence[Pair]) -> tuple[dict[str,
     returns it and the first new id."""
     extended = copy.deepcopy(base)
     model = extended["model"]
-    ids = list(model["vocab"].values()) + [int(t["id"]) for t in extended.get("added_tokens") or ()]
-    first = max(ids, default=-1) + 1
+    added = {str(t["content"]): int(t["id"]) for t in extended.get("added_tokens") or ()}
+    first = max([*model["vocab"].values(), *added.values()], default=-1) + 1
+    # `tokenizers` gives an added token that is not in the model's vocabulary the id after the vocabulary's size on
+    # load: with new tokens appended above Llama 3's specials they would move. In the vocabulary they keep their ids
+    # (the BPE never produces them: no merge makes them, and the added vocabulary splits them out of the text first).
+    for content, token_id in added.items():
+        model["vocab"].setdefault(content, token_id)
     as_strings = bool(model["merges"]) and isinstance(model["merges"][0], str)
     for offset, (left, right) in enumerate(merges):
         model["vocab"][left + right] = first + offset

@@ -41,6 +41,7 @@ from dlx.train.recipe import write_resolved
 from dlx.train.sample import TrainingSampler
 from dlx.train.signals import GracefulStop
 from dlx.train.step_plan import StepPlan, plan_steps
+from dlx.train.vocab_growth import dataset_tokenizer
 
 
 @dataclass
@@ -162,13 +163,13 @@ def resolve_initial_weights(
     return source
 
 
-def initial_weights(
-    init: InitSource | None, device: torch.device, config: RunConfig, data_tokenizer: Path | None = None
-) -> ShardFiller | None:
+def initial_weights(init: InitSource | None, device: torch.device, config: RunConfig) -> ShardFiller | None:
     """model.init_from's weights as what fills each rank's shards when the model is materialised (each rank reads only
     the rows it holds); a rank that cannot read them stops all ranks with its one line. None: random weights."""
     if init is None:
         return None
+    data = dataset_tokenizer(config.data.path, config.data.mix)  # an extension of the weights' grows the vocabulary
+    data_tokenizer = data[0] if data is not None else None
 
     def fill(model: Transformer) -> None:
         error: UserError | None = None
@@ -261,7 +262,7 @@ def build_run(
         init = resolve_initial_weights(config, data_info, loaded is not None, console)
         tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
         sampler = check_observers(config, plan.total_steps, tokenizer)
-        fill = initial_weights(init, device, config, data_info.tokenizer)
+        fill = initial_weights(init, device, config)
         strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan, fill)
         scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
         state, last = restore(run_dir, resume, loaded, strategy, scheduler, loader, console)
