@@ -122,3 +122,15 @@ def test_a_tokenizer_that_is_not_an_extension_is_refused(setup, tmp_path):
     message = str(error.value)
     assert "was prepared with a tokenizer that is neither model.init_from's" in message and "\n" not in message
     assert "`dlx tokenizer extend`" in message
+
+
+def test_the_chinese_continuation_recipe_changes_rope_at_init_from(tmp_path):
+    from hf_helpers import LLAMA32_1B_CONFIG
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA32_1B_CONFIG))
+    recipe = Path(__file__).parent.parent / "recipes" / "llama3.2-1b-continue-zh.yaml"
+    args = load_recipe(recipe, ["--model.init_from", str(tmp_path)]).model.args
+    assert (args.rope_theta, args.max_seq_len, args.vocab_size) == (1_000_000.0, 4096, 128256)
+    assert args.rope_scaling is not None and args.rope_scaling.factor == 32.0
+    with pytest.raises(UserError, match=r"model\.vocab_size is 1000 but the weights .* have vocab_size 128256"):
+        load_recipe(recipe, ["--model.init_from", str(tmp_path), "--model.vocab_size", "1000"])
