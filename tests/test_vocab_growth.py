@@ -134,3 +134,14 @@ def test_the_chinese_continuation_recipe_changes_rope_at_init_from(tmp_path):
     assert args.rope_scaling is not None and args.rope_scaling.factor == 32.0
     with pytest.raises(UserError, match=r"model\.vocab_size is 1000 but the weights .* have vocab_size 128256"):
         load_recipe(recipe, ["--model.init_from", str(tmp_path), "--model.vocab_size", "1000"])
+
+
+@pytest.mark.distributed
+def test_each_fsdp_rank_fills_its_rows_of_the_grown_vocabulary(setup, tmp_path):
+    from test_parallel import TESTS, torchrun
+
+    report = tmp_path / "report.json"
+    args = [str(setup["hf"]), str(setup["ext"]), "384", str(report)]
+    result, _ = torchrun(args, tmp_path, script=TESTS / "grow_shards.py")
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert json.loads(report.read_text()) == {"difference": 0.0, "rows": 384}
