@@ -15,7 +15,10 @@ takes the first N of them, which is what learning N would give (the greedy order
 Columns: characters and UTF-8 bytes per token on the held-out Chinese; the same for held-in English (the last 10 %
 of the stdlib sample, which the base tokenizer learned from), where the extension must change nothing.
 
-Run:  .venv/bin/python benchmarks/bench_continue.py     (appends to BENCHMARKS.md; --no-record to only print)
+With --replay, also a debug-scale continued run with 25 % replay against none (benchmarks/continue_replay.py): the
+old domain's (English) bits per byte before and after, and the new domain's.
+
+Run:  .venv/bin/python benchmarks/bench_continue.py [--replay]  (appends to BENCHMARKS.md; --no-record to only print)
 """
 
 from __future__ import annotations
@@ -132,8 +135,17 @@ def main() -> None:
     parser.add_argument("--added", default="1000,4000,16000", help="numbers of added tokens, comma-separated")
     parser.add_argument("--base-vocab", type=int, default=32000, help="the stand-in base tokenizer's size")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to BENCHMARKS.md")
+    parser.add_argument("--replay", action="store_true", help="also the continued runs with and without replay")
+    parser.add_argument("--skip-density", action="store_true", help="only the continued runs (with --replay)")
     args = parser.parse_args()
-    header = environment(["src/dlx/data/tokenizer_extend.py"])
+    header = environment(["src/dlx/data/tokenizer_extend.py", "src/dlx/train/vocab_growth.py"])
+    if args.replay:
+        lines = replay_lines(header)
+        print("\n".join(lines))
+        if not args.no_record:
+            record_section("Continued pretraining", INTRO, lines)
+    if args.skip_density:
+        return
     rows, facts = measure([int(n) for n in args.added.split(",")], args.base_vocab)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -149,8 +161,51 @@ def main() -> None:
     ]
     print("\n".join(lines))
     if not args.no_record:
-        intro = "Measured by `benchmarks/bench_continue.py`; see its docstring."
-        record_section("Continued pretraining", intro, lines)
+        record_section("Continued pretraining", INTRO, lines)
+
+
+def replay_lines(header: list[str]) -> list[str]:
+    """The continued runs of benchmarks/continue_replay.py, as BENCHMARKS.md lines."""
+    import shutil
+    import tempfile
+
+    from continue_replay import ReplayPlan, replay_experiment
+
+    plan = ReplayPlan()
+    learn, held = chinese_pages()
+    chinese, chars = [], 0
+    for page in learn:
+        chinese.append(page)
+        chars += len(page)
+        if chars > 1_500_000:
+            break
+    work = Path(tempfile.mkdtemp(prefix="dlx-bench-continue-"))
+    started = time.perf_counter()
+    try:
+        results = replay_experiment(work, stdlib_sample(3_000_000), chinese, held, plan)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    base_en = results["base (English only)"]["en"]
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"### Replay against forgetting (debug scale), {stamp}",
+        "",
+        *header,
+        f"- debug preset (dim 64, 2 layers), base tokenizer {plan.base_vocab:,} + {plan.added:,} learned on "
+        f"{chars:,} characters of zh_CN pages; base: {plan.base_steps} steps on English (stdlib), continuations: "
+        f"{plan.continue_steps} steps each, {plan.micro_batch_size} x {plan.seq_len} tokens per step, fp32 CPU; "
+        f"{time.perf_counter() - started:.0f} s in all",
+        "",
+        "| model | English bits/byte | drift vs base | Chinese bits/byte |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, bpb in results.items():
+        drift = (bpb["en"] - base_en) / base_en
+        lines.append(f"| {name} | {bpb['en']:.4f} | {drift:+.1%} | {bpb['zh']:.4f} |")
+    return lines
+
+
+INTRO = "Measured by `benchmarks/bench_continue.py`; see its docstring."
 
 
 if __name__ == "__main__":
