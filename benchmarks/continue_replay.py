@@ -31,13 +31,15 @@ from dlx.train.sample import find_tokenizer, resolve_checkpoint
 
 @dataclass(frozen=True)
 class ReplayPlan:
+    """Sized for a shared 2-core CPU (a few minutes of training in all); the figures are debug-scale."""
+
     base_vocab: int = 4096
-    added: int = 2000
-    base_steps: int = 600
-    continue_steps: int = 300
+    added: int = 1000
+    base_steps: int = 200
+    continue_steps: int = 80
     seq_len: int = 128
-    micro_batch_size: int = 16
-    held_chars: int = 100_000
+    micro_batch_size: int = 8
+    held_chars: int = 40_000
 
 
 def write_jsonl(path: Path, texts: list[str]) -> Path:
