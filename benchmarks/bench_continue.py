@@ -139,10 +139,11 @@ def main() -> None:
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to BENCHMARKS.md")
     parser.add_argument("--replay", action="store_true", help="also the continued runs with and without replay")
     parser.add_argument("--skip-density", action="store_true", help="only the continued runs (with --replay)")
+    parser.add_argument("--scale", type=int, default=1, help="--replay: multiply the training steps by this")
     args = parser.parse_args()
     header = environment(["src/dlx/data/tokenizer_extend.py", "src/dlx/train/vocab_growth.py"])
     if args.replay:
-        lines = replay_lines(header)
+        lines = replay_lines(header, args.scale)
         print("\n".join(lines))
         if not args.no_record:
             record_section("Continued pretraining", INTRO, lines)
@@ -166,7 +167,7 @@ def main() -> None:
         record_section("Continued pretraining", INTRO, lines)
 
 
-def replay_lines(header: list[str]) -> list[str]:
+def replay_lines(header: list[str], scale: int) -> list[str]:
     """The continued runs of benchmarks/continue_replay.py, as BENCHMARKS.md lines."""
     import shutil
     import tempfile
@@ -174,6 +175,7 @@ def replay_lines(header: list[str]) -> list[str]:
     from continue_replay import ReplayPlan, replay_experiment
 
     plan = ReplayPlan()
+    plan = ReplayPlan(base_steps=plan.base_steps * scale, continue_steps=plan.continue_steps * scale)
     learn, held = chinese_pages()
     chinese, chars = [], 0
     for page in learn:
