@@ -31,6 +31,12 @@ def _register_commands() -> None:
 
     data_commands.register(app)
     eval_commands.register(app)
+    from dlx.cli import tokenizer_commands
+
+    tokenizer_commands.register(app)
+    from dlx.cli import passkey_commands
+
+    passkey_commands.register(app)
 
 
 BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}

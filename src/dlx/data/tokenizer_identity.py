@@ -94,3 +94,27 @@ def describe_difference(a: TokenizerIdentity, b: TokenizerIdentity) -> str | Non
 
 def same_tokenizer(a: str | Path, b: str | Path) -> bool:
     return read_identity(a) == read_identity(b)
+
+
+def describe_extension_problem(base: TokenizerIdentity, extended: TokenizerIdentity) -> str | None:
+    """None when `extended` is `base`, or `base` with tokens appended as `dlx tokenizer extend` does: every old token
+    at its id, the base's merges as a prefix of its merges, every added (special) token kept; else what differs."""
+    if base == extended:
+        return None
+    if base.model_type != extended.model_type:
+        return f"model {base.model_type or '?'} vs {extended.model_type or '?'}"
+    ids = dict(extended.vocab)
+    moved = next((token for token, i in base.vocab if ids.get(token) != i), None)
+    if moved is not None:
+        return f"the token {moved!r} is not at id {dict(base.vocab)[moved]} (not an extension)"
+    if extended.merges[: len(base.merges)] != base.merges:
+        return f"its merges do not start with the {len(base.merges):,} merges of the weights' tokenizer"
+    missing = set(base.added_tokens) - set(extended.added_tokens)
+    if missing:
+        return f"the added token {min(missing)[1]!r} is not at id {min(missing)[0]} (not an extension)"
+    return None
+
+
+def is_extension(base: TokenizerIdentity, extended: TokenizerIdentity) -> bool:
+    """`extended` holds more tokens than `base` and keeps all of base's (see describe_extension_problem)."""
+    return extended.vocab_size > base.vocab_size and describe_extension_problem(base, extended) is None

@@ -134,10 +134,12 @@ def empty_model(args: ModelArgs, device: str | torch.device, dtype: torch.dtype 
     return model
 
 
-def load_weights(model: Transformer, stored: dict[str, StoredTensor], source: str) -> None:
+def load_weights(model: Transformer, stored: dict[str, StoredTensor], source: str, skip: tuple[str, ...] = ()) -> None:
     """Copy every stored tensor into the model's parameters, converting the dtype; the names and shapes must be
-    exactly the model's (a tied output projection is the embedding). `source` names the folder in errors."""
-    targets = _unique_parameters(model)
+    exactly the model's (a tied output projection is the embedding). `source` names the folder in errors; the
+    parameters named in `skip` are left to the caller (a grown vocabulary's)."""
+    targets = {name: t for name, t in _unique_parameters(model).items() if name not in skip}
+    stored = {name: t for name, t in stored.items() if name not in skip}
     missing, unexpected = sorted(set(targets) - set(stored)), sorted(set(stored) - set(targets))
     if missing or unexpected:
         raise UserError(

@@ -42,6 +42,8 @@ class ModelSection(BaseModel):
     """A preset name (`dlx params --list`) or a YAML/JSON file of ModelArgs; other keys here override its fields."""
     init_from: str | None = None
     """Start from these weights: a HF Llama folder, dlx model, checkpoint or run folder (the shape comes from them)."""
+    pad_vocab_to: int = Field(64, ge=1, le=1 << 16)
+    """init_from with data whose tokenizer extends the weights': the grown vocabulary is a multiple of this."""
     _args: ModelArgs | None = PrivateAttr(None)
     _source: Any = PrivateAttr(None)
 
@@ -76,7 +78,8 @@ class ModelSection(BaseModel):
     def resolved(self) -> dict[str, Any]:
         """The preset name, init_from and every ModelArgs field, as written into the run folder."""
         preset = None if self.init_from and "preset" not in self.model_fields_set else self.preset
-        return {"preset": preset, "init_from": self.init_from, **self.args.model_dump(mode="json")}
+        padding = {"pad_vocab_to": self.pad_vocab_to} if "pad_vocab_to" in self.model_fields_set else {}
+        return {"preset": preset, "init_from": self.init_from, **padding, **self.args.model_dump(mode="json")}
 
 
 def model_overrides_problem(overrides: dict[str, Any]) -> str | None:
@@ -84,8 +87,8 @@ def model_overrides_problem(overrides: dict[str, Any]) -> str | None:
     unknown = sorted(set(overrides) - set(ModelArgs.model_fields), key=str)
     if unknown:
         return (
-            f"unknown key {f'model.{unknown[0]}'!r}; model takes 'preset', 'init_from' and the ModelArgs fields "
-            f"{', '.join(ModelArgs.model_fields)}"
+            f"unknown key {f'model.{unknown[0]}'!r}; model takes 'preset', 'init_from', 'pad_vocab_to' and the "
+            f"ModelArgs fields {', '.join(ModelArgs.model_fields)}"
         )
     infinite = [key for key, value in overrides.items() if isinstance(value, float) and not math.isfinite(value)]
     if infinite:  # ModelArgs takes inf for its `gt=0` floats; no model trains with them
@@ -415,7 +418,7 @@ def _allowed_keys(section: str) -> str:
     if not section:
         return f"the sections are {', '.join(SECTIONS)}"
     if section == "model":
-        return f"model takes preset ({', '.join(PRESETS)}), init_from and the ModelArgs fields"
+        return f"model takes preset ({', '.join(PRESETS)}), init_from, pad_vocab_to and the ModelArgs fields"
     fields = RunConfig.model_fields[section].annotation.model_fields  # type: ignore[union-attr]
     return f"{section} keys are {', '.join(info.alias or key for key, info in fields.items())}"
 

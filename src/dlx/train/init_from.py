@@ -41,10 +41,13 @@ from dlx.parallel import dcp
 from dlx.parallel.strategy import DCP_FOLDER
 from dlx.train import checkpoint as ckpt
 from dlx.train.folder import RUN_CONFIG_FILE
+from dlx.train.vocab_growth import VOCAB_TENSORS, extends, fill_grown, new_token_pieces
 
 KINDS = {"hf": "Hugging Face folder", "model": "dlx model folder", "checkpoint": "dlx checkpoint", "run": "dlx run"}
 FREE_KEYS = ("max_seq_len",)
 """ModelArgs fields a run may set whatever the weights: they size derived tables, not weights."""
+ROPE_KEYS = ("rope_theta", "rope_scaling")
+"""ModelArgs fields a recipe may change at init_from (long-context continued pretraining); left out, the weights'."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,8 @@ def resolve_init_args(source: InitSource, preset: str | None, overrides: dict[st
         claimed = resolve_model_args(None, **{**weights.model_dump(), **overrides})
     expected = shape_of(weights)
     for prop, value in shape_of(claimed).items():
+        if _may_change(prop, value, expected[prop], overrides):
+            continue
         if value != expected[prop]:
             key = _blamed_key(prop, overrides) or (None if preset else next(iter(overrides)))
             if key is None:
@@ -201,7 +206,25 @@ def resolve_init_args(source: InitSource, preset: str | None, overrides: dict[st
                 f"comes from the weights: leave model.{key} out"
             )
     free = {key: getattr(claimed, key) for key in FREE_KEYS}
-    return resolve_model_args(None, **{**weights.model_dump(), **free})
+    changed = {key: overrides[key] for key in (*ROPE_KEYS, "vocab_size") if key in overrides}
+    return resolve_model_args(None, **{**weights.model_dump(), **free, **changed})
+
+
+def _may_change(prop: str, value: Any, stored: Any, overrides: dict[str, Any]) -> bool:
+    """RoPE keys the recipe sets, and a vocabulary at least the weights' (the embedding grows), differ freely."""
+    if prop not in overrides:
+        return False
+    return prop in ROPE_KEYS or (prop == "vocab_size" and value >= stored)
+
+
+def describe_changes(weights: ModelArgs, run: ModelArgs) -> list[str]:
+    """`key old → new` for every field the run changes at init_from (the header's line)."""
+    before, after = weights.model_dump(), run.model_dump()
+    return [
+        f"{key} {before[key]} → {after[key]}"
+        for key in (*FREE_KEYS, *ROPE_KEYS, "vocab_size")
+        if before[key] != after[key]
+    ]
 
 
 def _blamed_key(prop: str, overrides: dict[str, Any]) -> str | None:
@@ -210,13 +233,19 @@ def _blamed_key(prop: str, overrides: dict[str, Any]) -> str | None:
     return next((key for key in candidates.get(prop, (prop,)) if key in overrides), None)
 
 
-def load_initial_weights(model: Transformer, source: InitSource) -> None:
+def load_initial_weights(model: Transformer, source: InitSource, data_tokenizer: Path | None = None) -> None:
     """Copy the source's weights into `model`: built by `dlx.model.io.empty_model`, or sharded (DTensor parameters,
     e.g. FSDP2 on the meta device, then `to_empty`), when each rank reads only its own rows. Under torchrun every rank
     reads the same files, which the operating system's page cache holds once. From a checkpoint's DCP shards, each rank
-    reads the parts its layout holds (every rank calls this then: the read is collective)."""
+    reads the parts its layout holds (every rank calls this then: the read is collective). When the data's tokenizer
+    extends the weights' or the model's vocabulary is larger, the embedding and head grow (`dlx.train.vocab_growth`)."""
     if not source.in_shards:
-        load_weights(model, source.stored(), str(source.weights))
+        stored = source.stored()
+        if not _vocabulary_changes(model, stored, source, data_tokenizer):
+            load_weights(model, stored, str(source.weights))
+            return
+        load_weights(model, stored, str(source.weights), skip=VOCAB_TENSORS)
+        fill_grown(model, stored, *_new_rows(model, stored, source, data_tokenizer))
         return
     try:
         dcp.load_model_weights(model, source.weights / DCP_FOLDER)
@@ -226,15 +255,35 @@ def load_initial_weights(model: Transformer, source: InitSource) -> None:
         ) from None
 
 
+def _vocabulary_changes(
+    model: Transformer, stored: dict[str, StoredTensor], source: InitSource, data_tokenizer: Path | None
+) -> bool:
+    rows = stored["tok_embeddings.weight"].shape[0]
+    return model.args.vocab_size != rows or extends(source.tokenizer, data_tokenizer)
+
+
+def _new_rows(
+    model: Transformer, stored: dict[str, StoredTensor], source: InitSource, data_tokenizer: Path | None
+) -> tuple[int, list[list[int]]]:
+    """The first id that is not the weights' and each new row's base pieces (none: the mean row)."""
+    size = model.args.vocab_size
+    if source.tokenizer is not None and data_tokenizer is not None and extends(source.tokenizer, data_tokenizer):
+        return new_token_pieces(source.tokenizer, data_tokenizer, size)
+    rows = stored["tok_embeddings.weight"].shape[0]
+    return rows, [[] for _ in range(size - rows)]
+
+
 def check_tokenizer(source: InitSource, dataset_tokenizer: Path | None, data_path: Path | None) -> None:
-    """The dataset's tokenizer must be the weights' one, by content (vocabulary, merges, added tokens)."""
+    """The dataset's tokenizer must be the weights' one or an extension of it (`dlx tokenizer extend`), by content
+    (vocabulary, merges, added tokens)."""
     if source.tokenizer is None or dataset_tokenizer is None:
         return
-    from dlx.data.tokenizer_identity import describe_difference, read_identity
+    from dlx.data.tokenizer_identity import describe_extension_problem, read_identity
 
-    difference = describe_difference(read_identity(source.tokenizer), read_identity(dataset_tokenizer))
+    difference = describe_extension_problem(read_identity(source.tokenizer), read_identity(dataset_tokenizer))
     if difference is not None:
         raise UserError(
-            f"data.path {data_path} was prepared with another tokenizer than model.init_from's {source.tokenizer} "
-            f"({difference}); prepare the data again with --tokenizer {source.tokenizer}"
+            f"data.path {data_path} was prepared with a tokenizer that is neither model.init_from's "
+            f"{source.tokenizer} nor an extension of it ({difference}); prepare the data again with --tokenizer "
+            f"{source.tokenizer} (or one `dlx tokenizer extend` made from it)"
         )

@@ -33,7 +33,7 @@ from dlx.train import folder
 from dlx.train.config import CheckpointSection, RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
-from dlx.train.init_from import InitSource, check_tokenizer, load_initial_weights, resolve_source
+from dlx.train.init_from import InitSource, check_tokenizer, describe_changes, load_initial_weights, resolve_source
 from dlx.train.objective import Objective, build_objective
 from dlx.train.observe import bpb_note, build_observers, check_observers, check_wandb_installed
 from dlx.train.observer import ObserverList
@@ -43,6 +43,7 @@ from dlx.train.recipe import write_resolved
 from dlx.train.signals import GracefulStop
 from dlx.train.step_plan import StepPlan, header_lines, plan_steps
 from dlx.train.tasks import build_task_evaluation, load_run_tasks
+from dlx.train.vocab_growth import dataset_tokenizer
 
 
 @dataclass
@@ -187,11 +188,13 @@ def initial_weights(init: InitSource | None, device: torch.device, config: RunCo
     the rows it holds); a rank that cannot read them stops all ranks with its one line. None: random weights."""
     if init is None:
         return None
+    data = dataset_tokenizer(config.data.path, config.data.mix)  # an extension of the weights' grows the vocabulary
+    data_tokenizer = data[0] if data is not None else None
 
     def fill(model: Transformer) -> None:
         error: UserError | None = None
         try:
-            load_initial_weights(model, init)
+            load_initial_weights(model, init, data_tokenizer)
         except UserError as e:
             error = e
         if any_rank(error is not None, device):
@@ -353,6 +356,9 @@ def build_header(
     header += observers.header()
     if init is not None:
         header.append(f"initial weights: {init.describe()}")
+        changes = describe_changes(init.args(), strategy.model.args)
+        if changes:
+            header.append(f"changed at init_from: {', '.join(changes)}")
     return header
 
 
