@@ -35,6 +35,7 @@ import numpy as np
 
 from dlx.data.loader.windows import count_windows
 from dlx.data.mixture.sources import mix_sources
+from dlx.data.prepare.tokenizer import dataset_bos_note
 from dlx.data.shards import TOKENIZER_FILE, Manifest, read_manifest, sha256_file
 from dlx.data.tokenizer_identity import same_tokenizer
 from dlx.errors import UserError
@@ -172,7 +173,8 @@ def check_tokenizer(datasets: list[Dataset], run_dir: Path, resume: bool) -> tup
             "ids; resume with the data the run was started with"
         )
     found = "matches the manifest" if len(datasets) == 1 else "each matches its manifest" + _in_sources(datasets)
-    return found + (" and the run folder's copy" if resume and run_copy.is_file() else ""), None
+    found += " and the run folder's copy" if resume and run_copy.is_file() else ""
+    return f"{found}; {dataset_bos_note(first.folder, first.manifest.bos_id)}", None
 
 
 def check_batches(config: RunConfig, datasets: list[Dataset], world_size: int) -> tuple[str, str | None]:

@@ -32,7 +32,13 @@ from dlx.train import folder
 from dlx.train.config import CheckpointSection, RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
-from dlx.train.init_from import InitSource, check_tokenizer, load_initial_weights, resolve_source
+from dlx.train.init_from import (
+    InitSource,
+    bos_difference,
+    check_tokenizer,
+    load_initial_weights,
+    resolve_source,
+)
 from dlx.train.objective import Objective, build_objective
 from dlx.train.observe import build_profiler, check_observers, check_wandb_installed, open_wandb
 from dlx.train.optim import ScheduledLR, build_optimizer, build_scheduler
@@ -157,8 +163,9 @@ def resolve_initial_weights(
         return source
 
     source = main_decides(resolve)
-    for note in source.notes:
-        console.warn(note)
+    for note in (*source.notes, bos_difference(source, data_info.tokenizer)):
+        if note:
+            console.warn(note)
     return source
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from dlx import device as dev
+from dlx.data.prepare.tokenizer import document_bos_id, encode_prompt
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
 from dlx.model.io import WEIGHTS_FILE
@@ -55,9 +56,10 @@ def sample_text(
 ) -> str:
     checkpoint = resolve_checkpoint(path)
     tokenizer = find_tokenizer(checkpoint)
+    bos_id = document_bos_id(find_tokenizer_file(checkpoint))
     torch_device = dev.resolve_device(device)
     model = load_checkpoint_model(checkpoint, torch_device)
-    return continue_text(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed)
+    return continue_text(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed, bos_id)
 
 
 def continue_text(
@@ -69,9 +71,11 @@ def continue_text(
     top_k: int | None = 50,
     top_p: float | None = None,
     seed: int = 0,
+    bos_id: int | None = None,
 ) -> str:
-    """The prompt and its sampled continuation, decoded; stops early at the end-of-document token."""
-    ids = tokenizer.encode(prompt).ids
+    """The prompt ([BOS] first when bos_id is given, as the training documents began) and its sampled continuation,
+    decoded; stops early at the end-of-document token."""
+    ids = encode_prompt(tokenizer, prompt, bos_id)
     if not ids:
         raise UserError("--prompt encodes to no tokens; give some text")
     device = next(model.parameters()).device
@@ -111,6 +115,8 @@ class TrainingSampler:
     temperature: float
     top_k: int | None
     seed: int
+    bos_id: int | None
+    """What the dataset puts before every document (`document_bos_id`), put before every prompt."""
 
     def due(self, step: int) -> bool:
         return step % self.every == 0
@@ -130,7 +136,7 @@ def build_sampler(config: EvalSection, tokenizer_path: Path | None, data_path: s
 
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     for index, prompt in enumerate(config.sample_prompts):
-        if not tokenizer.encode(prompt).ids:
+        if not tokenizer.encode(prompt, add_special_tokens=False).ids:
             raise UserError(f"eval.sample_prompts[{index}] ({prompt!r}) encodes to no tokens; give some text")
     return TrainingSampler(
         tokenizer,
@@ -140,6 +146,7 @@ def build_sampler(config: EvalSection, tokenizer_path: Path | None, data_path: s
         config.sample_temperature,
         config.sample_top_k,
         config.sample_seed,
+        document_bos_id(tokenizer_path),
     )
 
 
@@ -164,6 +171,7 @@ def sample_during_training(model: torch.nn.Module, sampler: TrainingSampler, ste
                     sampler.top_k,
                     None,
                     sampler.seed,
+                    sampler.bos_id,
                 ),
                 **settings,
             }

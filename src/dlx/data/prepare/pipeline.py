@@ -42,7 +42,7 @@ def prepare_dataset(
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     workers: int | None = None,
     strict: bool = False,
-    add_bos: bool = False,
+    add_bos: bool | None = None,
     progress: bool = True,
 ) -> Manifest:
     """Tokenize a corpus into `out` (see `dlx prepare --help`); returns the finished manifest.
@@ -71,8 +71,9 @@ def prepare_dataset(
     ui = PrepareProgress(opts.progress)
     started = time.monotonic()
     inputs = measure_inputs(opts, ui)
-    request = opts.request(inputs)
     given = read_tokenizer(opts.tokenizer, opts.add_bos) if opts.tokenizer else None
+    opts = opts.with_bos(given)
+    request = opts.request(inputs)
     sha = given.sha256 if given else None
     manifest = existing_dataset(out, request, sha)  # read-only: refuse someone else's folder before creating anything
     if (manifest is None or not manifest.complete) and (out / TASKS_DIR).exists():

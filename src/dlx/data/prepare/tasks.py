@@ -59,7 +59,7 @@ def prepare_task(
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     workers: int | None = None,
     strict: bool = False,
-    add_bos: bool = False,
+    add_bos: bool | None = None,
     progress: bool = True,
     numbered_by: str = "task_index",
 ) -> TaskState | None:
@@ -93,8 +93,9 @@ def prepare_task(
     )
     out, ui = Path(out), PrepareProgress(opts.progress)
     inputs_list = measure_inputs(opts, ui)
-    request = opts.request(inputs_list)
     tok = read_tokenizer(tokenizer, opts.add_bos)
+    opts = opts.with_bos(tok)
+    request = opts.request(inputs_list)
     manifest = existing_dataset(out, request, tok.sha256)  # refuses a folder of other inputs before writing
     if manifest is not None and manifest.complete:
         ui.note(f"{out} is already prepared; nothing to do")
