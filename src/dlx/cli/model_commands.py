@@ -11,7 +11,11 @@ import typer
 
 def params(
     model: Annotated[
-        str, typer.Argument(help="A preset name (see `dlx params --list`) or a YAML/JSON of ModelArgs.")
+        str,
+        typer.Argument(
+            help="A preset name (see `dlx params --list`), a YAML/JSON of ModelArgs, or a Hugging Face or dlx model "
+            "folder (its config.json / model_args.json)."
+        ),
     ] = "",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     list_presets: Annotated[bool, typer.Option("--list", help="List the presets with their parameter counts.")] = False,

@@ -9,7 +9,12 @@ import typer
 
 
 def plan(
-    model: Annotated[str, typer.Argument(help="A preset name or a YAML/JSON of ModelArgs.")],
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="A preset name, a YAML/JSON of ModelArgs, or a Hugging Face or dlx model folder (its config.json)."
+        ),
+    ],
     seq_len: Annotated[int, typer.Option(help="Tokens per sequence.")] = 2048,
     micro_batch: Annotated[int, typer.Option(help="Sequences per micro-batch per rank.")] = 1,
     grad_accum: Annotated[int, typer.Option(help="Micro-batches per optimizer step.")] = 1,

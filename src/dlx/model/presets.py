@@ -125,7 +125,22 @@ def describe_validation_error(error: ValidationError, where: str) -> str:
 
 
 def load_args_file(path: Path) -> dict[str, Any]:
-    """ModelArgs fields from a YAML or JSON file (Meta's params.json works)."""
+    """ModelArgs fields from a YAML or JSON file (Meta's params.json works), a Hugging Face Llama config.json, or a
+    folder holding one (a Hugging Face model folder) or a dlx model_args.json (a dlx model folder or checkpoint)."""
+    if path.is_dir():
+        found = [path / name for name in ("config.json", "model_args.json") if (path / name).is_file()]
+        if not found:
+            raise UserError(f"{path} holds neither a Hugging Face config.json nor a dlx model_args.json")
+        path = found[0]
+    data = _read_mapping(path)
+    if "model_type" in data or "architectures" in data:  # a Hugging Face config.json
+        from dlx.model.hf import args_from_hf_config  # hf imports this module
+
+        return args_from_hf_config(data, str(path)).model_dump()
+    return data
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
     except OSError as e:

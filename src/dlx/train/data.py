@@ -109,6 +109,10 @@ class SyntheticLoader:
             raise UserError("the checkpoint's loader state is not from synthetic data; resume with the run's data.path")
         self._consumed = int(state["sequences"])
 
+    def verify_read_shards(self) -> list[str]:
+        """No shards: nothing to verify."""
+        return []
+
     def close(self) -> None:
         pass
 

@@ -80,6 +80,9 @@ def read_datasets(config: RunConfig) -> list[Dataset]:
 class Preflight:
     checks: tuple[CheckResult, ...]
 
+    def with_check(self, result: CheckResult) -> Preflight:
+        return Preflight((*self.checks, result))
+
     def lines(self) -> list[str]:
         """The header's preflight block: one line in all, then a line per note."""
         total_ms = 1e3 * sum(c.seconds for c in self.checks)

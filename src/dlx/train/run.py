@@ -32,13 +32,8 @@ from dlx.train import folder
 from dlx.train.config import CheckpointSection, RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
-from dlx.train.init_from import (
-    InitSource,
-    bos_difference,
-    check_tokenizer,
-    load_initial_weights,
-    resolve_source,
-)
+from dlx.train.init_from import InitSource, bos_difference, check_tokenizer, load_initial_weights, resolve_source
+from dlx.train.memory_check import check_memory
 from dlx.train.objective import Objective, build_objective
 from dlx.train.observe import build_profiler, check_observers, check_wandb_installed, open_wandb
 from dlx.train.optim import ScheduledLR, build_optimizer, build_scheduler
@@ -258,6 +253,7 @@ def build_run(
     run_dir = main_decides(lambda: resolve_run_dir(config, name, run_dir, resume))
     checked = main_decides(lambda: run_preflight(config, run_dir, resume, env.dp_size))
     precision = build_precision(config.train.precision, device, engine_managed=config.parallel.strategy == "deepspeed")
+    checked = checked.with_check(check_memory(config, device, env, precision.name))
     loader = build_train_loader(config, device, env.dp_rank, env.dp_size)  # the TP ranks of a replica: one batch
     try:
         plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)

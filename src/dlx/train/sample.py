@@ -13,15 +13,18 @@ from dlx import device as dev
 from dlx.data.prepare.tokenizer import document_bos_id, encode_prompt
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
-from dlx.model.io import WEIGHTS_FILE
+from dlx.model.hf import CONFIG_FILE as HF_CONFIG_FILE
+from dlx.model.hf import load_hf
+from dlx.model.io import ARGS_FILE, WEIGHTS_FILE
 from dlx.train.checkpoint import DCP_METADATA, find_resumable, load_checkpoint_model
 from dlx.train.config import EvalSection
 from dlx.train.init_from import find_tokenizer_file
 
 
 def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint (or any dlx model folder) itself, or the newest complete checkpoint of a run folder."""
-    if (path / WEIGHTS_FILE).is_file() or (path / DCP_METADATA).is_file():
+    """A checkpoint (or any dlx or Hugging Face model folder) itself, or the newest complete checkpoint of a run
+    folder."""
+    if any((path / name).is_file() for name in (WEIGHTS_FILE, DCP_METADATA, HF_CONFIG_FILE)):
         return path
     if not path.is_dir():
         raise UserError(f"{path} does not exist; give a run folder or a checkpoint folder")
@@ -58,7 +61,10 @@ def sample_text(
     tokenizer = find_tokenizer(checkpoint)
     bos_id = document_bos_id(find_tokenizer_file(checkpoint))
     torch_device = dev.resolve_device(device)
-    model = load_checkpoint_model(checkpoint, torch_device)
+    if (checkpoint / HF_CONFIG_FILE).is_file() and not (checkpoint / ARGS_FILE).is_file():  # a Hugging Face folder
+        model = load_hf(checkpoint, torch_device)
+    else:
+        model = load_checkpoint_model(checkpoint, torch_device)
     return continue_text(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed, bos_id)
 
 

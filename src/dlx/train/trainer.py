@@ -266,6 +266,7 @@ def save(run: Run, final: bool = False) -> None:
     """Wait for the previous save, then start this one (`final`: the run's last, which gathers model.safetensors under
     checkpoint.full_weights last); a background save is waited for by the next save or the end of the run."""
     wait_for_save(run)
+    verify_data_read(run)
     cfg = run.config.checkpoint
     run.state.loader = run.loader.state_dict()
     full_weights = cfg.full_weights == "every" or (cfg.full_weights == "last" and final)
@@ -283,6 +284,18 @@ def save(run: Run, final: bool = False) -> None:
         wait_for_save(run)
 
 
+def verify_data_read(run: Run) -> None:
+    """Every shard the run's batches came from matches its manifest checksum, before a checkpoint is published or the
+    run ends well: a mismatch is one line naming the shard and the newest checkpoint, taken before it was read."""
+    try:
+        run.loader.verify_read_shards()
+    except UserError as e:
+        newest = run.last_checkpoint or "none was published"
+        raise UserError(
+            f"{e}. This run trained on it: no checkpoint is published after that (the newest, {newest}, came before)"
+        ) from None
+
+
 def wait_for_save(run: Run) -> None:
     if run.last_save is not None and not run.last_save.settled:
         run.last_checkpoint = run.last_save.wait()
@@ -292,6 +305,7 @@ def finish(run: Run) -> None:
     """Last evaluation and checkpoint (or the one an orderly stop needs), then the verdict and the report."""
     step = run.state.step
     wait_for_save(run)
+    verify_data_read(run)
     this_step = ckpt.checkpoint_dir(run.run_dir, step).name
     at_step = run.last_checkpoint is not None and run.last_checkpoint.name == this_step
     last = run.last_save

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dlx.data.loader.feed import InProcessFeed, ReaderJob, WorkerFeed, open_feed
+from dlx.data.loader.feed import InProcessFeed, ReaderJob, ReadShards, WorkerFeed, open_feed
 from dlx.data.loader.order import Cursor, Order, advance, make_state, read_state, schedule, settle
 from dlx.data.loader.plan import SplitPlan
 from dlx.data.loader.windows import SplitSpec, count_windows
@@ -72,6 +72,7 @@ class TokenLoader:
         self._cursor = Cursor(0, 0)
         self._epoch = 0
         self._feed: InProcessFeed | WorkerFeed | None = None
+        self._read = ReadShards()  # what consumed batches read, until verified
         self._schedule = None
 
     @property
@@ -129,7 +130,7 @@ class TokenLoader:
     def _start(self) -> None:
         start = settle(self._order, self._cursor)
         self._schedule = schedule(self._order, start, self.loop)
-        self._feed = open_feed(self._job, start, self.loop, self.num_workers, self.prefetch)
+        self._feed = open_feed(self._job, start, self.loop, self.num_workers, self.prefetch, self._read)
 
     def _stop(self) -> None:
         feed, self._feed, self._schedule = self._feed, None, None
@@ -146,6 +147,11 @@ class TokenLoader:
         self._stop()
         self._cursor = settle(self._order, cursor)
         self._epoch = self._cursor.epoch
+
+    def verify_read_shards(self) -> list[str]:
+        """Block until every shard a consumed batch came from is verified against the manifest (UserError naming the
+        first that is not); returns the shards that had to be hashed now (see `dlx.data.loader.feed.ReadShards`)."""
+        return self._read.verify()
 
     def close(self) -> None:
         """Stop the workers (idempotent). Also runs when the loader is garbage collected and at interpreter exit."""

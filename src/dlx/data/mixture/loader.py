@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dlx.data.loader.feed import ReaderJob, open_feed
+from dlx.data.loader.feed import ReaderJob, ReadShards, open_feed
 from dlx.data.loader.loader import open_split, shard_checksums
 from dlx.data.loader.windows import count_windows
 from dlx.data.mixture.order import MixOrder, SourcePattern, source_epochs
@@ -66,6 +66,7 @@ class MixtureLoader:
         """Slots (windows) consumed by all ranks together."""
         self._reported_epochs = self.source_epochs()
         self._feed = None
+        self._read = ReadShards()  # what consumed batches read, until verified
 
     @property
     def names(self) -> list[str]:
@@ -132,7 +133,7 @@ class MixtureLoader:
         return batch[0], batch[1]
 
     def _start(self) -> None:
-        self._feed = open_feed(self._job, self._position, True, self.num_workers, self.prefetch)
+        self._feed = open_feed(self._job, self._position, True, self.num_workers, self.prefetch, self._read)
 
     def _stop(self) -> None:
         feed, self._feed = self._feed, None
@@ -174,6 +175,11 @@ class MixtureLoader:
         self._stop()
         self._position = position
         self._reported_epochs = self.source_epochs()
+
+    def verify_read_shards(self) -> list[str]:
+        """Block until every shard a consumed batch came from is verified against the manifest (UserError naming the
+        first that is not); returns the shards that had to be hashed now (see `dlx.data.loader.feed.ReadShards`)."""
+        return self._read.verify()
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
