@@ -90,6 +90,8 @@ def prepare_dataset(
                 if manifest is None or not manifest.complete:
                     manifest = _run(out, inputs, opts, request, given, manifest, ui)
                     ui.note(f"prepared {out}: {totals(manifest)} in {time.monotonic() - started:.1f}s")
+                    if warning := small_validation_split(manifest):
+                        ui.note(warning)
                     return manifest
         except BaseException:
             if created and out.is_dir() and not any(out.iterdir()):
@@ -199,4 +201,20 @@ def totals(m: Manifest) -> str:
     return (
         f"{s['tokens']:,} tokens in {s['shards']} {m.dtype} shards, {s['documents']:,} documents "
         f"(val: {val['documents']:,} documents, {val['tokens']:,} tokens)"
+    )
+
+
+SMALL_VAL_TOKENS = 4 * 8 * 1024
+"""Fewer validation tokens than 4 batches of 8 × 1,024: an evaluation on them is noisy, worth a warning."""
+
+
+def small_validation_split(m: Manifest) -> str | None:
+    """A warning line when the validation split is not empty but smaller than SMALL_VAL_TOKENS."""
+    val = m.summary()["splits"]["val"]
+    if not 0 < val["tokens"] < SMALL_VAL_TOKENS:
+        return None
+    return (
+        f"warning: the validation split holds {val['documents']:,} document(s), {val['tokens']:,} tokens: fewer than "
+        f"4 batches of 8 × 1,024 ({SMALL_VAL_TOKENS:,} tokens), so evaluations on it will be noisy; raise "
+        "--val-fraction or give --val-documents"
     )
