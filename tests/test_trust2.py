@@ -100,6 +100,11 @@ def test_data_info_and_the_encoders_state_the_choice(llama_style, corpus, tmp_pa
     plain = prepared(tmp_path / "plain", corpus, llama_style, add_bos=False)
     info(plain, as_json=False)
     assert "bos: none (each document is its ids then EOS)" in capsys.readouterr().out
+    from dlx.train.preflight import run_preflight
+
+    config = load_recipe(None, [*TINY, "--data.path", str(folder), "--train.max_steps", "1"])
+    checks = {c.name: c.found for c in run_preflight(config, tmp_path / "run", False, 1).checks}
+    assert checks["tokenizer"] == f"matches the manifest; bos: <|begin_of_text|> (id {bos}) before every document"
     # generate / training samples: the dataset's choice beside its tokenizer.json, else the tokenizer's convention
     assert document_bos_id(folder / "tokenizer.json") == bos and document_bos_id(llama_style) == bos
     assert document_bos_id(plain / "tokenizer.json") is None

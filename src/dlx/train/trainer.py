@@ -286,14 +286,19 @@ def save(run: Run, final: bool = False) -> None:
 
 def verify_data_read(run: Run) -> None:
     """Every shard the run's batches came from matches its manifest checksum, before a checkpoint is published or the
-    run ends well: a mismatch is one line naming the shard and the newest checkpoint, taken before it was read."""
+    run ends well: a mismatch is one line naming the shard and the newest checkpoint, taken before it was read. Every
+    rank stops together (one collective per checkpoint)."""
+    problem = None
     try:
         run.loader.verify_read_shards()
     except UserError as e:
+        problem = str(e)
+    if distributed.any_rank(problem is not None, run.device):
         newest = run.last_checkpoint or "none was published"
         raise UserError(
-            f"{e}. This run trained on it: no checkpoint is published after that (the newest, {newest}, came before)"
-        ) from None
+            f"{problem or 'another rank read a shard that does not match its manifest (its error names it)'}. This "
+            f"run trained on it: no checkpoint is published after that (the newest, {newest}, came before)"
+        )
 
 
 def wait_for_save(run: Run) -> None:
