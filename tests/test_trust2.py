@@ -108,6 +108,13 @@ def test_data_info_and_the_encoders_state_the_choice(llama_style, corpus, tmp_pa
     # generate / training samples: the dataset's choice beside its tokenizer.json, else the tokenizer's convention
     assert document_bos_id(folder / "tokenizer.json") == bos and document_bos_id(llama_style) == bos
     assert document_bos_id(plain / "tokenizer.json") is None
+    from dlx.train.sample import trained_bos_id
+
+    run_dir = tmp_path / "run-of-plain"  # a run folder: its tokenizer.json copy and config.yaml naming the data
+    run_dir.mkdir()
+    (run_dir / "tokenizer.json").write_text(llama_style.read_text())
+    (run_dir / "config.yaml").write_text(f"data:\n  path: {plain}\n")
+    assert document_bos_id(run_dir / "tokenizer.json") == bos and trained_bos_id(run_dir / "tokenizer.json") is None
     tokenizer = load_tokenizer(llama_style)
     ids = encode_prompt(tokenizer, "the cat", bos)
     assert ids[0] == bos and ids.count(bos) == 1 and ids[1:] == tokenizer.encode("the cat").ids[1:]

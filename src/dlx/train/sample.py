@@ -59,13 +59,27 @@ def sample_text(
 ) -> str:
     checkpoint = resolve_checkpoint(path)
     tokenizer = find_tokenizer(checkpoint)
-    bos_id = document_bos_id(find_tokenizer_file(checkpoint))
+    bos_id = trained_bos_id(find_tokenizer_file(checkpoint))
     torch_device = dev.resolve_device(device)
     if (checkpoint / HF_CONFIG_FILE).is_file() and not (checkpoint / ARGS_FILE).is_file():  # a Hugging Face folder
         model = load_hf(checkpoint, torch_device)
     else:
         model = load_checkpoint_model(checkpoint, torch_device)
     return continue_text(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed, bos_id)
+
+
+def trained_bos_id(tokenizer_file: Path) -> int | None:
+    """The BOS id the run's documents started with: its dataset's manifest when the tokenizer.json is a run folder's
+    copy and data.path (or the first data.mix source) is still there, else `document_bos_id`."""
+    from dlx.data.shards import MANIFEST_FILE, read_manifest
+    from dlx.train.recipe import CONFIG_FILE, read_recipe_file
+
+    if (tokenizer_file.parent / CONFIG_FILE).is_file():
+        data = read_recipe_file(tokenizer_file.parent / CONFIG_FILE).get("data") or {}
+        path = next(iter(data.get("mix") or {}), None) or data.get("path")
+        if isinstance(path, str) and (Path(path) / MANIFEST_FILE).is_file():
+            return read_manifest(path).bos_id
+    return document_bos_id(tokenizer_file)
 
 
 def continue_text(
