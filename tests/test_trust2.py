@@ -305,6 +305,17 @@ def test_prepare_warns_of_a_small_validation_split(llama_style, corpus, tmp_path
     assert "warning: the validation split holds 1 document(s)" in err and "--val-fraction" in err
 
 
+def test_the_run_header_says_a_validation_split_is_too_small_to_trust(tmp_path):
+    from dlx.train.preflight import run_preflight
+
+    folder = make_dataset(tmp_path / "data")  # one validation document
+    micro = (read_manifest(folder).split_tokens("val") - 1) // 16 // 2  # 2 validation batches of 16-token windows
+    overrides = [*TINY, "--data.path", str(folder), "--train.max_steps", "1", "--eval.every", "1"]
+    overrides += ["--data.micro_batch_size", str(micro)]
+    notes = [c.note for c in run_preflight(load_recipe(None, overrides), tmp_path / "run", False, 1).checks if c.note]
+    assert len(notes) == 1 and "so few that its loss is noisy (prepare with a larger --val-fraction" in notes[0]
+
+
 def test_weights_files_follow_the_umask(tmp_path):
     from dlx.model.io import save_model
     from dlx.model.llama import Transformer

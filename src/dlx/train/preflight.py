@@ -218,7 +218,13 @@ def check_batches(config: RunConfig, datasets: list[Dataset], world_size: int) -
             f"the validation split{' of a data.mix source' if len(datasets) > 1 else ''} holds {val} batch(es) per "
             f"rank, fewer than eval.batches {config.eval.batches}: each evaluation uses those {val}"
         )
+        if val < FEW_VAL_BATCHES:
+            note += ", so few that its loss is noisy (prepare with a larger --val-fraction or --val-documents)"
     return found + f", {min(val, config.eval.batches)} eval batch(es)" + _in_sources(datasets), note
+
+
+FEW_VAL_BATCHES = 4
+"""Fewer validation batches per rank than this make a noisy evaluation: the header says so."""
 
 
 def _val_batches(config: RunConfig, dataset: Dataset, per_step: int, world_size: int) -> int:

@@ -204,8 +204,8 @@ def totals(m: Manifest) -> str:
     )
 
 
-SMALL_VAL_TOKENS = 4 * 8 * 1024
-"""Fewer validation tokens than 4 batches of 8 × 1,024: an evaluation on them is noisy, worth a warning."""
+SMALL_VAL_TOKENS = 2 * 8 * 1024
+"""Fewer validation tokens than 2 batches of 8 × 1,024: an evaluation on them is noisy, worth a warning."""
 
 
 def small_validation_split(m: Manifest) -> str | None:
@@ -215,6 +215,6 @@ def small_validation_split(m: Manifest) -> str | None:
         return None
     return (
         f"warning: the validation split holds {val['documents']:,} document(s), {val['tokens']:,} tokens: fewer than "
-        f"4 batches of 8 × 1,024 ({SMALL_VAL_TOKENS:,} tokens), so evaluations on it will be noisy; raise "
+        f"2 batches of 8 × 1,024 ({SMALL_VAL_TOKENS:,} tokens), so evaluations on it will be noisy; raise "
         "--val-fraction or give --val-documents"
     )
