@@ -136,15 +136,21 @@ def iteration(index: int, recipe_file: Path, root: Path, reference: tuple, rng: 
     run_dir = root / f"run-{index}"
     spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(os.cpu_count() or 1)]
     started = time.perf_counter()
+    runs: list[subprocess.Popen] = []
     try:
-        first = pretrain([str(recipe_file), "--run-dir", str(run_dir)])
-        at = stop_at(first, run_dir, step, how)
-        resumed = pretrain([str(recipe_file), "--resume", "--run-dir", str(run_dir)])
-        _, err = resumed.communicate(timeout=600)
-    finally:
+        runs.append(pretrain([str(recipe_file), "--run-dir", str(run_dir)]))
+        at = stop_at(runs[0], run_dir, step, how)
+        runs.append(pretrain([str(recipe_file), "--resume", "--run-dir", str(run_dir)]))
+        _, err = runs[1].communicate(timeout=600)
+    finally:  # also on Ctrl-C or SIGTERM: nothing this loop started outlives it
+        for proc in runs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
+    resumed = runs[1]
     seconds = time.perf_counter() - started
     load = os.getloadavg()[0]
     if resumed.returncode != 0:
@@ -166,8 +172,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="Seeds the stop points.")
     parser.add_argument("--keep", type=Path, default=None, help="Folder for the runs (default: a temporary one).")
     parser.add_argument("--no-record", action="store_true", help="Print only; do not append to BENCHMARKS.md.")
+    parser.add_argument("--from-log", type=Path, default=None, help="Only tabulate a loop's printed JSON lines.")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a SIGTERM unwinds like Ctrl-C: children are ended
     header = environment(["src/dlx", "benchmarks"])
+    if args.from_log is not None:
+        lines = args.from_log.read_text().splitlines()
+        results = [json.loads(line) for line in lines if line.startswith('{"index"')]
+        table = report(results, None, header)
+        print("\n".join(table))
+        if not args.no_record:
+            record_section("Trust", RESUME_INTRO, table)
+        return
     root = Path(tempfile.mkdtemp(prefix="dlx-resume-loop-")) if args.keep is None else args.keep
     root.mkdir(parents=True, exist_ok=True)
     recipe_file = recipe(root)
@@ -191,7 +207,7 @@ def main() -> None:
         shutil.rmtree(root)
 
 
-def report(results: list[dict], reference_s: float, header: list[str]) -> list[str]:
+def report(results: list[dict], reference_s: float | None, header: list[str]) -> list[str]:
     differing = [r for r in results if r.get("differ")]
     failed = [r for r in results if "error" in r]
     seconds = [r["seconds"] for r in results]
@@ -207,7 +223,8 @@ def report(results: list[dict], reference_s: float, header: list[str]) -> list[s
         f"| iterations (stops: {', '.join(f'{n} {k}' for k, n in by_stop.items())}) | {len(results)} |",
         f"| iterations with any logged value different from the uninterrupted run | {len(differing)} |",
         f"| iterations whose resume failed | {len(failed)} |",
-        f"| uninterrupted reference run ({STEPS} steps) | {reference_s:.1f} s |",
+        f"| uninterrupted reference run ({STEPS} steps) | "
+        f"{f'{reference_s:.1f} s' if reference_s is not None else 'not in the log'} |",
         f"| one iteration (run, stop, resume to the end), median (min, max) | {statistics.median(seconds):.1f} s "
         f"({min(seconds):.1f}, {max(seconds):.1f}) |",
         f"| whole loop | {sum(seconds) / 60:.1f} min |",
