@@ -148,8 +148,7 @@ def memory_rows(steps: int) -> list[str]:
         command = [sys.executable, "-m", "dlx", "pretrain", str(ROOT / "recipes" / "demo.yaml"), *overrides]
         run_gb, output = max_rss_gb([*command, "--run-dir", f"{tmp}/run"])
     base_gb, _ = max_rss_gb([sys.executable, "-c", "import torch, dlx.train.trainer"])
-    header = next((line for line in output.splitlines() if "memory:" in line), "")
-    said = re.search(r"memory: ([^·]+)", header)
+    said = re.search(r"· memory: ([^·\n]+)", output)  # the preflight line of the run's header
     return [
         "| what | figure |",
         "|---|---|",
