@@ -135,7 +135,7 @@ class TrainingSampler:
     temperature: float
     top_k: int | None
     seed: int
-    bos_id: int | None
+    bos_id: int | None = None
     """What the dataset puts before every document (`document_bos_id`), put before every prompt."""
 
     def due(self, step: int) -> bool:
