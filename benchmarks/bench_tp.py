@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/, so that `peers` imports as a package
-from dlx.bench.estimate import TrainingShape, plan_memory
+from dlx.metrics.estimate import TrainingShape, plan_memory
 from dlx.model.presets import resolve_model_args
 from peers.record import environment, record_section
 

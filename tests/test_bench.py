@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from dlx.bench import sweep
-from dlx.bench.estimate import TrainingShape, max_micro_batch
 from dlx.bench.measure import measure_point
 from dlx.bench.points import BenchPoint, BenchSetup, expand_points, parse_positive_ints
 from dlx.bench.sweep import MemoryBudget, largest_fitting, run_sweep
 from dlx.errors import UserError
+from dlx.metrics.estimate import TrainingShape, max_micro_batch
 from dlx.model import resolve_model_args
 from train_helpers import single_torch_thread
 

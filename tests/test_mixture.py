@@ -230,7 +230,7 @@ def test_sources_with_other_tokenizers_are_refused_naming_both(sources, tmp_path
     with pytest.raises(UserError) as error:
         mixture({**sources, str(odd): 1.0})
     message = str(error.value)
-    assert "different tokenizers (vocabulary of 2 vs 2 tokens, same size, other ids)" in message
+    assert "different tokenizers (vocabulary of 2 vs 2 ids, same size, other ids)" in message
     assert str(odd) in message and "big" in message and "\n" not in message
     resaved = tmp_path / "resaved"
     shutil.copytree(tmp_path / "small", resaved)

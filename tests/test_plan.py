@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from dlx.bench.estimate import TrainingShape, activation_bytes_per_token_per_layer, max_micro_batch, plan_memory
 from dlx.errors import UserError
+from dlx.metrics.estimate import TrainingShape, activation_bytes_per_token_per_layer, max_micro_batch, plan_memory
 from dlx.model import resolve_model_args
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dlx.train.config import TrainSection
-from dlx.train.optim import ScheduledLR, WSDSchedule, build_scheduler
+from dlx.train.optim import LRSchedule, ScheduledLR, WSDSchedule, build_scheduler
 
 
 def wsd(**overrides) -> TrainSection:
@@ -106,6 +106,46 @@ def test_a_shorter_run_starts_the_decay_at_once_and_warmup_keeps_its_length():
     assert during_warmup[:5] == pytest.approx([0.6, 0.7, 0.8, 0.9, 1.0])
 
 
-def test_other_schedules_keep_the_plain_lambda():
+def test_every_schedule_saves_its_plan():
     scheduler = scheduler_after(TrainSection(schedule="cosine"), 10, 3)
-    assert scheduler.wsd is None and "wsd" in scheduler.state_dict()
+    assert scheduler.state_dict()["plan"] == {"total_steps": 10, "warmup_steps": 0, "decay": [0, 0.0, 9]}
+
+
+def cosine(**overrides) -> TrainSection:
+    return TrainSection(**{"lr": 1.0, "min_lr": 0.1, "warmup_ratio": 0.1, "schedule": "cosine", **overrides})
+
+
+@pytest.mark.parametrize("kind", ["cosine", "linear"])
+def test_a_longer_cosine_or_linear_run_continues_the_decay_without_a_jump(kind):
+    cfg = cosine(schedule=kind)
+    before = multipliers(LRSchedule(cfg, 10), 10)
+    scheduler, lrs = resumed(cfg, 10, 20, at=7)
+    assert before[6] > lrs[0] > before[7]  # the next lr: below the last one taken, above the old plan's
+    assert all(a > b for a, b in itertools.pairwise(lrs))
+    assert lrs[-1] == pytest.approx(0.1) and len(lrs) == 13
+    assert f"train.schedule {kind}: 10 → 20 steps at step 7; the decay continues from where it was" in (
+        scheduler.resume_note
+    )
+    at_15, _ = resumed(cfg, 10, 20, at=7, until=15)  # stopped again and resumed with this length: kept exactly
+    again, rest = resume(at_15, cfg, 20, None)
+    assert rest == lrs[8:] and again.resume_note is None
+
+
+def test_cosine_resumed_with_the_same_length_is_exact_and_warmup_keeps_its_length():
+    cfg = cosine()
+    _, lrs = resumed(cfg, 100, 100, at=40)
+    assert lrs == multipliers(LRSchedule(cfg, 100), 100)[40:]
+    scheduler, during_warmup = resumed(cfg, 100, 1000, at=5)  # warm-up of 10 steps, not 100
+    assert during_warmup[:6] == pytest.approx([0.6, 0.7, 0.8, 0.9, 1.0, 1.0])
+    assert during_warmup[-1] == pytest.approx(0.1)
+    assert "after the warm-up the decay runs to min_lr at step 1,000" in scheduler.resume_note
+
+
+def test_a_checkpoint_with_the_old_wsd_key_still_resumes():
+    cfg = wsd()
+    state = scheduler_after(cfg, 100, 85).state_dict()
+    state["wsd"] = state.pop("plan")
+    state["lr_lambdas"] = [None]
+    scheduler = scheduler_after(cfg, 100, 0)
+    scheduler.load_state_dict(state)
+    assert scheduler.get_last_lr()[0] == pytest.approx(WSDSchedule(cfg, 100)(85))

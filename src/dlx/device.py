@@ -235,6 +235,16 @@ def memory_budget_gb(device: torch.device) -> float:
     return psutil.virtual_memory().available / 1e9
 
 
+def available_memory_gb() -> float:
+    """Host memory available now without swapping (psutil)."""
+    return psutil.virtual_memory().available / 1e9
+
+
+def free_gpu_memory_gb(device: torch.device) -> float:
+    """The GPU's free memory now, as the driver sees it (other processes' allocations included)."""
+    return torch.cuda.mem_get_info(device)[0] / 1e9
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     """Whether `error` is the device running out of memory (torch.OutOfMemoryError, raised by the CUDA allocator)."""
     return isinstance(error, torch.OutOfMemoryError)

@@ -6,7 +6,8 @@ to send a signal at an exact moment instead of guessing with sleeps.
                                 under torchrun with more than one rank, every rank pauses, each on its own marker
                                 POINT.rankR, so that a test can hold all ranks at the same moment and signal one
     POINT                       checkpoint_save (weights written, trainer_state.json not yet), train_batch and
-                                val_batch (the trainer asks the loader for a training / evaluation batch)
+                                val_batch (the trainer asks the loader for a training / evaluation batch),
+                                shard_verify (a loader worker's background thread, before it hashes its first shard)
 
 The test sees the marker, sends its signal, then deletes the marker to let the process go on (or die).
 """

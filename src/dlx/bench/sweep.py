@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from dlx import device as dev
-from dlx.bench.estimate import TrainingShape, plan_memory
 from dlx.bench.measure import measure_point
 from dlx.bench.points import BenchPoint, BenchSetup
 from dlx.bench.results import measured_row, point_row, read_rows, row_key, write_rows
 from dlx.errors import UserError
+from dlx.metrics.estimate import TrainingShape, plan_memory
 from dlx.metrics.meter import peak_for
 from dlx.metrics.peak import mfu_warning
 from dlx.model.args import ModelArgs

@@ -37,7 +37,15 @@ def prepare(
     shard_tokens: Annotated[int | None, typer.Option(help="Tokens per shard file (default: 100,000,000).")] = None,
     workers: Annotated[int | None, typer.Option(help="Worker processes (default: all cores).")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Stop at the first bad input record.")] = False,
-    bos: Annotated[bool, typer.Option("--bos", help="Put BOS before every document (EOS always ends one).")] = False,
+    bos: Annotated[
+        bool | None,
+        typer.Option(
+            "--bos/--no-bos",
+            help="Put BOS before every document, or not (EOS always ends one). [default: as the tokenizer's own "
+            "convention: its tokenizer_config add_bos_token, else its post-processor; none for a trained tokenizer]",
+            show_default=False,
+        ),
+    ] = None,
     tasks: Annotated[
         str | None,
         typer.Option(
@@ -117,7 +125,7 @@ def _refuse_with_merge(**given: object) -> None:
     named = [
         name if name == "INPUTS" else "--" + name.replace("_", "-")
         for name, value in given.items()
-        if value not in (None, False, [])
+        if value not in (None, False, []) or (name == "bos" and value is False)
     ]
     if named:
         raise UserError(
@@ -166,6 +174,7 @@ def info(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
     """Tokens, documents, shards, dtype and tokenizer hash of a prepared dataset."""
+    from dlx.data.prepare.tokenizer import dataset_bos_note
     from dlx.data.shards import read_manifest
 
     summary = read_manifest(folder).summary()
@@ -178,6 +187,7 @@ def info(
         print(f"  {key:<17} {summary[key]:>15,}  ({per_split})")
     for key in ("dtype", "vocab_size", "eos_id", "bos_id", "tokenizer_sha256"):
         print(f"  {key:<17} {summary[key]}")
+    print(f"  {dataset_bos_note(folder, summary['bos_id'])}")
 
 
 @data_app.command("verify")

@@ -11,7 +11,11 @@ import typer
 
 def params(
     model: Annotated[
-        str, typer.Argument(help="A preset name (see `dlx params --list`) or a YAML/JSON of ModelArgs.")
+        str,
+        typer.Argument(
+            help="A preset name (see `dlx params --list`), a YAML/JSON of ModelArgs, or a Hugging Face or dlx model "
+            "folder (its config.json / model_args.json)."
+        ),
     ] = "",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     list_presets: Annotated[bool, typer.Option("--list", help="List the presets with their parameter counts.")] = False,
@@ -85,9 +89,9 @@ def export_hf(
     pipeline and lm-evaluation-harness load it as it is)."""
     from dlx.device import PRECISION_DTYPES
     from dlx.errors import UserError
-    from dlx.model.hf import save_hf
+    from dlx.model.hf import TRAINED_LENGTH_KEY, save_hf
     from dlx.train.checkpoint import load_checkpoint_model
-    from dlx.train.init_from import resolve_source
+    from dlx.train.init_from import resolve_source, started_from_context
 
     if dtype != "keep" and dtype not in PRECISION_DTYPES:
         raise UserError(f"--dtype {dtype!r}: choose keep, {', '.join(PRECISION_DTYPES)}")
@@ -97,8 +101,16 @@ def export_hf(
     model = load_checkpoint_model(found.weights)  # model.safetensors, or the whole weights read from dcp/
     if dtype != "keep":
         model.to(PRECISION_DTYPES[dtype])
-    save_hf(model, out_dir, overwrite=overwrite, tokenizer=found.tokenizer)
+    context, note = started_from_context(found)
+    save_hf(model, out_dir, overwrite=overwrite, tokenizer=found.tokenizer, context=context)
     print(f"wrote {out_dir} from {found.describe()}: " + ", ".join(sorted(p.name for p in out_dir.iterdir())))
+    if context and context != model.args.max_seq_len:
+        print(
+            f"max_position_embeddings {context:,}: the context length of model.init_from's weights (trained here "
+            f"with max_seq_len {model.args.max_seq_len:,}, kept in config.json as {TRAINED_LENGTH_KEY})"
+        )
+    if note:
+        print(note)
     if found.tokenizer is None:
         print(
             f"note: no tokenizer.json beside {found.weights} or in its run folder (synthetic data?), so {out_dir} has "

@@ -9,7 +9,12 @@ import typer
 
 
 def plan(
-    model: Annotated[str, typer.Argument(help="A preset name or a YAML/JSON of ModelArgs.")],
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="A preset name, a YAML/JSON of ModelArgs, or a Hugging Face or dlx model folder (its config.json)."
+        ),
+    ],
     seq_len: Annotated[int, typer.Option(help="Tokens per sequence.")] = 2048,
     micro_batch: Annotated[int, typer.Option(help="Sequences per micro-batch per rank.")] = 1,
     grad_accum: Annotated[int, typer.Option(help="Micro-batches per optimizer step.")] = 1,
@@ -32,8 +37,8 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Estimate memory per rank (weights, gradients, optimizer, activations, logits), FLOPs per token and step time."""
-    from dlx.bench.estimate import TrainingShape
     from dlx.errors import UserError
+    from dlx.metrics.estimate import TrainingShape
     from dlx.metrics.peak import GPUS, find_gpu
 
     if not 0 < mfu <= 1:
@@ -61,8 +66,8 @@ def plan(
 
 def plan_summary(model: str, shape: Any, gpu: str, mfu: float, memory_gb: float) -> dict[str, Any]:
     """Every figure `dlx plan` prints, as one flat mapping (the --json output)."""
-    from dlx.bench.estimate import max_micro_batch, plan_memory
     from dlx.errors import UserError
+    from dlx.metrics.estimate import max_micro_batch, plan_memory
     from dlx.metrics.peak import gpu_peak
     from dlx.model.presets import resolve_model_args
     from dlx.parallel.tensor import divisibility_problem

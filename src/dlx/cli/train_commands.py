@@ -11,7 +11,7 @@ import typer
 PRETRAIN_HELP = """Pretrain a model from a YAML recipe, with `--section.key VALUE` overrides (e.g. `--train.lr 1e-3`).
 
 With no recipe, runs the embedded demo: prepares the stdlib corpus into ./data/stdlib-8k if needed, trains the
-`demo` model for about 5 minutes on a CPU and prints a sample.
+`demo` model for 3 to 6 minutes on a 2-core CPU and prints a sample.
 
 `dlx pretrain --keys` lists every recipe key.
 """

@@ -133,6 +133,11 @@ class BatchSource(Protocol):
         """Continue from `state_dict()`'s position; UserError when it belongs to other data."""
         ...
 
+    def verify_read_shards(self) -> list[str]:
+        """Block until every shard a consumed batch was read from is verified against its manifest (UserError naming
+        the first that is not); returns the shards hashed now."""
+        ...
+
     def close(self) -> None:
         """Stop any workers (idempotent)."""
         ...

@@ -102,6 +102,10 @@ class SyntheticLoader:
     def new_source_epochs(self) -> list[tuple[str, int]]:
         return []
 
+    def verify_read_shards(self) -> list[str]:
+        """No shards: nothing to verify."""
+        return []
+
     def close(self) -> None:
         pass
 

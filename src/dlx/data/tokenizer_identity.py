@@ -79,8 +79,8 @@ def describe_difference(a: TokenizerIdentity, b: TokenizerIdentity) -> str | Non
     if a.model_type != b.model_type:
         return f"model {a.model_type or '?'} vs {b.model_type or '?'}"
     if a.vocab != b.vocab:
-        return f"vocabulary of {len(a.vocab):,} vs {len(b.vocab):,} tokens" + (
-            ", same size, other ids" if len(a.vocab) == len(b.vocab) else ""
+        return f"vocabulary of {a.vocab_size:,} vs {b.vocab_size:,} ids" + (  # added tokens counted: 128,256
+            ", same size, other ids" if a.vocab_size == b.vocab_size else ""
         )
     if a.merges != b.merges:
         return f"{len(a.merges):,} vs {len(b.merges):,} merges" + (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class RopeScaling(BaseModel):
@@ -77,3 +77,15 @@ class ModelArgs(BaseModel):
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)
         return self.multiple_of * math.ceil(hidden / self.multiple_of)
+
+
+def describe_validation_error(error: ValidationError, where: str) -> str:
+    """One line naming the first offending field and what is allowed."""
+    first = error.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or where
+    if first["type"] == "extra_forbidden":
+        return f"{where}: unknown field '{field}'"
+    message = first["msg"].removeprefix("Value error, ")
+    if first["loc"]:
+        return f"{where}: field '{field}': {message} (got {first.get('input')!r})"
+    return f"{where}: {message}"

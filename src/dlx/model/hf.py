@@ -16,23 +16,22 @@ from typing import Any
 
 import torch
 from pydantic import ValidationError
-from safetensors.torch import save_file
 
 from dlx.atomic import atomic_dir
 from dlx.errors import UserError
-from dlx.model.args import ModelArgs
+from dlx.model.args import ModelArgs, describe_validation_error
 from dlx.model.hf_tokenizer import copy_tokenizer_files, write_tokenizer_files
 from dlx.model.io import (
     StoredTensor,
     empty_model,
     load_weights,
     read_headers,
+    save_weights_file,
     stored_dtype,
     unique_state_dict,
     write_weights,
 )
 from dlx.model.llama import Transformer
-from dlx.model.presets import describe_validation_error
 
 HF_CONFIG_FILE = "config.json"
 HF_WEIGHTS_FILE = "model.safetensors"
@@ -190,18 +189,34 @@ def _rope_scaling(config: dict[str, Any], source: str) -> dict[str, Any] | None:
     }
 
 
-def save_hf(model: Transformer, out_dir: str | Path, overwrite: bool = False, tokenizer: Path | None = None) -> Path:
+TRAINED_LENGTH_KEY = "dlx_trained_max_seq_len"
+"""config.json key (dlx's own; transformers keeps it as an attribute) holding the model.max_seq_len a run trained with,
+when the export states the longer context of the weights it started from (`model.init_from`)."""
+
+
+def save_hf(
+    model: Transformer,
+    out_dir: str | Path,
+    overwrite: bool = False,
+    tokenizer: Path | None = None,
+    context: int | None = None,
+) -> Path:
     """Write `config.json` and `model.safetensors` for `LlamaForCausalLM.from_pretrained` and, given the training
-    tokenizer.json, the tokenizer files with bos/eos ids in config.json (`dlx.model.hf_tokenizer`)."""
+    tokenizer.json, the tokenizer files with bos/eos ids in config.json (`dlx.model.hf_tokenizer`). `context`: the
+    max_position_embeddings (and tokenizer model_max_length) to state, when not the model's max_seq_len; the trained
+    length is then kept under TRAINED_LENGTH_KEY."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
-        raise UserError(f"{out_dir} already exists; choose another output folder or remove it")
+        raise UserError(f"{out_dir} already exists; choose another output folder, remove it, or give --overwrite")
     state = {dlx_to_hf_name(name): t for name, t in unique_state_dict(model).items()}
     config = hf_config(model.args, next(model.parameters()).dtype)
+    context = context or model.args.max_seq_len
+    if context != model.args.max_seq_len:
+        config.update(max_position_embeddings=context, **{TRAINED_LENGTH_KEY: model.args.max_seq_len})
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
-        save_file(state, str(tmp / HF_WEIGHTS_FILE), metadata={"format": "pt"})
+        save_weights_file(state, tmp / HF_WEIGHTS_FILE)
         if tokenizer is not None:
-            tokens = write_tokenizer_files(tokenizer, tmp, model.args.max_seq_len)
+            tokens = write_tokenizer_files(tokenizer, tmp, context)
             config.update(bos_token_id=tokens.bos_id, eos_token_id=tokens.eos_id)
         (tmp / HF_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return out_dir
@@ -250,7 +265,7 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path, overwrite: bool = False) 
     (so that `dlx generate` and `model.init_from` find its tokenizer). Returns the tokenizer files kept."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
-        raise UserError(f"{out_dir} already exists; choose another output folder or remove it")
+        raise UserError(f"{out_dir} already exists; choose another output folder, remove it, or give --overwrite")
     model = load_hf(hf_dir)
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         write_weights(model, tmp)

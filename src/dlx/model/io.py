@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from dlx.atomic import atomic_dir
+from dlx.atomic import atomic_dir, process_umask
 from dlx.errors import UserError
 from dlx.model.args import ModelArgs
 from dlx.model.llama import Transformer
@@ -71,8 +71,14 @@ def write_weight_dict(state: dict[str, torch.Tensor], args: ModelArgs, folder: P
     if args.tie_embeddings:
         state = {name: t for name, t in state.items() if name != "output.weight"}
     state = {name: t.detach().contiguous() for name, t in state.items()}
-    save_file(state, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    save_weights_file(state, folder / WEIGHTS_FILE)
     (folder / ARGS_FILE).write_text(args.model_dump_json(indent=2) + "\n")
+
+
+def save_weights_file(state: dict[str, torch.Tensor], path: Path) -> None:
+    """A safetensors file with the permissions `open()` gives under the umask (the library writes 0600)."""
+    save_file(state, str(path), metadata={"format": "pt"})
+    os.chmod(path, 0o666 & ~process_umask())
 
 
 def save_model(model: Transformer, out_dir: str | Path, overwrite: bool = False) -> Path:

@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from dlx.errors import UserError
-from dlx.model.args import ModelArgs
+from dlx.model.args import ModelArgs, describe_validation_error
 
 _LLAMA3 = {"vocab_size": 128256, "norm_eps": 1e-5, "rope_theta": 500000.0}
 _LLAMA32_SCALING = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_seq_len": 8192}
@@ -112,20 +112,23 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def describe_validation_error(error: ValidationError, where: str) -> str:
-    """One line naming the first offending field and what is allowed."""
-    first = error.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or where
-    if first["type"] == "extra_forbidden":
-        return f"{where}: unknown field '{field}'"
-    message = first["msg"].removeprefix("Value error, ")
-    if first["loc"]:
-        return f"{where}: field '{field}': {message} (got {first.get('input')!r})"
-    return f"{where}: {message}"
-
-
 def load_args_file(path: Path) -> dict[str, Any]:
-    """ModelArgs fields from a YAML or JSON file (Meta's params.json works)."""
+    """ModelArgs fields from a YAML or JSON file (Meta's params.json works), a Hugging Face Llama config.json, or a
+    folder holding one (a Hugging Face model folder) or a dlx model_args.json (a dlx model folder or checkpoint)."""
+    if path.is_dir():
+        found = [path / name for name in ("config.json", "model_args.json") if (path / name).is_file()]
+        if not found:
+            raise UserError(f"{path} holds neither a Hugging Face config.json nor a dlx model_args.json")
+        path = found[0]
+    data = _read_mapping(path)
+    if "model_type" in data or "architectures" in data:  # a Hugging Face config.json
+        from dlx.model.hf import args_from_hf_config  # hf imports this module
+
+        return args_from_hf_config(data, str(path)).model_dump()
+    return data
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
     except OSError as e:

@@ -183,6 +183,8 @@ class TrainSection(BaseModel):
     """train.float8's scaling: one factor per tensor (faster) or per row (more accurate); torchao's recipes."""
     nan_policy: Literal["stop", "skip"] = "stop"
     """On a NaN/inf loss: `stop` (naming the step and the last good checkpoint) or `skip` the batch's update."""
+    skip_memory_check: bool = False
+    """Start even when `dlx plan`'s memory estimate for this layout exceeds the device's free memory."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainSection:

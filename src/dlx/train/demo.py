@@ -1,6 +1,7 @@
 """`dlx pretrain` with no arguments: prepare the stdlib corpus (once), train the `demo` model, print a sample.
 
-Sized to finish in about 5 minutes on a 2-core CPU: 7.1M parameters, 400 steps of 2,048 tokens (0.22 epoch of the
+Sized to finish in 3 to 6 minutes on a 2-core CPU (3 min 15 s with native bf16, 5 min 44 s in fp32, data included:
+BENCHMARKS.md): 7.1M parameters, 400 steps of 2,048 tokens (0.22 epoch of the
 3.7M-token corpus), in bf16 where the CPU has it natively (about 0.4 s a step on an idle 2-core Xeon with AMX), else in
 fp32 (about 0.9 s a step on a 2-core AMD EPYC without AVX512-BF16, where bf16 is emulated and 10-30x slower).
 At steps 200 and 400 lm-evaluation-harness runs the shipped `dlx_stdlib_next_line` task (100 four-way questions:

@@ -287,3 +287,42 @@ def check_tokenizer(source: InitSource, dataset_tokenizer: Path | None, data_pat
             f"{source.tokenizer} nor an extension of it ({difference}); prepare the data again with --tokenizer "
             f"{source.tokenizer} (or one `dlx tokenizer extend` made from it)"
         )
+
+
+def bos_difference(source: InitSource, dataset_tokenizer: Path | None) -> str | None:
+    """One line when the data's documents start otherwise than the weights' tokenizer starts a text (its own BOS
+    convention, `dlx.data.prepare.tokenizer.bos_by_convention`); None when they agree or either is unknown."""
+    if source.tokenizer is None or dataset_tokenizer is None:
+        return None
+    from dlx.data.prepare.tokenizer import document_bos_id, read_tokenizer
+
+    weights_bos, data_bos = read_tokenizer(source.tokenizer, None).bos_id, document_bos_id(dataset_tokenizer)
+    if weights_bos == data_bos:
+        return None
+    data_side = "puts no BOS before its documents" if data_bos is None else f"starts every document with id {data_bos}"
+    weights_side = "adds no BOS" if weights_bos is None else f"starts every text with BOS id {weights_bos}"
+    fix = "--no-bos" if weights_bos is None else "--bos"
+    return (
+        f"note: the data {data_side}, but model.init_from's tokenizer {source.tokenizer} {weights_side}; "
+        f"to train as the weights were, prepare the data again with {fix}"
+    )
+
+
+def started_from_context(found: InitSource) -> tuple[int | None, str | None]:
+    """(max_seq_len of the weights the run behind `found` started from, a note), for `dlx export-hf`: a run with
+    model.init_from exports its source's context length (RoPE settings are the source's already: the weights fix them);
+    (None, None) for a run from scratch or a folder that is not a run's; (None, note) when the source is gone."""
+    run_dir = found.given if found.kind == "run" else found.weights.parent.parent
+    if found.kind not in ("run", "checkpoint") or not (run_dir / RUN_CONFIG_FILE).is_file():
+        return None, None
+    from dlx.train.folder import saved_config
+
+    init_from = (saved_config(run_dir).get("model") or {}).get("init_from")
+    if not init_from:
+        return None, None
+    if not Path(init_from).is_dir():
+        return None, (
+            f"note: model.init_from {init_from} of {run_dir} is gone, so the export states the trained length "
+            f"({found.args().max_seq_len}), not the source's context length"
+        )
+    return resolve_source(init_from).args().max_seq_len, None

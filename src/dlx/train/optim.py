@@ -40,23 +40,57 @@ def build_optimizer(model: nn.Module, cfg: TrainSection, device: torch.device) -
 
 class LRSchedule:
     """Multiplier of the peak lr at optimizer step `step` (0-based): linear warm-up from 0, then cosine or linear decay
-    to min_lr at the last step, or constant. A plain object (not a lambda) so that its state pickles as plain data."""
+    to min_lr at the last step, or constant. A plain object (not a lambda) so that its state pickles as plain data.
+
+    The decay is a segment [start, start_progress, end], as in `WSDSchedule`: a fresh run plans [warmup_steps, 0,
+    total - 1]. Resumed with another length, `continue_from` goes on from the progress the last step taken had
+    reached, stretched (or squeezed) to end at the new last step: the lr never jumps. Warm-up keeps its length."""
 
     def __init__(self, cfg: TrainSection, total_steps: int):
         self.kind = cfg.schedule
         self.total_steps = total_steps
         self.warmup_steps = int(cfg.warmup_ratio * total_steps)
         self.min_ratio = cfg.min_lr / cfg.lr
+        self.decay = [self.warmup_steps, 0.0, total_steps - 1]
+
+    def progress(self, step: int) -> float:
+        start, start_progress, end = self.decay
+        if step <= start:
+            return start_progress
+        return min(1.0, start_progress + (1.0 - start_progress) * (step - start) / max(1, end - start))
 
     def __call__(self, step: int) -> float:
         if step < self.warmup_steps:
             return (step + 1) / self.warmup_steps
         if self.kind == "constant":
             return 1.0
-        decay_steps = max(1, self.total_steps - 1 - self.warmup_steps)
-        progress = min(1.0, (step - self.warmup_steps) / decay_steps)
+        progress = self.progress(step)
         shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if self.kind == "cosine" else 1.0 - progress
         return self.min_ratio + (1.0 - self.min_ratio) * shape
+
+    def state(self) -> dict:
+        return {"total_steps": self.total_steps, "warmup_steps": self.warmup_steps, "decay": list(self.decay)}
+
+    def continue_from(self, saved: dict, steps_done: int) -> str | None:
+        """Adopt a saved plan at a resume after `steps_done` steps; re-plan it (and say how) if the run's length
+        changed. The lr of the last step taken, multiplier(steps_done - 1), is unchanged either way."""
+        self.warmup_steps = int(saved["warmup_steps"])
+        self.decay = [int(saved["decay"][0]), float(saved["decay"][1]), int(saved["decay"][2])]
+        if saved["total_steps"] == self.total_steps or self.kind == "constant":
+            return None
+        change = f"train.schedule {self.kind}: {saved['total_steps']:,} → {self.total_steps:,} steps"
+        last_taken = steps_done - 1
+        if last_taken < self.warmup_steps:
+            self.decay = [self.warmup_steps, 0.0, self.total_steps - 1]
+            return f"{change} at step {steps_done:,}; after the warm-up the decay runs to min_lr at step " + (
+                f"{self.total_steps:,}"
+            )
+        reached = self.progress(last_taken)
+        self.decay = [last_taken, reached, self.total_steps - 1]
+        return (
+            f"{change} at step {steps_done:,}; the decay continues from where it was ({reached:.0%} through) to "
+            f"min_lr at step {self.total_steps:,}"
+        )
 
 
 DECAY_SHAPES = {
@@ -140,26 +174,30 @@ class WSDSchedule:
 
 
 class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
-    """LambdaLR whose state also holds a WSD plan (`wsd`), so that a resumed run continues its decay as planned, or
-    re-plans it when the run's length changed (`WSDSchedule.continue_from`; `resume_note` says what happened)."""
+    """LambdaLR whose state also holds the schedule's decay plan (`plan`), so that a resumed run continues its decay
+    as planned, or re-plans it when the run's length changed (`continue_from`; `resume_note` says what happened)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, schedule: LRSchedule | WSDSchedule):
-        self.wsd = schedule.state() if isinstance(schedule, WSDSchedule) else None
+        self.plan = schedule.state()
         self.resume_note: str | None = None
         super().__init__(optimizer, schedule)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        saved = state_dict.get("wsd")
+        state_dict = dict(state_dict)
+        saved = state_dict.pop("plan", None) or state_dict.pop("wsd", None)  # "wsd": checkpoints before cosine had one
         super().load_state_dict(state_dict)
         schedule = self.lr_lambdas[0]
-        if not isinstance(schedule, WSDSchedule):
-            return
-        self.resume_note = schedule.continue_from(saved, self.last_epoch) if saved else None
-        self.wsd = schedule.state()
+        self.resume_note = schedule.continue_from(saved, self.last_epoch) if _fits(saved, schedule) else None
+        self.plan = schedule.state()
         lrs = [base * schedule(self.last_epoch) for base in self.base_lrs]  # the next step's, as re-planned
         for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
             group["lr"] = lr
         self._last_lr = lrs
+
+
+def _fits(saved: dict | None, schedule: LRSchedule | WSDSchedule) -> bool:
+    """Whether a saved plan belongs to this kind of schedule (a run may switch train.schedule at a resume)."""
+    return saved is not None and ("decay_ratio" in saved) == isinstance(schedule, WSDSchedule)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainSection, total_steps: int) -> ScheduledLR:

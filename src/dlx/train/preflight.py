@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from dlx.data.loader.windows import count_windows
+from dlx.data.prepare.tokenizer import dataset_bos_note
 from dlx.data.shards import TOKENIZER_FILE, Manifest, read_manifest, sha256_file
 from dlx.data.tokenizer_identity import same_tokenizer
 from dlx.errors import UserError
@@ -73,6 +74,9 @@ def read_datasets(config: RunConfig) -> list[Dataset]:
 @dataclass(frozen=True)
 class Preflight:
     checks: tuple[CheckResult, ...]
+
+    def with_check(self, result: CheckResult) -> Preflight:
+        return Preflight((*self.checks, result))
 
     def lines(self) -> list[str]:
         """The header's preflight block: one line in all, then a line per note."""
@@ -167,7 +171,8 @@ def check_tokenizer(datasets: list[Dataset], run_dir: Path, resume: bool) -> tup
             "ids; resume with the data the run was started with"
         )
     found = "matches the manifest" if len(datasets) == 1 else "each matches its manifest" + _in_sources(datasets)
-    return found + (" and the run folder's copy" if resume and run_copy.is_file() else ""), None
+    found += " and the run folder's copy" if resume and run_copy.is_file() else ""
+    return f"{found}; {dataset_bos_note(first.folder, first.manifest.bos_id)}", None
 
 
 def check_batches(config: RunConfig, datasets: list[Dataset], world_size: int) -> tuple[str, str | None]:
@@ -209,7 +214,13 @@ def check_batches(config: RunConfig, datasets: list[Dataset], world_size: int) -
             f"the validation split{' of a data.mix source' if len(datasets) > 1 else ''} holds {val} batch(es) per "
             f"rank, fewer than eval.batches {config.eval.batches}: each evaluation uses those {val}"
         )
+        if val < FEW_VAL_BATCHES:
+            note += ", so few that its loss is noisy (prepare with a larger --val-fraction or --val-documents)"
     return found + f", {min(val, config.eval.batches)} eval batch(es)" + _in_sources(datasets), note
+
+
+FEW_VAL_BATCHES = 4
+"""Fewer validation batches per rank than this make a noisy evaluation: the header says so."""
 
 
 def _val_batches(config: RunConfig, dataset: Dataset, per_step: int, world_size: int) -> int:

@@ -33,7 +33,15 @@ from dlx.train import folder
 from dlx.train.config import CheckpointSection, RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
-from dlx.train.init_from import InitSource, check_tokenizer, describe_changes, load_initial_weights, resolve_source
+from dlx.train.init_from import (
+    InitSource,
+    bos_difference,
+    check_tokenizer,
+    describe_changes,
+    load_initial_weights,
+    resolve_source,
+)
+from dlx.train.memory_check import check_memory
 from dlx.train.objective import Objective, build_objective
 from dlx.train.observe import bpb_note, build_observers, check_observers, check_wandb_installed
 from dlx.train.observer import ObserverList
@@ -178,8 +186,9 @@ def resolve_initial_weights(
         return source
 
     source = main_decides(resolve)
-    for note in source.notes:
-        console.warn(note)
+    for note in (*source.notes, bos_difference(source, data_info.tokenizer)):
+        if note:
+            console.warn(note)
     return source
 
 
@@ -280,6 +289,7 @@ def build_run(
     precision = build_precision(
         config.train.precision, device, engine_managed=STRATEGY_TRAITS[config.parallel.strategy].owns_precision
     )
+    checked = checked.with_check(check_memory(config, device, env, precision.name))
     loader = build_train_loader(config, device, env.dp_rank, env.dp_size)  # the TP ranks of a replica: one batch
     try:
         plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)

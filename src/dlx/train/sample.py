@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dlx import device as dev
+from dlx.data.prepare.tokenizer import document_bos_id, encode_prompt
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
-from dlx.model.io import WEIGHTS_FILE
+from dlx.model.hf import HF_CONFIG_FILE, load_hf
+from dlx.model.io import ARGS_FILE, WEIGHTS_FILE
 from dlx.train.checkpoint import DCP_METADATA, find_resumable, load_checkpoint_model
 from dlx.train.config import EvalSection
 from dlx.train.init_from import find_tokenizer_file
@@ -25,8 +27,9 @@ if TYPE_CHECKING:
 
 
 def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint (or any dlx model folder) itself, or the newest complete checkpoint of a run folder."""
-    if (path / WEIGHTS_FILE).is_file() or (path / DCP_METADATA).is_file():
+    """A checkpoint (or any dlx or Hugging Face model folder) itself, or the newest complete checkpoint of a run
+    folder."""
+    if any((path / name).is_file() for name in (WEIGHTS_FILE, DCP_METADATA, HF_CONFIG_FILE)):
         return path
     if not path.is_dir():
         raise UserError(f"{path} does not exist; give a run folder or a checkpoint folder")
@@ -61,9 +64,28 @@ def sample_text(
 ) -> str:
     checkpoint = resolve_checkpoint(path)
     tokenizer = find_tokenizer(checkpoint)
+    bos_id = trained_bos_id(find_tokenizer_file(checkpoint))
     torch_device = dev.resolve_device(device)
-    model = load_checkpoint_model(checkpoint, torch_device)
-    return continue_text(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed)
+    if (checkpoint / HF_CONFIG_FILE).is_file() and not (checkpoint / ARGS_FILE).is_file():  # a Hugging Face folder
+        model = load_hf(checkpoint, torch_device)
+    else:
+        model = load_checkpoint_model(checkpoint, torch_device)
+    return continue_text(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed, bos_id)
+
+
+def trained_bos_id(tokenizer_file: Path) -> int | None:
+    """The BOS id the run's documents started with: its dataset's manifest when the tokenizer.json is a run folder's
+    copy and data.path (or the first data.mix source) is still there, else `document_bos_id`."""
+    from dlx.data.shards import MANIFEST_FILE, read_manifest
+    from dlx.train.folder import RUN_CONFIG_FILE
+    from dlx.train.recipe import read_recipe_file
+
+    if (tokenizer_file.parent / RUN_CONFIG_FILE).is_file():
+        data = read_recipe_file(tokenizer_file.parent / RUN_CONFIG_FILE).get("data") or {}
+        path = next(iter(data.get("mix") or {}), None) or data.get("path")
+        if isinstance(path, str) and (Path(path) / MANIFEST_FILE).is_file():
+            return read_manifest(path).bos_id
+    return document_bos_id(tokenizer_file)
 
 
 def continue_text(
@@ -75,9 +97,11 @@ def continue_text(
     top_k: int | None = 50,
     top_p: float | None = None,
     seed: int = 0,
+    bos_id: int | None = None,
 ) -> str:
-    """The prompt and its sampled continuation, decoded; stops early at the end-of-document token."""
-    ids = tokenizer.encode(prompt).ids
+    """The prompt ([BOS] first when bos_id is given, as the training documents began) and its sampled continuation,
+    decoded; stops early at the end-of-document token."""
+    ids = encode_prompt(tokenizer, prompt, bos_id)
     if not ids:
         raise UserError("--prompt encodes to no tokens; give some text")
     device = next(model.parameters()).device
@@ -117,6 +141,8 @@ class TrainingSampler:
     temperature: float
     top_k: int | None
     seed: int
+    bos_id: int | None = None
+    """What the dataset puts before every document (`document_bos_id`), put before every prompt."""
 
     def due(self, step: int) -> bool:
         return step % self.every == 0
@@ -136,7 +162,7 @@ def build_sampler(config: EvalSection, tokenizer_path: Path | None, data_path: s
 
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     for index, prompt in enumerate(config.sample_prompts):
-        if not tokenizer.encode(prompt).ids:
+        if not tokenizer.encode(prompt, add_special_tokens=False).ids:
             raise UserError(f"eval.sample_prompts[{index}] ({prompt!r}) encodes to no tokens; give some text")
     return TrainingSampler(
         tokenizer,
@@ -146,6 +172,7 @@ def build_sampler(config: EvalSection, tokenizer_path: Path | None, data_path: s
         config.sample_temperature,
         config.sample_top_k,
         config.sample_seed,
+        document_bos_id(tokenizer_path),
     )
 
 
@@ -170,6 +197,7 @@ def sample_during_training(model: torch.nn.Module, sampler: TrainingSampler, ste
                     sampler.top_k,
                     None,
                     sampler.seed,
+                    sampler.bos_id,
                 ),
                 **settings,
             }

@@ -270,6 +270,7 @@ def save(run: Run, final: bool = False) -> None:
     """Wait for the previous save, then start this one (`final`: the run's last, which gathers model.safetensors under
     checkpoint.full_weights last); a background save is waited for by the next save or the end of the run."""
     wait_for_save(run)
+    verify_data_read(run)
     cfg, progress = run.config.checkpoint, run.progress
     progress.state.loader = run.loader.state_dict()
     full_weights = cfg.full_weights == "every" or (cfg.full_weights == "last" and final)
@@ -287,6 +288,23 @@ def save(run: Run, final: bool = False) -> None:
         wait_for_save(run)
 
 
+def verify_data_read(run: Run) -> None:
+    """Every shard the run's batches came from matches its manifest checksum, before a checkpoint is published or the
+    run ends well: a mismatch is one line naming the shard and the newest checkpoint, taken before it was read. Every
+    rank stops together (one collective per checkpoint)."""
+    problem = None
+    try:
+        run.loader.verify_read_shards()
+    except UserError as e:
+        problem = str(e)
+    if distributed.any_rank(problem is not None, run.device):
+        newest = run.progress.last_checkpoint or "none was published"
+        raise UserError(
+            f"{problem or 'another rank read a shard that does not match its manifest (its error names it)'}. This "
+            f"run trained on it: no checkpoint is published after that (the newest, {newest}, came before)"
+        )
+
+
 def wait_for_save(run: Run) -> None:
     progress = run.progress
     if progress.last_save is not None and not progress.last_save.settled:
@@ -298,6 +316,7 @@ def finish(run: Run) -> None:
     the report."""
     progress, step = run.progress, run.progress.step
     wait_for_save(run)
+    verify_data_read(run)
     this_step = ckpt.checkpoint_dir(run.run_dir, step).name
     at_step = progress.last_checkpoint is not None and progress.last_checkpoint.name == this_step
     last = progress.last_save

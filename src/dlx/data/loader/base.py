@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from dlx.data.loader.feed import InProcessFeed, ReaderJob, WorkerFeed, open_feed
+from dlx.data.loader.feed import InProcessFeed, ReaderJob, ReadShards, WorkerFeed, open_feed
 from dlx.data.shards import Manifest
 from dlx.data.source import LoaderSettings
 from dlx.device import HostToDevice
@@ -23,6 +23,7 @@ class FeedLoader:
         self._manifest, self._job = manifest, job
         self._transfer = HostToDevice(torch.device(settings.device), settings.batch_shape)
         self._feed: InProcessFeed | WorkerFeed | None = None
+        self._read_shards = ReadShards()  # what consumed batches read, until verified; kept across feeds
 
     @property
     def vocab_size(self) -> int:
@@ -48,7 +49,7 @@ class FeedLoader:
         return []
 
     def _open(self, start: Any, loop: bool) -> None:
-        self._feed = open_feed(self._job, start, loop, self.num_workers, self.prefetch)
+        self._feed = open_feed(self._job, start, loop, self.num_workers, self.prefetch, self._read_shards)
 
     def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The feed's next batch on the device; on any failure the feed is stopped and the position left unchanged,
@@ -64,6 +65,11 @@ class FeedLoader:
         feed, self._feed = self._feed, None
         if feed is not None:
             feed.close()
+
+    def verify_read_shards(self) -> list[str]:
+        """Block until every shard a consumed batch came from is verified against the manifest (UserError naming the
+        first that is not); returns the shards that had to be hashed now (see `dlx.data.loader.feed.ReadShards`)."""
+        return self._read_shards.verify()
 
     def close(self) -> None:
         """Stop the workers (idempotent). Also runs when the loader is garbage collected and at interpreter exit."""

@@ -11,13 +11,17 @@ stealing time from the training threads), and always before the trainer would bl
 Checksums are verified once per process, the first time the reader maps a shard: in a worker by a background thread
 (each worker checks every num_workers-th shard of the split, while it builds batches, so the step does not wait), in
 the calling thread (num_workers=0) when a batch first touches the shard. A mismatch stops the run with a UserError
-that names the shard.
+that names the shard. A worker's background thread may not have reached a shard when a batch from it is consumed:
+`ReadShards` keeps such shards (each reply of a worker names the shards its thread confirmed since the last), and
+`ReadShards.verify` hashes what is still unconfirmed, so that a caller (the trainer, before it publishes a checkpoint
+or ends a run) knows every shard its batches came from is intact.
 
 This module needs numpy only (the workers import it without torch or pydantic, so they start fast).
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 from dataclasses import dataclass, replace
@@ -29,6 +33,7 @@ from dlx.data.loader.order import Cursor
 from dlx.data.loader.plan import BatchPlan
 from dlx.data.pool import WorkerPool, shared_memory
 from dlx.errors import UserError
+from dlx.faults import pause_point
 
 _verified: set[tuple[str, int, int, str]] = set()
 """Shards this process has verified: (path, size, mtime_ns, sha256). A rebuilt loader (an evaluation's) skips them."""
@@ -76,22 +81,53 @@ def verify_shard(shard: str, sha256: str) -> None:
     _verified.add(key)
 
 
+class ReadShards:
+    """The shards that consumed batches were read from and that no verification has confirmed yet (a worker's
+    background thread, or `verify`); one per loader, kept across its feeds (epochs, resumes)."""
+
+    def __init__(self) -> None:
+        self.confirmed: set[str] = set()
+        self.unconfirmed: dict[str, str] = {}
+        """shard path → the manifest's SHA-256."""
+
+    def note_read(self, shards: set[str], checksums: dict[str, str]) -> None:
+        for shard in shards - self.confirmed:
+            self.unconfirmed[shard] = checksums[shard]
+
+    def confirm(self, shards: list[str]) -> None:
+        self.confirmed.update(shards)
+        for shard in shards:
+            self.unconfirmed.pop(shard, None)
+
+    def verify(self) -> list[str]:
+        """Hash here every read shard not confirmed yet (UserError naming the first that does not match); returns
+        the shards hashed."""
+        hashed = sorted(self.unconfirmed)
+        for shard in hashed:
+            verify_shard(shard, self.unconfirmed[shard])
+            self.confirm([shard])
+        return hashed
+
+
 class _BackgroundVerifier:
     """Verifies some shards in a daemon thread (hashlib releases the GIL); `failure` holds the first mismatch or
-    unreadable shard."""
+    unreadable shard, `done` the shards verified so far, in order."""
 
     def __init__(self, shards: list[tuple[str, str]]):
         self.failure: str | None = None
+        self.done: list[str] = []
         self._thread = threading.Thread(target=self._run, args=(shards,), daemon=True)
         self._thread.start()
 
     def _run(self, shards: list[tuple[str, str]]) -> None:
+        pause_point("shard_verify")  # test-only, off by default: see dlx.faults
         for shard, sha256 in shards:
             try:
                 verify_shard(shard, sha256)
             except UserError as e:
                 self.failure = str(e)
                 return
+            self.done.append(shard)
 
     def join(self) -> None:
         self._thread.join()
@@ -104,6 +140,7 @@ class BatchReader:
         """`background`: verify this worker's share of the shards in a thread; else each shard on first touch."""
         self.job = job
         self._verifier: _BackgroundVerifier | None = None
+        self._reported = 0  # how many of the verifier's done shards a reply has named
         self._unchecked: dict[str, str] = {}
         if job.checksums and background:
             self._verifier = _BackgroundVerifier(list(job.checksums[job.worker :: job.num_workers]))
@@ -120,6 +157,14 @@ class BatchReader:
         plan.fill(cursor, out)
         if int(out.max()) >= self.job.vocab_size:  # microseconds; a damaged shard must not reach the model
             raise UserError(plan.describe_bad_token(cursor, self.job.vocab_size))
+
+    def newly_verified(self) -> list[str]:
+        """The shards the background thread verified since the last call (for the reply to the trainer's process)."""
+        if self._verifier is None:
+            return []
+        done = self._verifier.done[self._reported : len(self._verifier.done)]
+        self._reported += len(done)
+        return done
 
 
 class InProcessFeed:
@@ -155,16 +200,22 @@ def open_reader(job: ReaderJob) -> None:
     _slots = np.ndarray(shape, dtype=np.int64, buffer=shared_memory())
 
 
-def fill_slot(task: tuple[int, Cursor | int]) -> None:
+def fill_slot(task: tuple[int, Cursor | int]) -> list[str]:
+    """Fill a slot; the reply names the shards this worker confirmed since its last reply."""
     slot, cursor = task
     assert _reader is not None and _slots is not None, "open_reader runs first"
     _reader.fill(cursor, _slots[slot])
+    return _reader.newly_verified()
 
 
 class WorkerFeed:
     """Batches built by `num_workers` pool workers, `prefetch` each ahead of the trainer, read back in order."""
 
-    def __init__(self, job: ReaderJob, start: Cursor | int, loop: bool, num_workers: int, prefetch: int):
+    def __init__(
+        self, job: ReaderJob, start: Cursor | int, loop: bool, num_workers: int, prefetch: int, read: ReadShards
+    ):
+        self._plan, self._checksums, self._read = job.plan, dict(job.checksums), read
+        self._in_flight: collections.deque[Cursor | int] = collections.deque()  # cursors sent, not received yet
         self._n_slots = num_workers * prefetch
         shape = (self._n_slots, 2, job.plan.micro_batch_size, job.plan.seq_len)
         self._pool = WorkerPool(num_workers, shared_bytes=int(np.prod(shape)) * 8, name="loader worker")
@@ -185,6 +236,7 @@ class WorkerFeed:
         for cursor in itertools.islice(self._cursors, n):
             task = (self._sent % self._n_slots, cursor)
             self._pool.submit(self._sent % self._pool.n_workers, fill_slot, task)
+            self._in_flight.append(cursor)
             self._sent += 1
 
     def next_batch(self) -> np.ndarray:
@@ -196,7 +248,10 @@ class WorkerFeed:
         if worker in self._opening:
             self._pool.receive(worker)
             self._opening.discard(worker)
-        self._pool.receive(worker)
+        self._read.confirm(self._pool.receive(worker))
+        cursor = self._in_flight.popleft()
+        if self._checksums and len(self._read.confirmed) < len(self._checksums):  # microseconds; none once all are
+            self._read.note_read(self._plan.shards_of(cursor), self._checksums)
         self._received += 1
         return self._slots[(self._received - 1) % self._n_slots]
 
@@ -205,8 +260,11 @@ class WorkerFeed:
         self._pool.close()
 
 
-def open_feed(job: ReaderJob, start: Cursor | int, loop: bool, num_workers: int, prefetch: int):
-    """Batches of `job` from `start`: built in this thread (`num_workers=0`) or by worker processes."""
+def open_feed(
+    job: ReaderJob, start: Cursor | int, loop: bool, num_workers: int, prefetch: int, read: ReadShards | None = None
+):
+    """Batches of `job` from `start`: built in this thread (`num_workers=0`, which verifies a shard before its first
+    batch) or by worker processes (which tell `read` what the consumed batches read and what is verified)."""
     if num_workers == 0:
         return InProcessFeed(job, start, loop)
-    return WorkerFeed(job, start, loop, num_workers, prefetch)
+    return WorkerFeed(job, start, loop, num_workers, prefetch, read or ReadShards())

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlx.data.prepare.inputs import InputList, stdlib_folder
 from dlx.errors import UserError
+
+if TYPE_CHECKING:
+    from dlx.data.prepare.tokenizer import TokenizerInfo
 
 DEFAULT_VAL_FRACTION = 0.005
 DEFAULT_SHARD_TOKENS = 100_000_000
@@ -40,10 +45,15 @@ class PrepareOptions:
     """Worker processes; 1 runs everything in this process."""
     strict: bool
     """Stop at the first bad input record instead of skipping it."""
-    add_bos: bool
-    """Put the tokenizer's BOS before every document (EOS always follows every document)."""
+    add_bos: bool | None
+    """Put the tokenizer's BOS before every document (EOS always follows every document); None: as the tokenizer's
+    own convention says (`dlx.data.prepare.tokenizer.bos_by_convention`), no BOS for a tokenizer dlx trains."""
     progress: bool
     """Show a progress bar on stderr."""
+
+    def with_bos(self, given: TokenizerInfo | None) -> PrepareOptions:
+        """These options with add_bos decided: a given tokenizer's answer, else (a tokenizer dlx trains) --bos."""
+        return dataclasses.replace(self, add_bos=given.bos_id is not None if given else bool(self.add_bos))
 
     def inputs_record(self) -> list[str]:
         """The inputs as given, for the manifest's `source.inputs`."""
@@ -92,7 +102,7 @@ def build_options(
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     workers: int | None = None,
     strict: bool = False,
-    add_bos: bool = False,
+    add_bos: bool | None = None,
     progress: bool = True,
 ) -> PrepareOptions:
     """The one place `prepare`'s options get their defaults and are checked (see `dlx prepare --help`); a bad one

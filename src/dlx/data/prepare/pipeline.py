@@ -48,8 +48,9 @@ def prepare_from_options(opts: PrepareOptions, out: Path) -> Manifest:
     ui = PrepareProgress(opts.progress)
     started = time.monotonic()
     inputs = measure_inputs(opts, ui)
-    request = opts.request(inputs)
     given = read_tokenizer(opts.tokenizer, opts.add_bos) if opts.tokenizer else None
+    opts = opts.with_bos(given)
+    request = opts.request(inputs)
     sha = given.sha256 if given else None
     manifest = existing_dataset(out, request, sha)  # read-only: refuse someone else's folder before creating anything
     if (manifest is None or not manifest.complete) and (out / TASKS_DIR).exists():
@@ -66,6 +67,8 @@ def prepare_from_options(opts: PrepareOptions, out: Path) -> Manifest:
                 if manifest is None or not manifest.complete:
                     manifest = _run(out, inputs, opts, request, given, manifest, ui)
                     ui.note(f"prepared {out}: {totals(manifest)} in {time.monotonic() - started:.1f}s")
+                    if warning := small_validation_split(manifest):
+                        ui.note(warning)
                     return manifest
         except BaseException:
             if created and out.is_dir() and not any(out.iterdir()):
@@ -175,4 +178,20 @@ def totals(m: Manifest) -> str:
     return (
         f"{s['tokens']:,} tokens in {s['shards']} {m.dtype} shards, {s['documents']:,} documents "
         f"(val: {val['documents']:,} documents, {val['tokens']:,} tokens)"
+    )
+
+
+SMALL_VAL_TOKENS = 2 * 8 * 1024
+"""Fewer validation tokens than 2 batches of 8 × 1,024: an evaluation on them is noisy, worth a warning."""
+
+
+def small_validation_split(m: Manifest) -> str | None:
+    """A warning line when the validation split is not empty but smaller than SMALL_VAL_TOKENS."""
+    val = m.summary()["splits"]["val"]
+    if not 0 < val["tokens"] < SMALL_VAL_TOKENS:
+        return None
+    return (
+        f"warning: the validation split holds {val['documents']:,} document(s), {val['tokens']:,} tokens: fewer than "
+        f"2 batches of 8 × 1,024 ({SMALL_VAL_TOKENS:,} tokens), so evaluations on it will be noisy; raise "
+        "--val-fraction or give --val-documents"
     )

@@ -80,8 +80,9 @@ def run_task(opts: PrepareOptions, out: Path, tasks: int, task_index: int, numbe
     assert opts.tokenizer is not None  # check_task
     ui = PrepareProgress(opts.progress)
     inputs_list = measure_inputs(opts, ui)
-    request = opts.request(inputs_list)
     tok = read_tokenizer(opts.tokenizer, opts.add_bos)
+    opts = opts.with_bos(tok)
+    request = opts.request(inputs_list)
     manifest = existing_dataset(out, request, tok.sha256)  # refuses a folder of other inputs before writing
     if manifest is not None and manifest.complete:
         ui.note(f"{out} is already prepared; nothing to do")

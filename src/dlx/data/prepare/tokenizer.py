@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from dlx.data.shards import TOKENIZER_FILE
+from dlx.data.shards import MANIFEST_FILE, TOKENIZER_FILE, read_manifest
 from dlx.errors import UserError
 
 LLAMA3_PATTERN = (
@@ -77,17 +77,18 @@ def _parse(path: Path, text: str) -> Tokenizer:
         raise UserError(f"{path} is not a Hugging Face tokenizer.json ({str(e).splitlines()[0][:200]})") from None
 
 
-def read_tokenizer(folder_or_file: str | Path, add_bos: bool) -> TokenizerInfo:
-    """Load, check and describe a tokenizer given with --tokenizer."""
+def read_tokenizer(folder_or_file: str | Path, add_bos: bool | None) -> TokenizerInfo:
+    """Load, check and describe a tokenizer given with --tokenizer; add_bos None follows its own convention."""
     path = tokenizer_file(folder_or_file)
     text = _read_text(path)
     return describe(_parse(path, text), text, add_bos, _tokenizer_config(path.parent), str(path))
 
 
 def describe(
-    tok: Tokenizer, json_text: str, add_bos: bool, config: dict | None = None, name: str = ""
+    tok: Tokenizer, json_text: str, add_bos: bool | None, config: dict | None = None, name: str = ""
 ) -> TokenizerInfo:
-    """Vocabulary size, EOS/BOS ids and hash; UserError if the ids do not fit a token dtype or EOS is unknown."""
+    """Vocabulary size, EOS/BOS ids and hash; UserError if the ids do not fit a token dtype or EOS is unknown.
+    add_bos None: BOS before every document if the tokenizer's own convention says so (`bos_by_convention`)."""
     vocab = tok.get_vocab(with_added_tokens=True)
     vocab_size = max(vocab.values()) + 1
     if vocab_size > MAX_VOCAB:
@@ -95,11 +96,47 @@ def describe(
     eos = _special_id(vocab, EOS_NAMES, (config or {}).get("eos_token"))
     if eos is None:
         raise UserError(f"tokenizer {name} has no end-of-document token (looked for {', '.join(EOS_NAMES)})")
-    bos = _special_id(vocab, BOS_NAMES, (config or {}).get("bos_token"))
+    by_convention, named = bos_by_convention(json_text, config)
+    bos = _special_id(vocab, (*([named] if named else []), *BOS_NAMES), (config or {}).get("bos_token"))
     if add_bos and bos is None:
         raise UserError(f"--bos: tokenizer {name} has no begin-of-document token (looked for {', '.join(BOS_NAMES)})")
     sha = hashlib.sha256(json_text.encode("utf-8")).hexdigest()
-    return TokenizerInfo(json_text, sha, vocab_size, eos, bos if add_bos else None)
+    wanted = by_convention if add_bos is None else add_bos
+    return TokenizerInfo(json_text, sha, vocab_size, eos, bos if wanted else None)
+
+
+def bos_by_convention(json_text: str, config: dict | None) -> tuple[bool, str | None]:
+    """Whether this tokenizer's own encoding starts a text with BOS, as transformers applies it: tokenizer_config.json's
+    `add_bos_token` when it is set, else tokenizer.json's post-processor (a TemplateProcessing, alone or in a
+    Sequence, whose single-text template begins with a special token, e.g. Llama 3's `<|begin_of_text|>` $A), with
+    the token the post-processor names (or None). A tokenizer dlx trains has no post-processor: no BOS."""
+    first = _template_first_token(json.loads(json_text).get("post_processor"))
+    configured = (config or {}).get("add_bos_token")
+    adds = configured if isinstance(configured, bool) else first is not None
+    return adds, first
+
+
+def _template_first_token(processor: dict | None) -> str | None:
+    """The special token a TemplateProcessing puts before a single text, looking inside a Sequence."""
+    if not isinstance(processor, dict):
+        return None
+    if processor.get("type") == "Sequence":
+        found = [_template_first_token(p) for p in processor.get("processors", [])]
+        return next((name for name in found if name is not None), None)
+    if processor.get("type") != "TemplateProcessing" or not processor.get("single"):
+        return None
+    first = processor["single"][0]
+    return first["SpecialToken"]["id"] if isinstance(first, dict) and "SpecialToken" in first else None
+
+
+def dataset_bos_note(folder: Path, bos_id: int | None) -> str:
+    """A few words for `dlx data info` and the run header: what starts every document of a prepared dataset, with the
+    BOS token's name from the dataset's tokenizer.json (its added tokens)."""
+    if bos_id is None:
+        return "bos: none (each document is its ids then EOS)"
+    added = json.loads(_read_text(tokenizer_file(folder))).get("added_tokens") or []
+    name = next((t.get("content") for t in added if t.get("id") == bos_id), None)
+    return f"bos: {name or 'id'} (id {bos_id}) before every document"
 
 
 def _special_id(vocab: dict[str, int], names: tuple[str, ...], configured: object) -> int | None:
@@ -109,6 +146,21 @@ def _special_id(vocab: dict[str, int], names: tuple[str, ...], configured: objec
         if isinstance(name, str) and name in vocab:
             return vocab[name]
     return None
+
+
+def document_bos_id(tokenizer_path: Path) -> int | None:
+    """The BOS id a text encoded for this tokenizer's model starts with (`dlx generate`, training samples): the
+    dataset's choice when the tokenizer.json sits in a prepared dataset (its manifest), else the tokenizer's own
+    convention (`bos_by_convention`)."""
+    if (tokenizer_path.parent / MANIFEST_FILE).is_file():
+        return read_manifest(tokenizer_path.parent).bos_id
+    return read_tokenizer(tokenizer_path, None).bos_id
+
+
+def encode_prompt(tokenizer: Tokenizer, text: str, bos_id: int | None) -> list[int]:
+    """The ids of a prompt as training documents began: [BOS] then the text's ids (no post-processor of its own)."""
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    return [bos_id, *ids] if bos_id is not None and ids else ids
 
 
 def _tokenizer_config(folder: Path) -> dict | None:
