@@ -19,6 +19,7 @@ import yaml
 
 from dlx.errors import UserError
 from dlx.train.recipe import CONFIG_FILE
+from dlx.train.runlock import LOCK_FILE
 
 RUNS_ROOT = Path("runs")
 EVENTS_FILE = "events.jsonl"
@@ -83,7 +84,7 @@ def new_run_dir(name: str, run_dir: Path | None) -> Path:
             run_dir = RUNS_ROOT / f"{name}-{stamp}-{suffix}"
     elif run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--run-dir {run_dir} is a file, not a folder; pick another --run-dir")
-    elif run_dir.exists() and any(run_dir.iterdir()):
+    elif run_dir.exists() and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
         what = "holds a run" if (run_dir / CONFIG_FILE).is_file() else "is not empty"
         raise UserError(
             f"run folder {run_dir} already exists and {what}; add --resume to continue it, or pick another --run-dir"
@@ -100,6 +101,17 @@ def existing_run_dir(name: str, run_dir: Path | None) -> Path:
         return candidates[-1]
     check_holds_a_run(run_dir)
     return run_dir
+
+
+def holds_a_run(run_dir: Path | None) -> bool:
+    """--resume auto: whether --run-dir holds a run to continue (else a new run starts there)."""
+    if run_dir is None:
+        raise UserError(
+            "--resume auto needs --run-dir DIR: the folder that every restart of the job starts or continues"
+        )
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--resume auto: --run-dir {run_dir} is a file, not a folder; pass a folder")
+    return (run_dir / CONFIG_FILE).is_file()
 
 
 def check_holds_a_run(run_dir: Path) -> None:

@@ -38,6 +38,7 @@ from dlx.train.observe import build_profiler, check_observers, check_wandb_insta
 from dlx.train.optim import ScheduledLR, build_optimizer, build_scheduler
 from dlx.train.preflight import Preflight, run_preflight
 from dlx.train.recipe import write_resolved
+from dlx.train.runlock import RunLock
 from dlx.train.sample import TrainingSampler
 from dlx.train.signals import GracefulStop
 from dlx.train.step_plan import StepPlan, plan_steps
@@ -87,6 +88,8 @@ class Run:
     """Where the initial weights came from (model.init_from), when they were loaded."""
     sampler: TrainingSampler | None = None
     """Text generated every `eval.sample_every` steps; None when off."""
+    lock: RunLock | None = None
+    """The run folder's writer lock, held by rank 0 (dlx.train.runlock)."""
 
     @property
     def model(self) -> Transformer:
@@ -118,6 +121,8 @@ class Run:
             self.profiler.close()
         finally:
             self.logger.close()
+            if self.lock is not None:
+                self.lock.release()
 
 
 def seed_everything(seed: int) -> None:
@@ -249,6 +254,9 @@ def build_run(
     data_info = inspect_dataset(config)
     check_layout(config.parallel, env.world_size)
     run_dir = main_decides(lambda: resolve_run_dir(config, name, run_dir, resume))
+    lock = RunLock(run_dir)
+    if resume:
+        main_decides(lock.acquire)  # a new run's folder is locked once it exists (create_run_dir)
     checked = main_decides(lambda: run_preflight(config, run_dir, resume, env.dp_size))
     precision = build_precision(config.train.precision, device, engine_managed=config.parallel.strategy == "deepspeed")
     loader = build_train_loader(config, device, env.dp_rank, env.dp_size)  # the TP ranks of a replica: one batch
@@ -263,9 +271,10 @@ def build_run(
         strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan, fill)
         scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
         state, last = restore(run_dir, resume, loaded, strategy, scheduler, loader, console)
-        main_decides(lambda: create_run_dir(config, run_dir, data_info, init))
+        main_decides(lambda: create_run_dir(config, run_dir, data_info, init, None if resume else lock))
     except BaseException:
         loader.close()
+        lock.release()
         raise
     console.progress.update(console.task, completed=state.step)
     for note in unused_checkpoint_keys(config.checkpoint, strategy.checkpoint_format):
@@ -301,6 +310,7 @@ def build_run(
         profiler=build_profiler(config, run_dir, env, device, timer, console),
         gpu=open_gpu_counters(device, config.log.nvml),
         sampler=sampler,
+        lock=lock,
     )
 
 
@@ -339,9 +349,18 @@ def find_checkpoint(run_dir: Path, console: RunConsole, env: DistEnv) -> ckpt.Lo
     return ckpt.read_checkpoint(path) if path is not None else None
 
 
-def create_run_dir(config: RunConfig, run_dir: Path, data_info: DatasetInfo, init: InitSource | None = None) -> None:
-    """config.yaml, the tokenizer (the dataset's, else the initial weights'), where the initial weights came from."""
+def create_run_dir(
+    config: RunConfig,
+    run_dir: Path,
+    data_info: DatasetInfo,
+    init: InitSource | None = None,
+    lock: RunLock | None = None,
+) -> None:
+    """config.yaml, the tokenizer (the dataset's, else the initial weights'), where the initial weights came from;
+    `lock` taken first (a new run's), so that a second writer starting at the same moment is refused."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    if lock is not None:
+        lock.acquire()
     write_resolved(config, run_dir)
     tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
     if tokenizer is not None:

@@ -66,8 +66,11 @@ class RunResult:
         return 128 + int(signal.Signals[self.stopped_by])
 
 
-def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, resume: bool = False) -> RunResult:
-    """Train as the recipe says, into a new run folder (or continue the newest complete checkpoint with resume)."""
+def pretrain(
+    config: RunConfig, name: str = "run", run_dir: Path | None = None, resume: bool | str = False
+) -> RunResult:
+    """Train as the recipe says, into a new run folder (or continue the newest complete checkpoint with resume; with
+    resume "auto", continue when run_dir holds a run, else start one there: rank 0 decides for all)."""
     from dlx import device as dev
     from dlx.train.run import check_optional_features
 
@@ -77,6 +80,8 @@ def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, 
     env = distributed.init_distributed(device, needs_group, config.parallel.timeout_s, config.parallel.tp)
     every_rank_ends = False
     try:
+        if resume == "auto":
+            resume = distributed.main_decides(lambda: folder.holds_a_run(run_dir))
         with GracefulStop() as stop:
             run = build_run(config, name, run_dir, resume, stop, env, device)
             try:
@@ -108,6 +113,12 @@ def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, 
 
 
 def train(run: Run, resume: bool) -> None:
+    if resume and run.state.step >= run.plan.total_steps:
+        run.console.print(
+            f"run {run.run_dir} already finished at step {run.state.step:,} of {run.plan.total_steps:,}: trained "
+            "nothing (raise train.max_steps to train further)"
+        )
+        return
     if resume and run.env.is_main:
         folder.append_event(run.run_dir, event="resume", step=run.state.step, checkpoint=run.last_checkpoint)
     print_header(run)
