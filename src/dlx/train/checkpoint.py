@@ -65,6 +65,8 @@ class TrainerState:
     """Training tokens consumed, all ranks together."""
     nan_skipped: int = 0
     """Steps whose update was skipped for a non-finite loss (train.nan_policy: skip)."""
+    spikes_skipped: int = 0
+    """Steps whose update was skipped as a loss spike (train.spike_policy)."""
     loader: dict[str, Any] | None = None
     """The training loader's state_dict: where the next batch comes from."""
     format: str = "full"

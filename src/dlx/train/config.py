@@ -167,6 +167,14 @@ class TrainSection(BaseModel):
     """Wrap the model in torch.compile (needs a C++ compiler on CPU)."""
     nan_policy: Literal["stop", "skip"] = "stop"
     """On a NaN/inf loss: `stop` (naming the step and the last good checkpoint) or `skip` the batch's update."""
+    spike_policy: Literal["off", "skip", "rollback"] = "off"
+    """On a loss spike: `skip` its update, or `rollback` after spike_patience in a row (dlx.train.spikes); off."""
+    spike_sigma: float = Field(6.0, gt=0, le=1e3)
+    """A spike: a loss above the mean of the last spike_window accepted losses by this many standard deviations."""
+    spike_window: int = Field(100, ge=2, le=1 << 20)
+    """Accepted losses the spike test compares with; no judgement before the window is full."""
+    spike_patience: int = Field(3, ge=1, le=1 << 20)
+    """rollback: consecutive spikes that reload the newest checkpoint older than the first of them."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainSection:
@@ -304,6 +312,8 @@ class RunConfig(BaseModel):
         train, strategy = self.train, self.parallel.strategy
         if strategy == "deepspeed" and train.nan_policy == "skip":
             raise ValueError("train.nan_policy skip is not available with parallel.strategy deepspeed; use stop")
+        if strategy == "deepspeed" and train.spike_policy != "off":
+            raise ValueError("train.spike_policy is not available with parallel.strategy deepspeed; use off")
         if strategy == "fsdp" and train.precision == "fp16":
             raise ValueError("parallel.strategy fsdp trains in bf16 or fp32; set train.precision bf16 (or fp32)")
         self._check_tensor_parallel()

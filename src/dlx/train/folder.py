@@ -66,6 +66,10 @@ RESUMABLE_CHANGES = {
     ("profile", "top_ops"),
     ("profile", "memory_snapshot"),
     ("train", "decay_ratio"),
+    ("train", "spike_policy"),
+    ("train", "spike_sigma"),
+    ("train", "spike_window"),
+    ("train", "spike_patience"),
 }
 """Keys a resumed run may change: how long it runs, what it records (samples, profiles and W&B included), and how ranks
 share it (a run may resume on another number of ranks with the batch split differently; the checkpoint says which

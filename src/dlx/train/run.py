@@ -41,6 +41,7 @@ from dlx.train.recipe import write_resolved
 from dlx.train.runlock import RunLock
 from dlx.train.sample import TrainingSampler
 from dlx.train.signals import GracefulStop
+from dlx.train.spikes import SpikeGuard
 from dlx.train.step_plan import StepPlan, plan_steps
 
 
@@ -90,6 +91,11 @@ class Run:
     """Text generated every `eval.sample_every` steps; None when off."""
     lock: RunLock | None = None
     """The run folder's writer lock, held by rank 0 (dlx.train.runlock)."""
+    spikes: SpikeGuard = field(init=False)
+    """train.spike_policy: judges each step's loss, rolls the run back (dlx.train.spikes)."""
+
+    def __post_init__(self) -> None:
+        self.spikes = SpikeGuard(self)
 
     @property
     def model(self) -> Transformer:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dlx import faults
 from dlx.errors import UserError
 from dlx.metrics.report import write_report
 from dlx.metrics.timing import PhaseTimer
@@ -130,25 +131,29 @@ def train(run: Run, resume: bool) -> None:
 
 def train_loop(run: Run) -> None:
     """Optimizer steps from where the run stands to the plan's last step; stops early on a signal (to any rank)."""
-    for step in range(run.state.step + 1, run.plan.total_steps + 1):
+    while run.state.step < run.plan.total_steps:  # a spike rollback (dlx.train.spikes) moves run.state.step back
+        step = run.state.step + 1
         with run.profiler.step(step):  # torch.profiler over the profile.* steps; nothing otherwise
             loss = accumulate_gradients(
                 run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer, run.strategy, run.objective
             )
             lr = run.scheduler.get_last_lr()[0]
             loss_value, stop_requested = agree_on_step(run, loss)  # NaN policy and stop: the same on every rank
+            loss_value *= faults.planted_spike(step)  # test-only, 1.0 unless DLX_FAULT_SPIKE names this step
+            apply = math.isfinite(loss_value) and not run.spikes.is_spike(step, loss_value)
             with run.timer.phase("optimizer"):
-                grad_norm = run.strategy.optimizer_step() if math.isfinite(loss_value) else None
+                grad_norm = run.strategy.optimizer_step() if apply else None
                 run.scheduler.step()
             run.timer.end_step()
         run.state.step, run.state.tokens_seen = step, run.state.tokens_seen + run.plan.tokens_per_step
         if grad_norm is None:
-            handle_non_finite(run, step, loss_value)
+            handle_skipped_update(run, step, loss_value)
         if step % run.config.log.every == 0 or step in (1, run.plan.total_steps):  # step 1: the starting loss
             log_step(run, step, loss_value, lr, grad_norm, run.timer.window())
         else:
             run.console.advance(step, None, loss_value)
         stopped_between = between_steps(run, step)
+        stopped_between |= run.spikes.between_steps(step) and distributed.any_rank(run.stop.requested, run.device)
         if stop_requested or stopped_between:
             run.stopped_early = True
             name_the_stop(run)
@@ -226,9 +231,17 @@ def accumulate_gradients(
     return total
 
 
-def handle_non_finite(run: Run, step: int, loss_value: float) -> None:
-    """The update was not applied. `skip`: drop the batch and go on; `stop`: end the run, naming what to resume."""
+def handle_skipped_update(run: Run, step: int, loss_value: float) -> None:
+    """The update was not applied: a loss spike (train.spike_policy, already reported) or a non-finite loss."""
     run.strategy.zero_grad()
+    if math.isfinite(loss_value):
+        run.state.spikes_skipped += 1
+        return
+    handle_non_finite(run, step, loss_value)
+
+
+def handle_non_finite(run: Run, step: int, loss_value: float) -> None:
+    """`skip`: drop the batch and go on; `stop`: end the run, naming what to resume."""
     policy = run.config.train.nan_policy
     if run.env.is_main:
         folder.append_event(run.run_dir, event="non_finite_loss", step=step, loss=str(loss_value), action=policy)
@@ -340,7 +353,7 @@ def print_header(run: Run) -> None:
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in run.model.parameters() if p.requires_grad)
     run.header = header_lines(run.plan, trainable, run.precision.name, device_name(run.device)) + run.meter.header()
     run.header += run.preflight.lines() if run.preflight else []
-    run.header += observer_header(run)
+    run.header += observer_header(run) + run.spikes.header()
     if run.init is not None:
         run.header.append(f"initial weights: {run.init.describe()}")
     for line in run.header:
