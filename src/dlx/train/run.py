@@ -22,7 +22,8 @@ from dlx.metrics.profiler import StepProfiler
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.llama import Transformer
 from dlx.parallel.build import StepShape, build_strategy, check_strategy_installed
-from dlx.parallel.distributed import DistEnv, any_rank, main_decides
+from dlx.parallel.distributed import DistEnv, any_rank, job_store, main_decides
+from dlx.parallel.heartbeat import Heartbeat
 from dlx.parallel.materialize import ShardFiller, materialize
 from dlx.parallel.strategy import Strategy
 from dlx.parallel.tensor import check_layout
@@ -91,6 +92,8 @@ class Run:
     """Text generated every `eval.sample_every` steps; None when off."""
     lock: RunLock | None = None
     """The run folder's writer lock, held by rank 0 (dlx.train.runlock)."""
+    heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(None, 0, 1, 0.0))
+    """Each rank's step and phase in the job's store: names the rank a failed collective waited for."""
     spikes: SpikeGuard = field(init=False)
     """train.spike_policy: judges each step's loss, rolls the run back (dlx.train.spikes)."""
 
@@ -116,9 +119,16 @@ class Run:
         """This rank and the world size (rank 0 of 1 without torchrun)."""
         return self.strategy.env
 
+    def beat(self, step: int, phase: str) -> None:
+        """This rank reached `phase` of `step` (dlx.parallel.heartbeat); rank 0 keeps its writer lock fresh."""
+        self.heartbeat.beat(step, phase)
+        if self.lock is not None:
+            self.lock.refresh()
+
     def close(self) -> None:
         """Stop the loader's workers, the GPU sampler and a profile cut short; flush the logs; safe to call twice."""
         try:
+            self.heartbeat.close()
             if self.last_save is not None:
                 self.last_save.abandon()
             self.console.stop()
@@ -317,6 +327,7 @@ def build_run(
         gpu=open_gpu_counters(device, config.log.nvml),
         sampler=sampler,
         lock=lock,
+        heartbeat=Heartbeat(job_store(), env.rank, env.world_size, config.parallel.timeout_s),
     )
 
 

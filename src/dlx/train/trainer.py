@@ -29,6 +29,7 @@ from dlx.metrics.report import write_report
 from dlx.metrics.timing import PhaseTimer
 from dlx.metrics.verdict import STARTUP_KEY, Hardware, bottleneck_verdict
 from dlx.parallel import distributed
+from dlx.parallel.heartbeat import RankLost
 from dlx.parallel.strategy import Strategy
 from dlx.precision import Precision
 from dlx.train import checkpoint as ckpt
@@ -87,6 +88,11 @@ def pretrain(
             run = build_run(config, name, run_dir, resume, stop, env, device)
             try:
                 train(run, resume)
+            except RuntimeError as e:  # a collective failed: name the rank it waited for, if the heartbeats tell
+                lost = run.heartbeat.explain(e)
+                if lost is e:
+                    raise
+                raise lost from None
             finally:
                 run.close()
             result = RunResult(
@@ -100,6 +106,8 @@ def pretrain(
                 run.model,
             )
         every_rank_ends = True
+    except RankLost:
+        raise  # a peer is gone or hung: no barrier at teardown
     except UserError:
         every_rank_ends = True  # raised on every rank alike (main_decides, any_rank, the agreed loss)
         raise
@@ -133,6 +141,7 @@ def train_loop(run: Run) -> None:
     """Optimizer steps from where the run stands to the plan's last step; stops early on a signal (to any rank)."""
     while run.state.step < run.plan.total_steps:  # a spike rollback (dlx.train.spikes) moves run.state.step back
         step = run.state.step + 1
+        run.beat(step, "forward and backward")
         with run.profiler.step(step):  # torch.profiler over the profile.* steps; nothing otherwise
             loss = accumulate_gradients(
                 run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer, run.strategy, run.objective
@@ -152,6 +161,7 @@ def train_loop(run: Run) -> None:
             log_step(run, step, loss_value, lr, grad_norm, run.timer.window())
         else:
             run.console.advance(step, None, loss_value)
+        run.beat(step, "between steps")
         stopped_between = between_steps(run, step)
         stopped_between |= run.spikes.between_steps(step) and distributed.any_rank(run.stop.requested, run.device)
         if stop_requested or stopped_between:
@@ -166,6 +176,7 @@ def agree_on_step(run: Run, loss: torch.Tensor) -> tuple[float, bool]:
     if not run.env.is_distributed:
         with run.timer.phase("optimizer"):
             return loss.item(), run.stop.requested
+    run.beat(run.state.step + 1, "loss all-reduce")
     with run.timer.phase("communication"):
         loss_sum, stops = distributed.all_reduce_tensor([loss, float(run.stop.requested)], "sum", loss.device)
     return loss_sum / run.env.world_size, stops > 0
