@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import math
 import signal
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -270,6 +271,7 @@ def handle_non_finite(run: Run, step: int, loss_value: float) -> None:
 def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tensor | None, timings: dict) -> None:
     """Under torchrun the record holds every rank's mean phase times and the largest peak memory of any rank."""
     names = sorted(timings)
+    per_rank = rank_step_times(run, timings)
     timings = dict(zip(names, distributed.all_reduce([timings[n] for n in names], "mean", run.device), strict=True))
     record = run.meter.record(
         step=step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=run.plan.tokens_per_step, timings=timings
@@ -279,12 +281,30 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
     record.update(step_fields(run, step))  # epoch; z_loss and source_tokens when they apply
     record.update(run.timer.spread())  # window_steps, step_s_std: the verdict's confidence
     record.update(observed_columns(run))  # GPU counters, profiled steps
+    record.update(per_rank)
     if len(run.records) == run.resumed_records:
         record[STARTUP_KEY] = True  # this process's compilation and start-up: left out of summaries
     run.logger.log(record)
     run.records.append(record)
     run.console.print(run.meter.format_line(record))
     run.console.advance(step, record)
+
+
+def rank_step_times(run: Run, timings: dict[str, float]) -> dict[str, float]:
+    """Under torchrun: the spread of the ranks' step times without communication (what each rank spent itself; a
+    straggler makes the others wait in the all-reduce), for the verdict's straggler line. One collective."""
+    if not run.env.is_distributed:
+        return {}
+    own = [0.0] * run.env.world_size
+    own[run.env.rank] = timings["step_s"] - timings.get("communication", 0.0)
+    times = distributed.all_reduce(own, "sum", run.device)
+    slowest = max(range(len(times)), key=times.__getitem__)
+    return {
+        "rank_step_s_max": times[slowest],
+        "rank_step_s_min": min(times),
+        "rank_step_s_median": statistics.median(times),
+        "slowest_rank": slowest,
+    }
 
 
 def run_eval(run: Run, step: int) -> None:
