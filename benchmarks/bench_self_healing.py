@@ -82,7 +82,7 @@ def restart(tmp: Path, data: Path, steps: int, kill_after: int) -> dict[str, flo
         time.sleep(0.05)
     time.sleep(0.5)  # well into the next steps
     os.kill(rank_pid(job, 1), signal.SIGKILL)
-    killed = time.monotonic()
+    killed, killed_wall = time.monotonic(), time.time()
     resumed_at = None
     for line in job.stdout:
         if "resuming from" in line:
@@ -90,17 +90,26 @@ def restart(tmp: Path, data: Path, steps: int, kill_after: int) -> dict[str, flo
         if resumed_at and line.startswith("step "):
             first_step = time.monotonic()
             break
-    job.communicate()
+    _, err = job.communicate()
     assert job.returncode == 0, "the restarted job failed"
+    restarted = torchrun_time(err, "failed (exitcode") - killed_wall  # torchrun has ended the old group's ranks
     a, b = losses(straight_dir := tmp / "straight"), losses(run_dir)
     diff = max(abs(a[s] - b[s]) for s in a)
     return {
+        "kill_to_group_ended_s": restarted,
         "kill_to_resume_s": resumed_at - killed,
         "kill_to_first_step_s": first_step - killed,
         "steps": float(len(a)),
         "identical": "bit-identical" if a == b else f"max |Δloss| {diff:.3g}",
         "straight": str(straight_dir),
     }
+
+
+def torchrun_time(stderr: str, text: str) -> float:
+    """The wall time of torchrun's first log line holding `text` (`E1204 20:45:44.660000 PID ...`, local time)."""
+    line = next(line for line in stderr.splitlines() if text in line and line[:1] in "EWI")
+    stamp = datetime.datetime.strptime(f"{datetime.date.today().year}{line[1:5]} {line[6:21]}", "%Y%m%d %H:%M:%S.%f")
+    return stamp.timestamp()
 
 
 def eval_loss(run_dir: Path) -> float:
@@ -176,6 +185,7 @@ def main() -> None:
         "",
         "| measure | value |",
         "|---|---|",
+        f"| SIGKILL → torchrun has ended the old group (its `failed` line) | {healed['kill_to_group_ended_s']:.1f} s |",
         f"| SIGKILL → `resuming from` printed by the restarted ranks | {healed['kill_to_resume_s']:.1f} s |",
         f"| SIGKILL → first step logged after the automatic resume | {healed['kill_to_first_step_s']:.1f} s |",
         f"| losses, interrupted vs uninterrupted ({healed['steps']:.0f} steps) | {healed['identical']} |",

@@ -293,6 +293,18 @@ def build_run(
         lock.release()
         raise
     console.progress.update(console.task, completed=state.step)
+    before = plan.micro_batch_size * plan.grad_accum * max(state.world_size // env.tp, 1)
+    if (
+        last is not None
+        and state.world_size != env.world_size
+        and before != plan.total_batch
+        and not config.train.global_batch_size
+    ):
+        console.warn(
+            f"the checkpoint was written by {state.world_size} rank(s), this run has {env.world_size}: with "
+            f"train.grad_accum the global batch goes from {before} to {plan.total_batch} sequences; set "
+            f"train.global_batch_size {before} to keep it"
+        )
     for note in unused_checkpoint_keys(config.checkpoint, strategy.checkpoint_format):
         console.warn(note)
     resume_step = state.step if resume else None
