@@ -91,3 +91,18 @@ def test_report_without_peak_or_eval(tmp_path: Path) -> None:
     text = path.read_text()
     assert "| validation | not evaluated (eval.every 0) |" in text and "| MFU, attention convention | n/a |" in text
     assert (tmp_path / "throughput.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_report_lists_events_and_names_a_straggler(tmp_path: Path) -> None:
+    record = {"step": 1, "loss": 3.0, "tokens_per_s": 100.0, "forward_s": 0.5, "backward_s": 0.4, "step_s": 1.0}
+    record |= {"rank_step_s_max": 1.0, "rank_step_s_min": 0.5, "rank_step_s_median": 0.75, "slowest_rank": 1}
+    records = [{**record, "step": s} for s in range(1, 4)]
+    events = [
+        {"event": "loss_spike", "step": 2, "loss": 30.0, "action": "skip"},
+        {"event": "rollback", "step": 3, "to_step": 1, "skipped_steps": [2, 3]},
+    ]
+    text = write_report(tmp_path, records, bottleneck_verdict(records), [], events=events).read_text()
+    assert "## Events" in text
+    assert "| 2 | loss_spike | loss 30.0, action skip |" in text
+    assert "| 3 | rollback | to_step 1, skipped_steps [2, 3] |" in text
+    assert "- Straggler: rank 1 takes 1.33x the median rank's step time" in text

@@ -26,6 +26,7 @@ from torch import nn
 
 from dlx import faults
 from dlx.errors import UserError
+from dlx.metrics.logger import read_jsonl
 from dlx.metrics.report import write_report
 from dlx.metrics.timing import PhaseTimer
 from dlx.metrics.verdict import STARTUP_KEY, Hardware, bottleneck_verdict
@@ -366,7 +367,10 @@ def finish(run: Run) -> None:
         run.verdict = bottleneck_verdict(run.records, hardware=hardware(run))
         run.console.print(str(run.verdict))
         weights = {source.name: source.weight for source in run.data_info.sources}  # data.mix; empty otherwise
-        write_report(run.run_dir, run.records, run.verdict, run.header, run.eval_records, source_weights=weights)
+        events = read_jsonl(run.run_dir / folder.EVENTS_FILE)
+        write_report(
+            run.run_dir, run.records, run.verdict, run.header, run.eval_records, source_weights=weights, events=events
+        )
         run.logger.finish_run(step, run.verdict, report_files(run.run_dir))
     run.console.print(f"run folder: {run.run_dir} (report.md, metrics.jsonl, checkpoints/)")
 
