@@ -152,3 +152,15 @@ def test_the_verdict_names_a_straggler_rank():
 
     assert "rank 1 takes 1.23x the median" in str(bottleneck_verdict([record(0.8)] * 5))
     assert bottleneck_verdict([record(0.55)] * 5).straggler is None
+
+
+def test_the_rank_behind_is_named_and_a_rank_failing_on_its_own_keeps_its_error():
+    from dlx.parallel.heartbeat import ranks_behind
+
+    now = 1000.0
+    beat = {"step": 7, "phase": "loss all-reduce", "time": now - 1, "pid": 1, "host": "h"}
+    level = {0: beat, 1: beat, 2: beat}
+    assert ranks_behind(level, {0: now, 1: now - 9, 2: now}, 0, now) == [1]  # stopped: its tick went stale
+    lagging = {**level, 2: {**beat, "phase": "forward and backward"}}
+    assert ranks_behind(lagging, {0: now, 1: now, 2: now}, 0, now) == [2]  # live, but still in step 7's backward
+    assert ranks_behind(lagging, {0: now, 1: now, 2: now}, 2, now) == [2]  # rank 2's own error: explain keeps it

@@ -88,7 +88,7 @@ class Heartbeat:
         self._stop.set()
         beats, alive = self.read_beats()
         behind = ranks_behind(beats, alive, self.rank, time.time())
-        if not behind:
+        if not behind or self.rank in behind:  # this rank failed on its own (or is the one behind): its own error
             return error
         now = time.time()
         named = "; ".join(describe(rank, beats.get(rank), now) for rank in behind)
