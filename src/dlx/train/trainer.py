@@ -1,10 +1,11 @@
 """The step loop. One optimizer step = `grad_accum` micro-steps of (wait for data, forward, backward), then the
 optimizer; each phase is a named span of the PhaseTimer, so every logged record says where the step's time went.
 
-Per step the host waits for the device once, for the loss value: the NaN policy must decide before the update is
-applied. Under torchrun that wait is one all-reduce (the `communication` phase) that also agrees on stopping, so every
-rank takes the same decision. `end_step` does not wait: the host queues the next step while the device applies the
-update; the PhaseTimer synchronizes once per logged window, to read its timings.
+Per step the host waits for the device once, for the loss value: the NaN policy and the spike test
+(train.spike_policy, dlx.train.spikes) decide before the update is applied. Under torchrun that wait is one all-reduce
+(the `communication` phase) that also agrees on stopping, so every rank takes the same decision. `end_step` does not
+wait: the host queues the next step while the device applies the update; the PhaseTimer synchronizes once per logged
+window, to read its timings.
 
 What differs between one process, DDP, FSDP and DeepSpeed (gradient sync, the update, checkpoints) is behind
 `run.strategy` (dlx.parallel.strategy); the loop is the same for all.
