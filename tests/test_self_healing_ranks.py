@@ -123,3 +123,19 @@ def test_two_nodes_on_one_machine_equal_one_node(dataset, reference, tmp_path):
         _, err = finish(node)
         assert node.returncode == 0, err[-4000:]
     assert losses(tmp_path / "run") == losses(reference)
+
+
+@pytest.mark.usefixtures("in_process_training")
+def test_a_two_rank_run_resumes_on_one_rank_keeping_the_global_batch(reference, tmp_path):
+    import shutil
+
+    from dlx.errors import UserError
+    from dlx.train.launch import launch
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    with pytest.raises(UserError, match=r"global_batch_size 4 is not a multiple of data\.micro_batch_size × world"):
+        launch(None, ["--train.max_steps", "10", "--data.micro_batch_size", "3"], run_dir, "auto")
+    assert launch(None, ["--train.max_steps", "10"], run_dir, "auto") == 0  # 1 rank × 2 sequences × 2 micro-steps
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records][-2:] == [9, 10] and losses(run_dir)[8] == losses(reference)[8]

@@ -271,12 +271,12 @@ def build_run(
     check_layout(config.parallel, env.world_size)
     run_dir = main_decides(lambda: resolve_run_dir(config, name, run_dir, resume))
     lock = RunLock(run_dir)
-    if resume:
-        main_decides(lock.acquire)  # a new run's folder is locked once it exists (create_run_dir)
     checked = main_decides(lambda: run_preflight(config, run_dir, resume, env.dp_size))
     precision = build_precision(config.train.precision, device, engine_managed=config.parallel.strategy == "deepspeed")
     loader = build_train_loader(config, device, env.dp_rank, env.dp_size)  # the TP ranks of a replica: one batch
     try:
+        if resume:
+            main_decides(lock.acquire)  # before any write; a new run's folder is locked once it exists (create_run_dir)
         plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
         console = RunConsole(plan.total_steps, 0, config.log.progress, is_main=env.is_main)
         loaded = find_checkpoint(run_dir, console, env) if resume else None
