@@ -164,3 +164,13 @@ def test_the_rank_behind_is_named_and_a_rank_failing_on_its_own_keeps_its_error(
     lagging = {**level, 2: {**beat, "phase": "forward and backward"}}
     assert ranks_behind(lagging, {0: now, 1: now, 2: now}, 0, now) == [2]  # live, but still in step 7's backward
     assert ranks_behind(lagging, {0: now, 1: now, 2: now}, 2, now) == [2]  # rank 2's own error: explain keeps it
+
+
+def test_cli_resume_auto_needs_a_run_dir(tmp_path):
+    from train_helpers import run_cli
+
+    proc = run_cli(["pretrain", "--resume", "auto", "--train.max_steps", "2"], tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "error: --resume auto needs --run-dir DIR: the folder every restart of the job starts or continues"
+    )
+    assert not list(tmp_path.iterdir())

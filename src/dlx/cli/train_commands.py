@@ -43,6 +43,10 @@ def pretrain(
         return
     args, auto = take_auto(list(ctx.args)) if resume else (list(ctx.args), False)
     recipe, overrides = split_command_line(args)
+    if auto and run_dir is None:
+        from dlx.errors import UserError
+
+        raise UserError("--resume auto needs --run-dir DIR: the folder every restart of the job starts or continues")
     if recipe is None and not overrides and not (resume and run_dir):
         from dlx.train.demo import run_demo
 
