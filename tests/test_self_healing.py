@@ -174,3 +174,12 @@ def test_cli_resume_auto_needs_a_run_dir(tmp_path):
         "error: --resume auto needs --run-dir DIR: the folder every restart of the job starts or continues"
     )
     assert not list(tmp_path.iterdir())
+
+
+def test_a_resumed_run_judges_spikes_at_once(dataset, tmp_path, plant):
+    run_dir, skip = tmp_path / "run", [*SPIKY, "--train.spike_policy", "skip"]
+    assert launch(None, recipe(dataset, 9, *skip), run_dir, False) == 0  # window of 8 full at the step-9 checkpoint
+    assert len(read_checkpoint(list_checkpoints(run_dir)[0]).state.spike_window) == 8
+    plant("10x20")
+    assert launch(None, recipe(dataset, 11, *skip), run_dir, "auto") == 0
+    assert [(e["event"], e["step"]) for e in events(run_dir)] == [("resume", 9), ("loss_spike", 10)]

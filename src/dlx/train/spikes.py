@@ -1,6 +1,6 @@
 """Loss spikes (train.spike_policy): a step whose loss exceeds the mean of the last `train.spike_window` accepted
-losses by `train.spike_sigma` standard deviations is a spike; no judgement before the window is full (nor after a
-restart until it has refilled).
+losses by `train.spike_sigma` standard deviations is a spike; no judgement before the window is full. Checkpoints
+keep the window, so a resumed or rolled-back run judges from its first step.
 
 - `skip`: the spike's update is not applied (its batch is still consumed), as OLMo-core does.
 - `rollback`: spikes are skipped as well; after `train.spike_patience` consecutive ones, the run reloads the newest
@@ -38,7 +38,7 @@ class SpikeGuard(Observer):
         cfg = run.config.train
         self.run = run
         self.policy, self.sigma, self.patience = cfg.spike_policy, cfg.spike_sigma, cfg.spike_patience
-        self.window: deque[float] = deque(maxlen=cfg.spike_window)
+        self.window: deque[float] = deque(run.state.spike_window, maxlen=cfg.spike_window)
         self.streak: list[int] = []
         """The current run of consecutive spiking steps."""
         self.positions: dict[int, dict[str, Any]] = {}
@@ -54,6 +54,10 @@ class SpikeGuard(Observer):
             f"Loss spikes: {self.policy} a step whose loss exceeds the mean of the last {self.window.maxlen} by "
             f"{self.sigma:g} σ" + (f"; roll back after {self.patience} in a row" if self.policy == "rollback" else "")
         ]
+
+    def saved_window(self) -> list[float]:
+        """The window as a checkpoint keeps it (empty when the policy is off)."""
+        return list(self.window) if self.policy != "off" else []
 
     def is_spike(self, step: int, loss: float) -> bool:
         """Whether `step`'s (finite) loss is a spike; an accepted loss joins the window."""
@@ -120,6 +124,7 @@ class SpikeGuard(Observer):
         )
         run.strategy.zero_grad()
         run.loader.load_state_dict(run.state.loader)
+        self.window = deque(run.state.spike_window, maxlen=self.window.maxlen)  # the replayed steps refill it
         run.last_checkpoint, run.last_save = older[0], None
         self.jump = (first - 1, self.positions[last])
         if run.state.step == first - 1:

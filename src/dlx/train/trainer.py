@@ -325,6 +325,7 @@ def save(run: Run, final: bool = False) -> None:
     wait_for_save(run)
     cfg = run.config.checkpoint
     run.state.loader = run.loader.state_dict()
+    run.state.spike_window = run.spikes.saved_window()
     full_weights = cfg.full_weights == "every" or (cfg.full_weights == "last" and final)
     run.last_save = ckpt.save_checkpoint(
         run.run_dir,
