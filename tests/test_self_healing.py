@@ -183,3 +183,15 @@ def test_a_resumed_run_judges_spikes_at_once(dataset, tmp_path, plant):
     plant("10x20")
     assert launch(None, recipe(dataset, 11, *skip), run_dir, "auto") == 0
     assert [(e["event"], e["step"]) for e in events(run_dir)] == [("resume", 9), ("loss_spike", 10)]
+
+
+def test_rollback_rewarms_the_learning_rate(dataset, tmp_path, plant):
+    rollback = [*SPIKY, "--train.spike_policy", "rollback", "--train.spike_patience", "2"]
+    rollback += ["--train.spike_rewarmup", "4"]
+    flat = ["--train.schedule", "constant", "--train.warmup_ratio", "0", "--checkpoint.keep_last", "4"]
+    plant("11,12x20")
+    run_dir = tmp_path / "run"
+    assert launch(None, recipe(dataset, 16, *rollback, *flat), run_dir, False) == 0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    after = [r["lr"] for r in records[12:]]  # steps 10.. after the rollback to step 9
+    assert after == pytest.approx([3e-3 * k / 4 for k in (1, 2, 3, 4)] + [3e-3] * 3)

@@ -46,6 +46,8 @@ class SpikeGuard(Observer):
         self.jump: tuple[int, dict[str, Any]] | None = None
         """(after this step, move the loader to this position): the pending skip of a rollback's spiking windows."""
         self.counts = {"spikes": 0, "rollbacks": 0}
+        self.rewarmup = self.rewarmed = cfg.spike_rewarmup
+        """train.spike_rewarmup, and how many of its steps have had their learning rate scaled since the rollback."""
 
     def header(self) -> list[str]:
         if self.policy == "off":
@@ -93,6 +95,7 @@ class SpikeGuard(Observer):
         if self.policy != "rollback":
             return False
         run = self.run
+        self._rewarm()
         self.positions[step] = run.loader.state_dict()
         self._forget_before(step - run.config.checkpoint.every * (run.config.checkpoint.keep_last + 1))
         if self.jump is not None and self.jump[0] == step:
@@ -132,7 +135,21 @@ class SpikeGuard(Observer):
             self.jump = None
         self.counts["rollbacks"] += 1
         self._announce(first, last)
+        self.rewarmed = 0
+        self._rewarm()
         return True
+
+    def _rewarm(self) -> None:
+        """After a rollback, scale the next step's learning rate (already set by the schedule) by k / spike_rewarmup
+        for its k-th step; the logged lr is the one applied."""
+        if self.rewarmed >= self.rewarmup:
+            return
+        self.rewarmed += 1
+        scheduler = self.run.scheduler
+        lrs = [lr * self.rewarmed / self.rewarmup for lr in scheduler.get_last_lr()]
+        for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        scheduler._last_lr = lrs  # what get_last_lr() reports (and the step record logs) for that step
 
     def _set_aside_newer(self, step: int) -> None:
         """Checkpoints after `step` are of the abandoned branch: renamed so that no resume takes them (rank 0)."""
