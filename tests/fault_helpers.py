@@ -149,15 +149,16 @@ def signal_after_progress(
     return None, []
 
 
-def start_torchrun(args: list[str], cwd: Path, env: dict[str, str], n_ranks: int = 2) -> subprocess.Popen:
-    """`torchrun --standalone --nproc_per_node N dlx ARGS` (plots left out, as `NO_PLOTS`), in a session of its own."""
+def start_torchrun(
+    args: list[str], cwd: Path, env: dict[str, str], n_ranks: int = 2, launch: list[str] | None = None
+) -> subprocess.Popen:
+    """`torchrun --standalone --nproc_per_node N dlx ARGS` (plots left out, as `NO_PLOTS`), in a session of its own;
+    `launch`: torchrun's own options instead of `--standalone --nproc_per_node N`."""
     launcher = [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(n_ranks),
+        *(launch or ["--standalone", "--nproc_per_node", str(n_ranks)]),
         "--no-python",
         sys.executable,
         "-c",

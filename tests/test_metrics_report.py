@@ -105,3 +105,18 @@ def test_report_with_tasks_and_bits_per_byte(tmp_path: Path) -> None:
     assert "| t/acc | 0.2500 ± 0.1000 | 0.5000 ± 0.1000 |" in text
     assert "Validation bits per byte: 1.5000 (step 1) → 1.2500 (step 2)" in text
     assert (tmp_path / "tasks.png").read_bytes()[:8] == PNG_MAGIC and "![downstream tasks](tasks.png)" in text
+
+
+def test_report_lists_events_and_names_a_straggler(tmp_path: Path) -> None:
+    record = {"step": 1, "loss": 3.0, "tokens_per_s": 100.0, "forward_s": 0.5, "backward_s": 0.4, "step_s": 1.0}
+    record |= {"rank_step_s_max": 1.0, "rank_step_s_min": 0.5, "rank_step_s_median": 0.75, "slowest_rank": 1}
+    records = [{**record, "step": s} for s in range(1, 4)]
+    events = [
+        {"event": "loss_spike", "step": 2, "loss": 30.0, "action": "skip"},
+        {"event": "rollback", "step": 3, "to_step": 1, "skipped_steps": [2, 3]},
+    ]
+    text = write_report(tmp_path, records, bottleneck_verdict(records), [], events=events).read_text()
+    assert "## Events" in text
+    assert "| 2 | loss_spike | loss 30.0, action skip |" in text
+    assert "| 3 | rollback | to_step 1, skipped_steps [2, 3] |" in text
+    assert "- Straggler: rank 1 takes 1.33x the median rank's step time" in text

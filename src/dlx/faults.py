@@ -10,6 +10,10 @@ to send a signal at an exact moment instead of guessing with sleeps.
                                 shard_verify (a loader worker's background thread, before it hashes its first shard)
 
 The test sees the marker, sends its signal, then deletes the marker to let the process go on (or die).
+
+    DLX_FAULT_SPIKE=STEP[,STEP...][xFACTOR]   the loss the trainer judges at these optimizer steps is multiplied by
+                                FACTOR (default 10), the first time the process reaches each (a rolled-back run
+                                trains the step again, cleanly): a planted loss spike for train.spike_policy's tests
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 from pathlib import Path
 
 PAUSE_ENV = "DLX_FAULT_PAUSE"
+SPIKE_ENV = "DLX_FAULT_SPIKE"
 DIR_ENV = "DLX_FAULT_DIR"
 MAX_PAUSE_S = 120.0
 _arrivals: dict[str, int] = {}
@@ -47,3 +52,16 @@ def pause_point(point: str) -> None:
     deadline = time.monotonic() + MAX_PAUSE_S
     while marker.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def planted_spike(step: int) -> float:
+    """The factor `DLX_FAULT_SPIKE` plants on optimizer step `step`'s loss: 1.0 unless it names that step."""
+    spec = os.environ.get(SPIKE_ENV)
+    if not spec:
+        return 1.0
+    steps, _, factor = spec.partition("x")
+    point = f"spike{step}"
+    if str(step) not in steps.split(",") or point in _arrivals:
+        return 1.0
+    _arrivals[point] = 1
+    return float(factor or 10)

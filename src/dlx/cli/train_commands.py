@@ -24,7 +24,13 @@ def pretrain(
         typer.Option("--run-dir", help="Run folder (default: runs/RECIPE-DATE-TIME; with --resume, the newest)."),
     ] = None,
     resume: Annotated[
-        bool, typer.Option("--resume", help="Continue the run folder from its newest complete checkpoint.")
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue the run folder from its newest complete checkpoint. `--resume auto` (with --run-dir): "
+            "continue the run there, or start it when there is none (the command for restarts by torchrun, Slurm, "
+            "Kubernetes).",
+        ),
     ] = False,
     keys: Annotated[bool, typer.Option("--keys", help="List every recipe key with its default and meaning.")] = False,
 ) -> None:
@@ -35,14 +41,31 @@ def pretrain(
 
         print("\n".join(describe_keys()))
         return
-    recipe, overrides = split_command_line(list(ctx.args))
+    args, auto = take_auto(list(ctx.args)) if resume else (list(ctx.args), False)
+    recipe, overrides = split_command_line(args)
+    if auto and run_dir is None:
+        from dlx.errors import UserError
+
+        raise UserError("--resume auto needs --run-dir DIR: the folder every restart of the job starts or continues")
     if recipe is None and not overrides and not (resume and run_dir):
         from dlx.train.demo import run_demo
 
         sys.exit(run_demo(resume=resume, run_dir=run_dir))
     from dlx.train.launch import launch
 
-    sys.exit(launch(recipe, overrides, run_dir, resume))
+    sys.exit(launch(recipe, overrides, run_dir, "auto" if auto else resume))
+
+
+def take_auto(args: list[str]) -> tuple[list[str], bool]:
+    """`--resume auto`: click leaves `auto` among the positional arguments; take it out (an override's value `auto`,
+    as in `--train.device auto`, stays)."""
+    from dlx.train.recipe import scan_arguments
+
+    positional, flags = scan_arguments(args)
+    if "auto" not in positional:
+        return args, False
+    positional.remove("auto")
+    return positional + [arg for _, _, raw in flags for arg in raw], True
 
 
 def generate(

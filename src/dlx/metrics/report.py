@@ -41,9 +41,11 @@ def write_report(
     eval_records: Sequence[dict[str, Any]] = (),
     skip_first: int = 1,
     source_weights: dict[str, float] | None = None,
+    events: Sequence[dict[str, Any]] = (),
 ) -> Path:
     """Write run_dir/report.md with loss.png, throughput.png and phases.png beside it; return the report's path.
-    `source_weights`: data.mix's {source name: weight}, for the realised mixture against them."""
+    `source_weights`: data.mix's {source name: weight}, for the realised mixture against them. `events`: the run's
+    events.jsonl lines (resumes, loss spikes, rollbacks, skipped batches, stops)."""
     run_dir = Path(run_dir)
     evals = [{"step": r["step"], "loss": r.get("loss", r.get("eval_loss")), "bpb": r.get("bpb")} for r in eval_records]
     tasks = read_jsonl(run_dir / TASKS_FILE)  # eval.tasks: lm-evaluation-harness metrics
@@ -64,6 +66,7 @@ def write_report(
         _mixture(records, eval_records, source_weights or {}),
         _tasks(tasks),
         _verdict(verdict),
+        _events(events),
         profile_report_section(run_dir),
         _figures(bool(tasks)) if records else [],
     ]
@@ -242,9 +245,20 @@ def _verdict(verdict: Verdict) -> list[str]:
         f"- Evidence: {verdict.evidence_line()}",
         f"- Confidence: {verdict.confidence_line()}",
         f"- Try: {verdict.suggestion}",
+        *([f"- Straggler: {verdict.straggler}"] if verdict.straggler else []),
         f"- Rules: {thresholds} of step time (overhead = unaccounted + communication); otherwise compute-bound, "
         f"with MFU below {LOW_MFU:.0%} called low. The largest excess over its threshold wins.",
     ]
+
+
+def _events(events: Sequence[dict[str, Any]]) -> list[str]:
+    if not events:
+        return []
+    lines = ["## Events", "", "| step | event | details |", "|---:|---|---|"]
+    for event in events:
+        details = ", ".join(f"{k} {v}" for k, v in event.items() if k not in ("event", "step"))
+        lines.append(f"| {event.get('step', '')} | {event.get('event', '')} | {details} |")
+    return lines
 
 
 def _figures(tasks: bool = False) -> list[str]:

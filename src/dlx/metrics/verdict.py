@@ -60,6 +60,10 @@ class Hardware:
     native_bf16: bool = True
 
 
+STRAGGLER_RATIO = 1.2
+"""A rank whose own step time is this many times the median rank's is named a straggler."""
+
+
 @dataclass(frozen=True)
 class Verdict:
     kind: str
@@ -72,6 +76,9 @@ class Verdict:
     """<phase>_pct shares (other_pct included), median_step_s, median_tokens_per_s, median_mfu(_dense) over the
     records judged, records, steps (the optimizer steps those records average), step_cv (coefficient of variation of
     the per-step times)."""
+    straggler: str | None = None
+    """Under torchrun: the rank whose own step time (without communication) is at least STRAGGLER_RATIO × the median
+    rank's, in most of the records judged; None when no rank is."""
 
     @property
     def confident(self) -> bool:
@@ -100,10 +107,11 @@ class Verdict:
 
     def __str__(self) -> str:
         kind = self.kind if self.confident else f"{self.kind} (tentative)"
-        return (
+        text = (
             f"Bottleneck: {kind}: {self.reason}.\nEvidence: {self.evidence_line()}\n"
             f"Confidence: {self.confidence_line()}\nTry: {self.suggestion}"
         )
+        return text + (f"\nStraggler: {self.straggler}" if self.straggler else "")
 
 
 def bottleneck_verdict(
@@ -123,7 +131,24 @@ def bottleneck_verdict(
     ratios = {kind: s / THRESHOLDS[kind] for kind, s in flagged.items() if s >= THRESHOLDS[kind]}
     kind = max(ratios, key=ratios.__getitem__) if ratios else "compute-bound"
     reason, suggestion = _ADVICE[kind](share, evidence["median_mfu"], hardware or Hardware())
-    return Verdict(kind=kind, reason=reason, suggestion=suggestion, evidence=evidence)
+    straggler = find_straggler(steady_records(records, skip_first))
+    return Verdict(kind=kind, reason=reason, suggestion=suggestion, evidence=evidence, straggler=straggler)
+
+
+def find_straggler(records: Sequence[dict[str, Any]]) -> str | None:
+    """The rank slowest in most records, when its median ratio to the median rank is ≥ STRAGGLER_RATIO."""
+    ranked = [r for r in records if r.get("rank_step_s_median")]
+    if not ranked:
+        return None
+    slowest = statistics.mode(int(r["slowest_rank"]) for r in ranked)
+    ratios = [r["rank_step_s_max"] / r["rank_step_s_median"] for r in ranked if r["slowest_rank"] == slowest]
+    ratio = statistics.median(ratios)
+    if ratio < STRAGGLER_RATIO:
+        return None
+    return (
+        f"rank {slowest} takes {ratio:.2f}x the median rank's step time (without communication) in {len(ratios)} of "
+        f"{len(ranked)} records; the other ranks wait for it in every all-reduce: check its device, host and data"
+    )
 
 
 def _evidence(records: list[dict[str, Any]]) -> dict[str, float | None]:

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from dlx.errors import UserError
 
 T = TypeVar("T")
+_STORE: dist.Store | None = None
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,34 @@ def init_distributed(device: torch.device, needs_group: bool, timeout_s: float, 
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs = {"device_id": device} if device.type == "cuda" else {}
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = open_job_store(rank, world_size, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
     return env
+
+
+def open_job_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
+    """The job's key-value store (the process group's rendezvous, dlx's heartbeats), with keys of its own per attempt.
+
+    torchrun's agent hosts one TCPStore for the whole job and keeps it across `--max-restarts` restarts, so the keys the
+    failed attempt's ranks wrote (gloo's addresses, the init barrier's counter) are still there when the new ranks
+    start: they would connect to a dead rank's port, or count stale arrivals. A prefix holding
+    TORCHELASTIC_RESTART_COUNT gives each attempt a clean key space. Without torchrun's agent, rank 0 hosts the store.
+    """
+    global _STORE
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    base = dist.TCPStore(
+        addr, port, world_size, is_master=not agent_hosts and rank == 0, timeout=timeout, multi_tenant=True
+    )
+    _STORE = dist.PrefixStore(f"dlx/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", base)
+    return _STORE
+
+
+def job_store() -> dist.Store | None:
+    """The store `init_distributed` opened; None in one process without a group."""
+    return _STORE if group_active() else None
 
 
 def _free_port() -> int:

@@ -67,6 +67,10 @@ class TrainerState:
     """Training tokens consumed, all ranks together."""
     nan_skipped: int = 0
     """Steps whose update was skipped for a non-finite loss (train.nan_policy: skip)."""
+    spikes_skipped: int = 0
+    """Steps whose update was skipped as a loss spike (train.spike_policy)."""
+    spike_window: list[float] = field(default_factory=list)
+    """The spike test's accepted losses (train.spike_policy on): a resumed run judges from its first step."""
     loader: dict[str, Any] | None = None
     """The training loader's state_dict: where the next batch comes from."""
     format: str = "full"

@@ -185,6 +185,16 @@ class TrainSection(BaseModel):
     """On a NaN/inf loss: `stop` (naming the step and the last good checkpoint) or `skip` the batch's update."""
     skip_memory_check: bool = False
     """Start even when `dlx plan`'s memory estimate for this layout exceeds the device's free memory."""
+    spike_policy: Literal["off", "skip", "rollback"] = "off"
+    """On a loss spike: `skip` its update, or `rollback` after spike_patience in a row (dlx.train.spikes); off."""
+    spike_sigma: float = Field(6.0, gt=0, le=1e3)
+    """A spike: a loss above the mean of the last spike_window accepted losses by this many standard deviations."""
+    spike_window: int = Field(100, ge=2, le=1 << 20)
+    """Accepted losses the spike test compares with; no judgement before the window is full."""
+    spike_patience: int = Field(3, ge=1, le=1 << 20)
+    """rollback: consecutive spikes that reload the newest checkpoint older than the first of them."""
+    spike_rewarmup: int = Field(0, ge=0, le=1 << 20)
+    """rollback: steps after it over which the learning rate rises linearly back to the schedule's; 0: none."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainSection:
@@ -347,6 +357,8 @@ class RunConfig(BaseModel):
                 "train.float8 runs with train.precision bf16 (or auto), parallel.strategy none, ddp or fsdp and "
                 "parallel.tp 1; set train.float8 false or change those"
             )
+        if not strategy.skips_nan_steps and train.spike_policy != "off":
+            raise ValueError(f"train.spike_policy is not available with parallel.strategy {strategy.name}; use off")
         self._check_tensor_parallel()
 
     def _check_tensor_parallel(self) -> None:

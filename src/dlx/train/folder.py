@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from dlx.errors import UserError
+from dlx.train.runlock import LOCK_FILE
 
 RUN_CONFIG_FILE = "config.yaml"
 """The resolved recipe a run folder holds (`dlx.train.recipe.write_resolved`)."""
@@ -66,6 +67,11 @@ RESUMABLE_CHANGES = {
     ("profile", "top_ops"),
     ("profile", "memory_snapshot"),
     ("train", "decay_ratio"),
+    ("train", "spike_policy"),
+    ("train", "spike_sigma"),
+    ("train", "spike_window"),
+    ("train", "spike_patience"),
+    ("train", "spike_rewarmup"),
 }
 """Keys a resumed run may change: how long it runs, what it records (samples, profiles and W&B included), and how ranks
 share it (a run may resume on another number of ranks with the batch split differently; the checkpoint says which
@@ -84,7 +90,7 @@ def new_run_dir(name: str, run_dir: Path | None) -> Path:
             run_dir = RUNS_ROOT / f"{name}-{stamp}-{suffix}"
     elif run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--run-dir {run_dir} is a file, not a folder; pick another --run-dir")
-    elif run_dir.exists() and any(run_dir.iterdir()):
+    elif run_dir.exists() and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
         what = "holds a run" if (run_dir / RUN_CONFIG_FILE).is_file() else "is not empty"
         raise UserError(
             f"run folder {run_dir} already exists and {what}; add --resume to continue it, or pick another --run-dir"
@@ -101,6 +107,17 @@ def existing_run_dir(name: str, run_dir: Path | None) -> Path:
         return candidates[-1]
     check_holds_a_run(run_dir)
     return run_dir
+
+
+def holds_a_run(run_dir: Path | None) -> bool:
+    """--resume auto: whether --run-dir holds a run to continue (else a new run starts there)."""
+    if run_dir is None:
+        raise UserError(
+            "--resume auto needs --run-dir DIR: the folder that every restart of the job starts or continues"
+        )
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--resume auto: --run-dir {run_dir} is a file, not a folder; pass a folder")
+    return (run_dir / RUN_CONFIG_FILE).is_file()
 
 
 def check_holds_a_run(run_dir: Path) -> None:

@@ -9,15 +9,17 @@ from dlx.train import folder
 from dlx.train.recipe import load_recipe, parse_overrides
 
 
-def launch(recipe: str | None, overrides: list[str], run_dir: Path | None, resume: bool) -> int:
-    """Train; 0 when the run finished, 128 + signal number when a signal stopped it (after a checkpoint)."""
-    if resume:
+def launch(recipe: str | None, overrides: list[str], run_dir: Path | None, resume: bool | str) -> int:
+    """Train; 0 when the run finished, 128 + signal number when a signal stopped it (after a checkpoint).
+    `resume`: False, True, or "auto" (resume when --run-dir holds a run, else start one there)."""
+    existing = folder.holds_a_run(run_dir) if resume == "auto" else bool(resume)
+    if existing:
         refuse_new_init_from(overrides)
-    if recipe is None and resume and run_dir is not None:
+    if recipe is None and existing and run_dir is not None:
         config = load_recipe(None, overrides, base=folder.saved_config(run_dir), resuming=True)
         name = run_dir.name
     else:
-        config = load_recipe(recipe, overrides, resuming=resume)
+        config = load_recipe(recipe, overrides, resuming=existing)
         name = Path(recipe).stem if recipe else "run"
     from dlx.train.trainer import pretrain  # torch and the rest only once the recipe is known to be valid
 

@@ -21,8 +21,9 @@ from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.llama import Transformer
 from dlx.parallel.build import StepShape, build_strategy, check_strategy_installed
-from dlx.parallel.distributed import DistEnv, any_rank, main_decides
+from dlx.parallel.distributed import DistEnv, any_rank, job_store, main_decides
 from dlx.parallel.float8 import apply_float8, check_float8_installed
+from dlx.parallel.heartbeat import Heartbeat
 from dlx.parallel.materialize import ShardFiller, materialize
 from dlx.parallel.strategy import Strategy
 from dlx.parallel.tensor import check_layout
@@ -48,7 +49,9 @@ from dlx.train.observer import ObserverList
 from dlx.train.optim import ScheduledLR, build_optimizer, build_scheduler
 from dlx.train.preflight import Preflight, run_preflight
 from dlx.train.recipe import write_resolved
+from dlx.train.runlock import RunLock
 from dlx.train.signals import GracefulStop
+from dlx.train.spikes import SpikeGuard
 from dlx.train.step_plan import StepPlan, header_lines, plan_steps
 from dlx.train.tasks import build_task_evaluation, load_run_tasks
 from dlx.train.vocab_growth import dataset_tokenizer
@@ -83,6 +86,11 @@ class RunProgress:
         """Optimizer step `step` is done; it read `tokens` tokens."""
         self.state.step, self.state.tokens_seen = step, self.state.tokens_seen + tokens
 
+    def wait_for_save(self) -> None:
+        """Wait for a background save still writing; it is then the last checkpoint."""
+        if self.last_save is not None and not self.last_save.settled:
+            self.last_checkpoint = self.last_save.wait()
+
 
 @dataclass(frozen=True)
 class Run:
@@ -114,6 +122,18 @@ class Run:
     """The z-loss (train.z_loss) and document ids for the model (data.document_mask), in the step and in eval."""
     init: InitSource | None = None
     """Where the initial weights came from (model.init_from), when they were loaded."""
+    lock: RunLock | None = None
+    """The run folder's writer lock, held by rank 0 (dlx.train.runlock)."""
+    heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(None, 0, 1, 0.0))
+    """Each rank's step and phase in the job's store: names the rank a failed collective waited for."""
+    spikes: SpikeGuard = field(init=False)
+    """train.spike_policy: judges each step's loss in the loop; as the last observer, rolls the run back between
+    steps (dlx.train.spikes)."""
+
+    def __post_init__(self) -> None:
+        spikes = SpikeGuard(self)  # it restores this run's pieces on a rollback
+        object.__setattr__(self, "spikes", spikes)  # the Run is frozen once built; this is part of building it
+        self.observers.extend([spikes])
 
     @property
     def model(self) -> Transformer:
@@ -134,10 +154,17 @@ class Run:
         """This rank and the world size (rank 0 of 1 without torchrun)."""
         return self.strategy.env
 
+    def beat(self, step: int, phase: str) -> None:
+        """This rank reached `phase` of `step` (dlx.parallel.heartbeat); rank 0 keeps its writer lock fresh."""
+        self.heartbeat.beat(step, phase)
+        if self.lock is not None:
+            self.lock.refresh()
+
     def close(self) -> None:
         """Abandon an unfinished save, stop the loader's workers, close the observers (GPU sampler, a profile cut
         short, W&B), flush the logs; safe to call twice."""
         try:
+            self.heartbeat.close()
             if self.progress.last_save is not None:
                 self.progress.last_save.abandon()
             self.console.stop()
@@ -147,6 +174,8 @@ class Run:
                 self.observers.close()
             finally:
                 self.logger.close()
+                if self.lock is not None:
+                    self.lock.release()
 
 
 def seed_everything(seed: int) -> None:
@@ -285,6 +314,7 @@ def build_run(
     data_info = inspect_dataset(config)
     check_layout(config.parallel, env.world_size)
     run_dir = main_decides(lambda: resolve_run_dir(config, name, run_dir, resume))
+    lock = RunLock(run_dir)
     checked = main_decides(lambda: run_preflight(config, run_dir, resume, env.dp_size))
     precision = build_precision(
         config.train.precision, device, engine_managed=STRATEGY_TRAITS[config.parallel.strategy].owns_precision
@@ -292,6 +322,8 @@ def build_run(
     checked = checked.with_check(check_memory(config, device, env, precision.name))
     loader = build_train_loader(config, device, env.dp_rank, env.dp_size)  # the TP ranks of a replica: one batch
     try:
+        if resume:
+            main_decides(lock.acquire)  # before any write; a new run's folder is locked once it exists (create_run_dir)
         plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
         console = RunConsole(plan.total_steps, 0, config.log.progress, is_main=env.is_main)
         loaded = find_checkpoint(run_dir, console, env) if resume else None
@@ -303,11 +335,24 @@ def build_run(
         strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan, fill)
         scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
         state, last = restore(run_dir, resume, loaded, strategy, scheduler, loader, console)
-        main_decides(lambda: create_run_dir(config, run_dir, data_info, init))
+        main_decides(lambda: create_run_dir(config, run_dir, data_info, init, None if resume else lock))
     except BaseException:
         loader.close()
+        lock.release()
         raise
     console.progress.update(console.task, completed=state.step)
+    before = plan.micro_batch_size * plan.grad_accum * max(state.world_size // env.tp, 1)
+    if (
+        last is not None
+        and state.world_size != env.world_size
+        and before != plan.total_batch
+        and not config.train.global_batch_size
+    ):
+        console.warn(
+            f"the checkpoint was written by {state.world_size} rank(s), this run has {env.world_size}: with "
+            f"train.grad_accum the global batch goes from {before} to {plan.total_batch} sequences; set "
+            f"train.global_batch_size {before} to keep it"
+        )
     for note in unused_checkpoint_keys(config.checkpoint, strategy.checkpoint_format):
         console.warn(note)
     resume_step = state.step if resume else None
@@ -343,6 +388,8 @@ def build_run(
         header=[*build_header(plan, strategy, device, meter, checked, observers, init), *bpb_note(config, data_info)],
         objective=build_objective(config.train.z_loss, config.data.document_mask, data_info.eos_id),
         init=init,
+        lock=lock,
+        heartbeat=Heartbeat(job_store(), env.rank, env.world_size, config.parallel.timeout_s),
     )
 
 
@@ -407,9 +454,18 @@ def find_checkpoint(run_dir: Path, console: RunConsole, env: DistEnv) -> ckpt.Lo
     return ckpt.read_checkpoint(path) if path is not None else None
 
 
-def create_run_dir(config: RunConfig, run_dir: Path, data_info: DatasetInfo, init: InitSource | None = None) -> None:
-    """config.yaml, the tokenizer (the dataset's, else the initial weights'), where the initial weights came from."""
+def create_run_dir(
+    config: RunConfig,
+    run_dir: Path,
+    data_info: DatasetInfo,
+    init: InitSource | None = None,
+    lock: RunLock | None = None,
+) -> None:
+    """config.yaml, the tokenizer (the dataset's, else the initial weights'), where the initial weights came from;
+    `lock` taken first (a new run's), so that a second writer starting at the same moment is refused."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    if lock is not None:
+        lock.acquire()
     write_resolved(config, run_dir)
     tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
     if tokenizer is not None:

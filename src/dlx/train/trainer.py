@@ -1,10 +1,11 @@
 """The step loop. One optimizer step = `grad_accum` micro-steps of (wait for data, forward, backward), then the
 optimizer; each phase is a named span of the PhaseTimer, so every logged record says where the step's time went.
 
-Per step the host waits for the device once, for the loss value: the NaN policy must decide before the update is
-applied. Under torchrun that wait is one all-reduce (the `communication` phase) that also agrees on stopping, so every
-rank takes the same decision. `end_step` does not wait: the host queues the next step while the device applies the
-update; the PhaseTimer synchronizes once per logged window, to read its timings.
+Per step the host waits for the device once, for the loss value: the NaN policy and the spike test
+(train.spike_policy, dlx.train.spikes) decide before the update is applied. Under torchrun that wait is one all-reduce
+(the `communication` phase) that also agrees on stopping, so every rank takes the same decision. `end_step` does not
+wait: the host queues the next step while the device applies the update; the PhaseTimer synchronizes once per logged
+window, to read its timings.
 
 What differs between one process, DDP, FSDP and DeepSpeed (gradient sync, the update, checkpoints) is behind
 `run.strategy` (dlx.parallel.strategy); the loop is the same for all.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import gc
 import math
 import signal
+import statistics
 from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -24,11 +26,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from dlx import faults
 from dlx.errors import UserError
+from dlx.metrics.logger import read_jsonl
 from dlx.metrics.report import write_report
 from dlx.metrics.timing import PhaseTimer
 from dlx.metrics.verdict import STARTUP_KEY, Hardware, bottleneck_verdict
 from dlx.parallel import distributed
+from dlx.parallel.heartbeat import RankLost
 from dlx.parallel.strategy import Strategy
 from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.precision import Precision
@@ -66,8 +71,11 @@ class RunResult:
         return 128 + int(signal.Signals[self.stopped_by])
 
 
-def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, resume: bool = False) -> RunResult:
-    """Train as the recipe says, into a new run folder (or continue the newest complete checkpoint with resume)."""
+def pretrain(
+    config: RunConfig, name: str = "run", run_dir: Path | None = None, resume: bool | str = False
+) -> RunResult:
+    """Train as the recipe says, into a new run folder (or continue the newest complete checkpoint with resume; with
+    resume "auto", continue when run_dir holds a run, else start one there: rank 0 decides for all)."""
     from dlx import device as dev
     from dlx.train.run import check_optional_features
 
@@ -78,10 +86,17 @@ def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, 
     env = distributed.init_distributed(device, needs_group, config.parallel.timeout_s, config.parallel.tp)
     every_rank_ends = False
     try:
+        if resume == "auto":
+            resume = distributed.main_decides(lambda: folder.holds_a_run(run_dir))
         with GracefulStop() as stop:
             run = build_run(config, name, run_dir, resume, stop, env, device)
             try:
                 train(run, resume)
+            except RuntimeError as e:  # a collective failed: name the rank it waited for, if the heartbeats tell
+                lost = run.heartbeat.explain(e)
+                if lost is e:
+                    raise
+                raise lost from None
             finally:
                 run.close()
             progress = run.progress
@@ -96,6 +111,8 @@ def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, 
                 run.model,
             )
         every_rank_ends = True
+    except RankLost:
+        raise  # a peer is gone or hung: no barrier at teardown
     except UserError:
         every_rank_ends = True  # raised on every rank alike (main_decides, any_rank, the agreed loss)
         raise
@@ -111,6 +128,12 @@ def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, 
 
 def train(run: Run, resume: bool) -> None:
     progress = run.progress
+    if resume and progress.step >= run.plan.total_steps:
+        run.console.print(
+            f"run {run.run_dir} already finished at step {progress.step:,} of {run.plan.total_steps:,}: trained "
+            "nothing (raise train.max_steps to train further)"
+        )
+        return
     if resume and run.env.is_main:
         folder.append_event(run.run_dir, event="resume", step=progress.step, checkpoint=progress.last_checkpoint)
     print_header(run)
@@ -122,24 +145,30 @@ def train(run: Run, resume: bool) -> None:
 
 def train_loop(run: Run) -> None:
     """Optimizer steps from where the run stands to the plan's last step; stops early on a signal (to any rank)."""
-    for step in range(run.progress.step + 1, run.plan.total_steps + 1):
+    progress = run.progress
+    while progress.step < run.plan.total_steps:  # a spike rollback (dlx.train.spikes) moves the step back
+        step = progress.step + 1
+        run.beat(step, "forward and backward")
         with run.observers.step(step):  # the profiler over the profile.* steps; nothing otherwise
             loss = accumulate_gradients(
                 run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer, run.strategy, run.objective
             )
             lr = run.scheduler.get_last_lr()[0]
             loss_value, stop_requested = agree_on_step(run, loss)  # NaN policy and stop: the same on every rank
+            loss_value *= faults.planted_spike(step)  # test-only, 1.0 unless DLX_FAULT_SPIKE names this step
+            apply = math.isfinite(loss_value) and not run.spikes.is_spike(step, loss_value)
             with run.timer.phase("optimizer"):
-                grad_norm = run.strategy.optimizer_step() if math.isfinite(loss_value) else None
+                grad_norm = run.strategy.optimizer_step() if apply else None
                 run.scheduler.step()
             run.timer.end_step()
         run.progress.advance(step, run.plan.tokens_per_step)
         if grad_norm is None:
-            handle_non_finite(run, step, loss_value)
+            handle_skipped_update(run, step, loss_value)
         if step % run.config.log.every == 0 or step in (1, run.plan.total_steps):  # step 1: the starting loss
             log_step(run, step, loss_value, lr, grad_norm, run.timer.window())
         else:
             run.console.advance(step, None, loss_value)
+        run.beat(step, "between steps")
         stopped_between = between_steps(run, step)
         if stop_requested or stopped_between:
             run.progress.stopped_early = True
@@ -153,6 +182,7 @@ def agree_on_step(run: Run, loss: torch.Tensor) -> tuple[float, bool]:
     if not run.env.is_distributed:
         with run.timer.phase("optimizer"):
             return loss.item(), run.stop.requested
+    run.beat(run.progress.step + 1, "loss all-reduce")
     with run.timer.phase("communication"):
         loss_sum, stops = distributed.all_reduce_tensor([loss, float(run.stop.requested)], "sum", loss.device)
     return loss_sum / run.env.world_size, stops > 0
@@ -168,9 +198,9 @@ def name_the_stop(run: Run) -> None:
 
 
 def between_steps(run: Run, step: int) -> bool:
-    """Evaluation, the observers' work (samples) and checkpoints when due, with the step clock paused: they are not
-    step time. Returns whether a stop was requested (on any rank) while they ran, so that a signal during an
-    evaluation stops here."""
+    """Evaluation, checkpoints and the observers' work (samples, tasks, a spike rollback) when due, with the step clock
+    paused: they are not step time. Returns whether a stop was requested (on any rank) while they ran, so that a
+    signal during an evaluation stops here."""
     cfg, last_save = run.config, run.progress.last_save
     due_eval = cfg.eval.every and step % cfg.eval.every == 0
     due_save = cfg.checkpoint.every and step % cfg.checkpoint.every == 0
@@ -180,9 +210,9 @@ def between_steps(run: Run, step: int) -> bool:
     with run.timer.paused() if due else nullcontext():
         if due_eval:
             run_eval(run, step)
-        run.observers.between_steps(step)
         if due_save:
             save(run, final=step == run.plan.total_steps)
+        run.observers.between_steps(step)  # last: a spike rollback moves the run back to an older checkpoint
     return due and distributed.any_rank(run.stop.requested, run.device)
 
 
@@ -216,9 +246,17 @@ def accumulate_gradients(
     return total
 
 
-def handle_non_finite(run: Run, step: int, loss_value: float) -> None:
-    """The update was not applied. `skip`: drop the batch and go on; `stop`: end the run, naming what to resume."""
+def handle_skipped_update(run: Run, step: int, loss_value: float) -> None:
+    """The update was not applied: a loss spike (train.spike_policy, already reported) or a non-finite loss."""
     run.strategy.zero_grad()
+    if math.isfinite(loss_value):
+        run.progress.state.spikes_skipped += 1
+        return
+    handle_non_finite(run, step, loss_value)
+
+
+def handle_non_finite(run: Run, step: int, loss_value: float) -> None:
+    """`skip`: drop the batch and go on; `stop`: end the run, naming what to resume."""
     policy = run.config.train.nan_policy
     if run.env.is_main:
         folder.append_event(run.run_dir, event="non_finite_loss", step=step, loss=str(loss_value), action=policy)
@@ -236,6 +274,7 @@ def handle_non_finite(run: Run, step: int, loss_value: float) -> None:
 def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tensor | None, timings: dict) -> None:
     """Under torchrun the record holds every rank's mean phase times and the largest peak memory of any rank."""
     names = sorted(timings)
+    per_rank = rank_step_times(run, timings)
     timings = dict(zip(names, distributed.all_reduce([timings[n] for n in names], "mean", run.device), strict=True))
     record = run.meter.record(
         step=step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=run.plan.tokens_per_step, timings=timings
@@ -245,6 +284,7 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
     record.update(step_fields(run, step))  # epoch; z_loss and source_tokens when they apply
     record.update(run.timer.spread())  # window_steps, step_s_std: the verdict's confidence
     record.update(run.observers.columns(step))  # GPU counters, profiled steps
+    record.update(per_rank)
     progress = run.progress
     if len(progress.records) == progress.resumed_records:
         record[STARTUP_KEY] = True  # this process's compilation and start-up: left out of summaries
@@ -253,6 +293,23 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
     progress.records.append(record)
     run.console.print(run.meter.format_line(record))
     run.console.advance(step, record)
+
+
+def rank_step_times(run: Run, timings: dict[str, float]) -> dict[str, float]:
+    """Under torchrun: the spread of the ranks' step times without communication (what each rank spent itself; a
+    straggler makes the others wait in the all-reduce), for the verdict's straggler line. One collective."""
+    if not run.env.is_distributed:
+        return {}
+    own = [0.0] * run.env.world_size
+    own[run.env.rank] = timings["step_s"] - timings.get("communication", 0.0)
+    times = distributed.all_reduce(own, "sum", run.device)
+    slowest = max(range(len(times)), key=times.__getitem__)
+    return {
+        "rank_step_s_max": times[slowest],
+        "rank_step_s_min": min(times),
+        "rank_step_s_median": statistics.median(times),
+        "slowest_rank": slowest,
+    }
 
 
 def run_eval(run: Run, step: int) -> None:
@@ -273,6 +330,7 @@ def save(run: Run, final: bool = False) -> None:
     verify_data_read(run)
     cfg, progress = run.config.checkpoint, run.progress
     progress.state.loader = run.loader.state_dict()
+    progress.state.spike_window = run.spikes.saved_window()
     full_weights = cfg.full_weights == "every" or (cfg.full_weights == "last" and final)
     progress.last_save = ckpt.save_checkpoint(
         run.run_dir,
@@ -306,9 +364,7 @@ def verify_data_read(run: Run) -> None:
 
 
 def wait_for_save(run: Run) -> None:
-    progress = run.progress
-    if progress.last_save is not None and not progress.last_save.settled:
-        progress.last_checkpoint = progress.last_save.wait()
+    run.progress.wait_for_save()
 
 
 def finish(run: Run) -> None:
@@ -345,7 +401,8 @@ def report(run: Run, step: int) -> None:
     run.console.print(str(progress.verdict))
     weights = {source.name: source.weight for source in run.data_info.sources}  # data.path: one source
     records, evals = progress.records, progress.eval_records
-    write_report(run.run_dir, records, progress.verdict, run.header, evals, source_weights=weights)
+    events = read_jsonl(run.run_dir / folder.EVENTS_FILE)  # resumes, loss spikes, rollbacks, skipped batches, stops
+    write_report(run.run_dir, records, progress.verdict, run.header, evals, source_weights=weights, events=events)
     run.observers.on_report(step, progress.verdict, report_files(run.run_dir))
 
 

@@ -1,0 +1,144 @@
+"""Which rank is hung: every rank writes its step and phase to the job's store (`distributed.job_store`) as it goes,
+and a thread of each rank writes the time every TICK_S, so that when a collective fails (a peer timed out after
+parallel.timeout_s, or died) the ranks still running name the rank(s) that did not arrive, in one line: the ranks whose
+time went stale (stopped, dead, or stuck holding the interpreter) or that are at an earlier step or phase, with their
+last step, phase and how long ago.
+
+Each beat also re-arms `faulthandler.dump_traceback_later`: a rank that makes no progress for 0.9 × parallel.timeout_s
+(just before its collective would time out) prints the Python stack of every thread to its stderr (a rank stuck in a
+collective shows where; a stopped or dead rank cannot print, and is the one the line names).
+
+One beat is a small `set` to the store (about 0.1 ms on a local TCPStore), a few per optimizer step.
+"""
+
+from __future__ import annotations
+
+import datetime
+import faulthandler
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+import torch.distributed as dist
+
+from dlx.errors import UserError
+
+KEY = "heartbeat/rank{}"
+ALIVE_KEY = "alive/rank{}"
+TICK_S = 1.0
+STALE_S = 3.0
+READ_TIMEOUT_S = 5.0
+DUMP_AT = 0.9
+PHASES = ("forward and backward", "loss all-reduce", "between steps")
+"""A step's phases in the order a rank passes them; a rank at an earlier (step, phase) is behind."""
+
+
+class RankLost(UserError):
+    """A collective failed because some rank did not arrive (hung, stopped or dead)."""
+
+
+class Heartbeat:
+    """This rank's beats, and the reading of every rank's beat after a failed collective."""
+
+    def __init__(self, store: dist.Store | None, rank: int, world_size: int, timeout_s: float):
+        self.store, self.rank, self.world_size, self.timeout_s = store, rank, world_size, timeout_s
+        self.host = socket.gethostname()
+        self.last: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        if self.active:
+            self._ticker = threading.Thread(target=self._tick, args=(store.clone(),), daemon=True, name="dlx-alive")
+            self._ticker.start()
+
+    def _tick(self, store: dist.Store) -> None:
+        """Write this rank's time every TICK_S until closed (a stopped or dead process's time goes stale)."""
+        while not self._stop.is_set():
+            try:
+                store.set(ALIVE_KEY.format(self.rank), repr(time.time()))
+            except RuntimeError:  # the store is gone (the job ends)
+                return
+            self._stop.wait(TICK_S)
+
+    @property
+    def active(self) -> bool:
+        return self.store is not None and self.world_size > 1
+
+    def beat(self, step: int, phase: str) -> None:
+        """Record that this rank reached `phase` of optimizer step `step` (no-op in one process)."""
+        if not self.active:
+            return
+        self.last = {"step": step, "phase": phase, "time": time.time(), "pid": os.getpid(), "host": self.host}
+        self.store.set(KEY.format(self.rank), json.dumps(self.last))
+        faulthandler.dump_traceback_later(DUMP_AT * self.timeout_s, exit=False, file=sys.stderr)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.active:
+            faulthandler.cancel_dump_traceback_later()
+
+    def explain(self, error: BaseException) -> BaseException:
+        """What to raise for a collective's failure: RankLost naming the ranks behind this one, or `error` itself
+        where there is no group or nothing to name."""
+        if not self.active:
+            return error
+        self._stop.set()
+        beats, alive = self.read_beats()
+        behind = ranks_behind(beats, alive, self.rank, time.time())
+        if not behind or self.rank in behind:  # this rank failed on its own (or is the one behind): its own error
+            return error
+        now = time.time()
+        named = "; ".join(describe(rank, beats.get(rank), now) for rank in behind)
+        mine = f"step {self.last.get('step')}, {self.last.get('phase')}"
+        return RankLost(
+            f"a collective failed ({type(error).__name__}) on rank {self.rank} at {mine}: {named}; "
+            f"parallel.timeout_s is {self.timeout_s:g} s (stacks of the ranks that waited are on their stderr)"
+        )
+
+    def read_beats(self) -> tuple[dict[int, dict[str, Any] | None], dict[int, float]]:
+        """Every rank's last beat and last tick (None / absent: never written, or the store did not answer within
+        READ_TIMEOUT_S)."""
+        self.store.set_timeout(datetime.timedelta(seconds=READ_TIMEOUT_S))
+        beats: dict[int, dict[str, Any] | None] = {}
+        alive: dict[int, float] = {}
+        for rank in range(self.world_size):
+            beat, tick = self._read(KEY.format(rank)), self._read(ALIVE_KEY.format(rank))
+            beats[rank] = json.loads(beat) if beat else None
+            if tick:
+                alive[rank] = float(tick)
+        return beats, alive
+
+    def _read(self, key: str) -> str | None:
+        try:
+            return self.store.get(key).decode() if self.store.check([key]) else None
+        except RuntimeError:
+            return None
+
+
+def position(beat: dict[str, Any] | None) -> tuple[int, int]:
+    if beat is None:
+        return (-1, -1)
+    phase = beat.get("phase")
+    return (int(beat.get("step", -1)), PHASES.index(phase) if phase in PHASES else -1)
+
+
+def ranks_behind(beats: dict[int, dict[str, Any] | None], alive: dict[int, float], me: int, now: float) -> list[int]:
+    """The ranks whose tick is older than STALE_S (stopped, dead, or stuck holding the interpreter); when every rank
+    ticks, the ranks at an earlier (step, phase) than the furthest one (hung while live, e.g. in a slow save)."""
+    stale = [rank for rank in beats if rank != me and now - alive.get(rank, 0.0) > STALE_S]
+    if stale:
+        return stale
+    furthest = max(position(b) for b in beats.values())
+    return [rank for rank, beat in beats.items() if position(beat) < furthest]
+
+
+def describe(rank: int, beat: dict[str, Any] | None, now: float) -> str:
+    if beat is None:
+        return f"rank {rank} did not arrive (no heartbeat: it never reached step 1)"
+    return (
+        f"rank {rank} did not arrive (last heartbeat {now - beat['time']:.0f} s ago at step {beat['step']}, "
+        f"{beat['phase']}; pid {beat['pid']} on {beat['host']})"
+    )
