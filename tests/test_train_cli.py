@@ -25,7 +25,7 @@ SMALL = ["--data.seq_len", "16", "--data.micro_batch_size", "2", "--log.every", 
         (["--train.lr", "-1"], "error: recipe: train.lr: input should be greater than 0"),
         (
             ["--train.max_steps", "2", "--data.path", "no/such/dataset"],
-            "error: dataset folder no/such/dataset does not",
+            "error: data.path no/such/dataset: dataset folder no/such/dataset does not",
         ),
         ([str(RECIPES / "debug.yaml"), "--train.bogus", "1"], "error: recipe: unknown key 'train.bogus'"),
     ],
