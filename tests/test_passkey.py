@@ -3,6 +3,7 @@ teacher-forced pass (retrieved exactly when greedy decoding says the key); `dlx 
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -90,3 +91,9 @@ def test_the_command_scores_a_run(dataset, tmp_path):
     result = run_cli(["passkey", str(run_dir), "--lengths", "1000"], tmp_path)
     assert result.returncode == 2 and "max_seq_len 128" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+    scored = run_cli(["eval", str(run_dir), "--tasks", "passkey", "--limit", "2", "--json"], tmp_path)
+    assert scored.returncode == 0, scored.stderr
+    results = json.loads(scored.stdout)["results"]
+    cells = {name for name in results if name.startswith("passkey_len")}
+    assert cells == {f"passkey_len120_depth{d}" for d in ("0", "0.5", "1")}  # max_seq_len 128: the whole context
+    assert results["passkey"]["acc,none"] == pytest.approx(sum(results[c]["acc,none"] for c in cells) / len(cells))

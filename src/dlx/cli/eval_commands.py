@@ -19,7 +19,12 @@ def eval_checkpoint(
         ),
     ],
     tasks: Annotated[
-        str, typer.Option(help="Comma-separated lm-eval task names or task YAML paths, e.g. dlx_stdlib_next_line.")
+        str,
+        typer.Option(
+            help="Comma-separated lm-eval task names or task YAML paths, e.g. dlx_stdlib_next_line; `passkey` is "
+            "dlx's own passkey retrieval at a quarter, half and all of the model's context (≥ 256 tokens), "
+            "depths 0, 0.5, 1 (`dlx passkey` chooses them)."
+        ),
     ],
     task_dir: Annotated[str | None, typer.Option(help="A folder of local lm-eval task YAML files.")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Documents per task at most (the first ones).")] = None,
@@ -28,21 +33,30 @@ def eval_checkpoint(
         bool, typer.Option("--json", help="Print lm-evaluation-harness's results object as JSON.")
     ] = False,
 ) -> None:
-    """Run lm-evaluation-harness tasks on a trained model, offline, through the adapter a run uses (eval.tasks);
-    print lm-eval's table, or with --json its results object ({"results": {task: {"acc,none": ...}}, ...})."""
+    """Run lm-evaluation-harness tasks on a trained model, offline, through the adapter a run uses (eval.tasks), and
+    dlx's passkey retrieval; print lm-eval's table, or with --json its results object ({"results": {task:
+    {"acc,none": ...}}, ...}; passkey's cells as tasks of their own)."""
     from dlx.errors import UserError
     from dlx.train.tasks import evaluate_checkpoint
 
     names = [name.strip() for name in tasks.split(",") if name.strip()]
     if not names:
         raise UserError("--tasks names no task; give lm-eval task names or YAML paths, e.g. dlx_stdlib_next_line")
-    results = evaluate_checkpoint(path, names, task_dir, limit, device)  # checks that lm-eval is installed
-    from lm_eval.utils import handle_non_serializable, make_table
+    harness = [name for name in names if name != "passkey"]
+    results = evaluate_checkpoint(path, harness, task_dir, limit, device) if harness else {"results": {}}
+    if "passkey" in names:
+        from dlx.train.passkey import passkey_results, run_passkey, score_table
 
-    if as_json:
-        print(json.dumps(results, indent=2, default=handle_non_serializable))
-    else:
-        print(make_table(results))
+        scores = run_passkey(path, None, (0.0, 0.5, 1.0), limit or 5, 0, device)
+        results["results"].update(passkey_results(scores))
+        if not as_json:
+            print("\n".join(score_table(scores)))
+    if harness:
+        from lm_eval.utils import handle_non_serializable, make_table
+
+        print(json.dumps(results, indent=2, default=handle_non_serializable) if as_json else make_table(results))
+    elif as_json:
+        print(json.dumps(results, indent=2))
 
 
 def register(app: typer.Typer) -> None:

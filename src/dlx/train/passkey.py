@@ -118,10 +118,29 @@ def score_table(scores: Sequence[PasskeyScore]) -> list[str]:
     return lines
 
 
+def default_lengths(max_seq_len: int) -> list[int]:
+    """`dlx eval --tasks passkey`'s lengths: all of the model's context (less the answer), and a quarter and half of it
+    when they are at least 256 tokens (shorter ones hardly hold the needle in filler)."""
+    parts = [n for n in (max_seq_len // 4, max_seq_len // 2) if n >= 256]
+    return sorted({*parts, max_seq_len - 8})
+
+
+def passkey_results(scores: Sequence[PasskeyScore]) -> dict[str, dict[str, float]]:
+    """The scores in lm-evaluation-harness's results shape: {"passkey_len{L}_depth{D}": {"acc,none": ...,
+    "mean_logprob,none": ...}}, and "passkey" with the accuracy over every cell."""
+    cells = {
+        f"passkey_len{s.length}_depth{s.depth:g}": {"acc,none": s.accuracy, "mean_logprob,none": s.mean_logprob}
+        for s in scores
+    }
+    overall = sum(s.accuracy * s.samples for s in scores) / sum(s.samples for s in scores)
+    return {"passkey": {"acc,none": overall}, **cells}
+
+
 def run_passkey(
-    path, lengths: Sequence[int], depths: Sequence[float], samples: int, seed: int, device: str
+    path, lengths: Sequence[int] | None, depths: Sequence[float], samples: int, seed: int, device: str
 ) -> list[PasskeyScore]:
-    """Passkey scores of a run folder's newest complete checkpoint (or a checkpoint), with the run's tokenizer."""
+    """Passkey scores of a run folder's newest complete checkpoint (or a checkpoint), with the run's tokenizer;
+    `lengths` None: `default_lengths` of the model's context."""
     from dlx import device as dev
     from dlx.train.checkpoint import load_checkpoint_model
     from dlx.train.sample import find_tokenizer, resolve_checkpoint
@@ -129,4 +148,5 @@ def run_passkey(
     checkpoint = resolve_checkpoint(path)
     tokenizer = find_tokenizer(checkpoint)
     model = load_checkpoint_model(checkpoint, dev.resolve_device(device))
+    lengths = default_lengths(model.args.max_seq_len) if lengths is None else lengths
     return evaluate_passkey(model, tokenizer, lengths, depths, samples, seed)
