@@ -229,18 +229,25 @@ def test_tasks_every_without_tasks_is_refused():
         build_config({"eval": {"tasks_every": 5}})
 
 
-def test_the_shipped_task_is_deterministic_four_way_and_indentation_blind(tmp_path):
-    from dlx.evals.stdlib_task import CHOICES, next_line_documents, stdlib_functions
+def test_the_shipped_task_is_deterministic_four_way_and_length_blind(tmp_path):
+    from dlx.evals.stdlib_task import CHOICES, CONTEXT_LINES, LENGTH_RATIO, next_line_documents, stdlib_functions
 
     functions = stdlib_functions()
     docs = next_line_documents(functions, 50, seed=0)
     assert docs == next_line_documents(functions, 50, seed=0) and len(docs) == 50
+    assert docs != next_line_documents(functions, 50, seed=1)
+    contexts = {"\n".join(lines[:CONTEXT_LINES]) + "\n": lines for lines in functions}
     for doc in docs:
         assert len(doc["choices"]) == CHOICES == len(set(doc["choices"]))
-        indents = {len(c) - len(c.lstrip()) for c in doc["choices"]}
-        assert len(indents) == 1  # the answer's indentation does not give it away
-        assert doc["context"].endswith("\n") and doc["context"].lstrip().startswith("def ")
+        lines = contexts[doc["context"]]  # the context is a function's def line and its first body lines
+        answer = doc["choices"][doc["label"]]
+        assert answer == lines[CONTEXT_LINES] and lines[0].lstrip().startswith("def ")
+        for distractor in doc["choices"]:
+            assert len(answer) / LENGTH_RATIO <= len(distractor) <= len(answer) * LENGTH_RATIO  # length does not tell
+            assert distractor == answer or distractor not in lines  # a line of another function
     assert 0.1 < np.mean([doc["label"] == 0 for doc in docs]) < 0.45  # the answer's position is shuffled
+    indents = [len({len(c) - len(c.lstrip()) for c in doc["choices"]}) for doc in docs]
+    assert max(indents) > 1  # distractors are not matched on indentation: it is part of what the task measures
 
 
 @pytest.mark.distributed
