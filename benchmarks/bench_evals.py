@@ -9,7 +9,8 @@ lm-evaluation-harness task `dlx_stdlib_next_line` (`--limit` documents) every `-
 - the run's wall time (pretrain called to returned: start-up, steps, validation, checkpoints, evaluations, report);
 - the share: Σ tasks_s ÷ the run's wall time (target ≤ 2 %), and one evaluation in median optimizer steps;
 - the start-up cost before step 1: importing lm-eval and resolving and loading the task, in a fresh interpreter;
-- the accuracy curve: lm-eval's `acc` and `acc_norm` ± standard error at each evaluation (chance: 25 %).
+- the accuracy curve: lm-eval's `acc`, `acc_norm` and `acc_mutual_info` ± standard error at each evaluation
+  (chance: 25 %).
 
 With `--compare-paths` instead: the adapter's two ways of scoring on a CPU, interleaved in one process on the demo's
 model (random weights: the cost does not depend on them), `--limit` documents, `--rounds` rounds: contexts shared
@@ -110,7 +111,7 @@ def report(measured: dict, startup: float, every: int, limit: int) -> list[str]:
     tasks, wall, step_s = measured["tasks"], measured["wall_s"], measured["step_s"]
     spent = sum(r["tasks_s"] for r in tasks)
     per_eval = statistics.median(r["tasks_s"] for r in tasks)
-    acc, norm = f"{STDLIB_NEXT_LINE}/acc", f"{STDLIB_NEXT_LINE}/acc_norm"
+    acc, norm, info = (f"{STDLIB_NEXT_LINE}/{m}" for m in ("acc", "acc_norm", "acc_mutual_info"))
     lines = [
         f"Demo recipe, {measured['recipe']['train']['max_steps']} steps, `{STDLIB_NEXT_LINE}` ({limit} documents, "
         f"4 choices) every {every} steps and at the end: {len(tasks)} evaluations.",
@@ -124,12 +125,13 @@ def report(measured: dict, startup: float, every: int, limit: int) -> list[str]:
         f"| all task evaluations | {spent:.1f} s = **{100 * spent / wall:.2f} % of the run's wall time** |",
         f"| before step 1: import lm-eval, resolve and load the task (fresh interpreter) | {startup:.1f} s |",
         "",
-        "| step | acc | acc_norm |",
-        "|---:|---:|---:|",
+        "| step | acc | acc_norm | acc_mutual_info |",
+        "|---:|---:|---:|---:|",
     ]
     for r in tasks:
         lines.append(
-            f"| {r['step']} | {r[acc]:.2f} ± {r[acc + '_stderr']:.2f} | {r[norm]:.2f} ± {r[norm + '_stderr']:.2f} |"
+            f"| {r['step']} | {r[acc]:.2f} ± {r[acc + '_stderr']:.2f} | {r[norm]:.2f} ± {r[norm + '_stderr']:.2f} | "
+            f"{r[info]:.2f} ± {r[info + '_stderr']:.2f} |"
         )
     return lines
 
