@@ -114,7 +114,7 @@ def test_task_log_likelihoods_and_metrics_equal_hflm(adapters):
         ):
             assert abs(logprob_a - logprob_b) <= TOLERANCE and greedy_a == greedy_b
             compared += 1
-    assert compared == 4 * LIMIT
+    assert compared == 2 * 4 * LIMIT  # each choice after its context and alone (acc_mutual_info)
 
 
 def test_empty_context_rolling_and_generation_equal_hflm(adapters):
@@ -135,7 +135,8 @@ def test_empty_context_rolling_and_generation_equal_hflm(adapters):
 def test_tasks_in_the_loop_equal_dlx_eval_on_the_final_checkpoint(run_dir, capsys):
     records = [json.loads(line) for line in (run_dir / "tasks.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [6, 12]
-    assert {f"{TASK}/acc", f"{TASK}/acc_stderr", f"{TASK}/acc_norm", f"{TASK}/acc_norm_stderr"} <= set(records[-1])
+    metrics = ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "acc_mutual_info", "acc_mutual_info_stderr")
+    assert {f"{TASK}/{metric}" for metric in metrics} <= set(records[-1])
     result = run_cli(["eval", str(run_dir), "--tasks", TASK, "--limit", str(LIMIT), "--json"], run_dir.parent)
     assert result.returncode == 0, result.stderr
     metrics = json.loads(result.stdout)["results"][TASK]
@@ -144,7 +145,10 @@ def test_tasks_in_the_loop_equal_dlx_eval_on_the_final_checkpoint(run_dir, capsy
     from dlx.cli.eval_commands import eval_checkpoint
 
     eval_checkpoint(run_dir, TASK, limit=LIMIT, device="cpu")  # the table, in this process
-    row = f"|{TASK}|1|none|0|acc|↑|{last[f'{TASK}/acc']:.2f}|±|{last[f'{TASK}/acc_stderr']:.4f}|"  # lm-eval's table
+    from dlx.evals.stdlib_task import TASK_VERSION
+
+    value, stderr = last[f"{TASK}/acc"], last[f"{TASK}/acc_stderr"]
+    row = f"|{TASK}|{TASK_VERSION}|none|0|acc|↑|{value:.4f}|±|{stderr:.4f}|"  # lm-eval's table
     assert row in capsys.readouterr().out.replace(" ", "")
 
 
