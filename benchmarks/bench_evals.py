@@ -15,7 +15,8 @@ lm-evaluation-harness task `dlx_stdlib_next_line` (`--limit` documents) every `-
 With `--compare-paths` instead: the adapter's two ways of scoring on a CPU, interleaved in one process on the demo's
 model (random weights: the cost does not depend on them), `--limit` documents, `--rounds` rounds: contexts shared
 through a KV cache (the CPU default) against batches of whole rows (the GPU and tensor-parallel path); wall and
-process CPU seconds per evaluation.
+process CPU seconds per evaluation. With `--untrained N`: the task's metrics for N random initialisations of the
+demo's model (the floor: an untrained model is at chance only on `acc_mutual_info`).
 
 Run:  .venv/bin/python benchmarks/bench_evals.py    (appends to BENCHMARKS.md; --no-record to only print)
 """
@@ -39,6 +40,7 @@ from dlx.train.demo import DEMO_DATA, demo_recipe, prepare_demo_data
 from dlx.train.trainer import pretrain
 from peers.record import environment, record_section
 
+METRICS = ("acc", "acc_norm", "acc_mutual_info")
 STARTUP = f"""
 import time
 start = time.perf_counter()
@@ -102,6 +104,32 @@ def compare_paths(data: Path, limit: int, rounds: int) -> list[str]:
     return lines
 
 
+def untrained(data: Path, limit: int, seeds: int) -> list[str]:
+    """The shipped task's metrics for the demo's model at initialisation (`seeds` random inits): the floor an
+    evaluation of a trained model is to be compared with."""
+    import torch
+
+    from dlx.evals.adapter import build_adapter
+    from dlx.evals.harness import load_tasks
+    from dlx.model.llama import Transformer
+    from dlx.model.presets import resolve_model_args
+
+    lines = [
+        f"Untrained demo model (random initialisation, seeds 0–{seeds - 1}), `{STDLIB_NEXT_LINE}`, {limit} documents.",
+        "",
+        "| seed | acc | acc_norm | acc_mutual_info |",
+        "|---:|---:|---:|---:|",
+    ]
+    for seed in range(seeds):
+        torch.manual_seed(seed)
+        model = Transformer(resolve_model_args("demo").model_copy(update={"vocab_size": 8192})).eval()
+        result = load_tasks([STDLIB_NEXT_LINE], None, limit).run(build_adapter(model, data / "tokenizer.json"))
+        metrics = result["results"][STDLIB_NEXT_LINE]
+        cells = [f"{metrics[m + ',none']:.2f} ± {metrics[m + '_stderr,none']:.2f}" for m in METRICS]
+        lines.append(f"| {seed} | {' | '.join(cells)} |")
+    return lines
+
+
 def startup_seconds() -> float:
     out = subprocess.run([sys.executable, "-c", STARTUP], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
@@ -144,12 +172,14 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=100)
     parser.add_argument("--compare-paths", action="store_true", help="only the two scoring paths, interleaved")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--untrained", type=int, default=0, help="only the metrics of this many random inits")
     parser.add_argument("--no-record", action="store_true", help="print only; leave BENCHMARKS.md alone")
     args = parser.parse_args()
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    if args.compare_paths:
+    if args.compare_paths or args.untrained:
         head = [f"### {when}", "", *environment(["src/dlx/evals"]), ""]
-        lines = head + compare_paths(args.data, args.limit, args.rounds)
+        measure = untrained(args.data, args.limit, args.untrained) if args.untrained else None
+        lines = head + (measure or compare_paths(args.data, args.limit, args.rounds))
         print("\n".join(lines))
         if not args.no_record:
             record_section("Evals", "", lines)
