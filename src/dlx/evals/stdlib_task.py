@@ -11,9 +11,8 @@ by its log-likelihood after the context (`acc`, and `acc_norm` per byte of the c
 less the choice's own without the context (`acc_mutual_info`). Only the last is at chance for an untrained model:
 the sum over a choice's tokens favours the choice of fewest tokens, and the real next line tokenizes into the fewest
 more often than a quarter of the time (the tokenizer is trained on the same code), so `acc` and `acc_norm` start
-near 35 % (BENCHMARKS.md, Evals). The functions are part of
-the stdlib corpus the demo trains on: the task measures how well the model learned that code, not generalisation to
-unseen code.
+near 35 % (BENCHMARKS.md, Evals). The functions are part of the stdlib corpus the demo trains on: the task measures
+how well the model learned that code, not generalisation to unseen code.
 
 The folder (task YAML + documents as JSON lines) is generated at first use into the user's cache,
 `$XDG_CACHE_HOME/dlx/tasks/` (default `~/.cache/dlx/tasks/`), one folder per Python version (the stdlib differs
