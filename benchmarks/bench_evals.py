@@ -9,12 +9,14 @@ lm-evaluation-harness task `dlx_stdlib_next_line` (`--limit` documents) every `-
 - the run's wall time (pretrain called to returned: start-up, steps, validation, checkpoints, evaluations, report);
 - the share: Σ tasks_s ÷ the run's wall time (target ≤ 2 %), and one evaluation in median optimizer steps;
 - the start-up cost before step 1: importing lm-eval and resolving and loading the task, in a fresh interpreter;
-- the accuracy curve: lm-eval's `acc` and `acc_norm` ± standard error at each evaluation (chance: 25 %).
+- the accuracy curve: lm-eval's `acc`, `acc_norm` and `acc_mutual_info` ± standard error at each evaluation
+  (chance: 25 %).
 
 With `--compare-paths` instead: the adapter's two ways of scoring on a CPU, interleaved in one process on the demo's
 model (random weights: the cost does not depend on them), `--limit` documents, `--rounds` rounds: contexts shared
 through a KV cache (the CPU default) against batches of whole rows (the GPU and tensor-parallel path); wall and
-process CPU seconds per evaluation.
+process CPU seconds per evaluation. With `--untrained N`: the task's metrics for N random initialisations of the
+demo's model (the floor: an untrained model is at chance only on `acc_mutual_info`).
 
 Run:  .venv/bin/python benchmarks/bench_evals.py    (appends to BENCHMARKS.md; --no-record to only print)
 """
@@ -38,6 +40,7 @@ from dlx.train.demo import DEMO_DATA, demo_recipe, prepare_demo_data
 from dlx.train.trainer import pretrain
 from peers.record import environment, record_section
 
+METRICS = ("acc", "acc_norm", "acc_mutual_info")
 STARTUP = f"""
 import time
 start = time.perf_counter()
@@ -101,6 +104,32 @@ def compare_paths(data: Path, limit: int, rounds: int) -> list[str]:
     return lines
 
 
+def untrained(data: Path, limit: int, seeds: int) -> list[str]:
+    """The shipped task's metrics for the demo's model at initialisation (`seeds` random inits): the floor an
+    evaluation of a trained model is to be compared with."""
+    import torch
+
+    from dlx.evals.adapter import build_adapter
+    from dlx.evals.harness import load_tasks
+    from dlx.model.llama import Transformer
+    from dlx.model.presets import resolve_model_args
+
+    lines = [
+        f"Untrained demo model (random initialisation, seeds 0–{seeds - 1}), `{STDLIB_NEXT_LINE}`, {limit} documents.",
+        "",
+        "| seed | acc | acc_norm | acc_mutual_info |",
+        "|---:|---:|---:|---:|",
+    ]
+    for seed in range(seeds):
+        torch.manual_seed(seed)
+        model = Transformer(resolve_model_args("demo").model_copy(update={"vocab_size": 8192})).eval()
+        result = load_tasks([STDLIB_NEXT_LINE], None, limit).run(build_adapter(model, data / "tokenizer.json"))
+        metrics = result["results"][STDLIB_NEXT_LINE]
+        cells = [f"{metrics[m + ',none']:.2f} ± {metrics[m + '_stderr,none']:.2f}" for m in METRICS]
+        lines.append(f"| {seed} | {' | '.join(cells)} |")
+    return lines
+
+
 def startup_seconds() -> float:
     out = subprocess.run([sys.executable, "-c", STARTUP], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
@@ -110,7 +139,7 @@ def report(measured: dict, startup: float, every: int, limit: int) -> list[str]:
     tasks, wall, step_s = measured["tasks"], measured["wall_s"], measured["step_s"]
     spent = sum(r["tasks_s"] for r in tasks)
     per_eval = statistics.median(r["tasks_s"] for r in tasks)
-    acc, norm = f"{STDLIB_NEXT_LINE}/acc", f"{STDLIB_NEXT_LINE}/acc_norm"
+    acc, norm, info = (f"{STDLIB_NEXT_LINE}/{m}" for m in ("acc", "acc_norm", "acc_mutual_info"))
     lines = [
         f"Demo recipe, {measured['recipe']['train']['max_steps']} steps, `{STDLIB_NEXT_LINE}` ({limit} documents, "
         f"4 choices) every {every} steps and at the end: {len(tasks)} evaluations.",
@@ -124,12 +153,13 @@ def report(measured: dict, startup: float, every: int, limit: int) -> list[str]:
         f"| all task evaluations | {spent:.1f} s = **{100 * spent / wall:.2f} % of the run's wall time** |",
         f"| before step 1: import lm-eval, resolve and load the task (fresh interpreter) | {startup:.1f} s |",
         "",
-        "| step | acc | acc_norm |",
-        "|---:|---:|---:|",
+        "| step | acc | acc_norm | acc_mutual_info |",
+        "|---:|---:|---:|---:|",
     ]
     for r in tasks:
         lines.append(
-            f"| {r['step']} | {r[acc]:.2f} ± {r[acc + '_stderr']:.2f} | {r[norm]:.2f} ± {r[norm + '_stderr']:.2f} |"
+            f"| {r['step']} | {r[acc]:.2f} ± {r[acc + '_stderr']:.2f} | {r[norm]:.2f} ± {r[norm + '_stderr']:.2f} | "
+            f"{r[info]:.2f} ± {r[info + '_stderr']:.2f} |"
         )
     return lines
 
@@ -142,12 +172,14 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=100)
     parser.add_argument("--compare-paths", action="store_true", help="only the two scoring paths, interleaved")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--untrained", type=int, default=0, help="only the metrics of this many random inits")
     parser.add_argument("--no-record", action="store_true", help="print only; leave BENCHMARKS.md alone")
     args = parser.parse_args()
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    if args.compare_paths:
+    if args.compare_paths or args.untrained:
         head = [f"### {when}", "", *environment(["src/dlx/evals"]), ""]
-        lines = head + compare_paths(args.data, args.limit, args.rounds)
+        measure = untrained(args.data, args.limit, args.untrained) if args.untrained else None
+        lines = head + (measure or compare_paths(args.data, args.limit, args.rounds))
         print("\n".join(lines))
         if not args.no_record:
             record_section("Evals", "", lines)

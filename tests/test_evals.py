@@ -114,7 +114,7 @@ def test_task_log_likelihoods_and_metrics_equal_hflm(adapters):
         ):
             assert abs(logprob_a - logprob_b) <= TOLERANCE and greedy_a == greedy_b
             compared += 1
-    assert compared == 4 * LIMIT
+    assert compared == 2 * 4 * LIMIT  # each choice after its context and alone (acc_mutual_info)
 
 
 def test_empty_context_rolling_and_generation_equal_hflm(adapters):
@@ -135,7 +135,8 @@ def test_empty_context_rolling_and_generation_equal_hflm(adapters):
 def test_tasks_in_the_loop_equal_dlx_eval_on_the_final_checkpoint(run_dir, capsys):
     records = [json.loads(line) for line in (run_dir / "tasks.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [6, 12]
-    assert {f"{TASK}/acc", f"{TASK}/acc_stderr", f"{TASK}/acc_norm", f"{TASK}/acc_norm_stderr"} <= set(records[-1])
+    metrics = ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "acc_mutual_info", "acc_mutual_info_stderr")
+    assert {f"{TASK}/{metric}" for metric in metrics} <= set(records[-1])
     result = run_cli(["eval", str(run_dir), "--tasks", TASK, "--limit", str(LIMIT), "--json"], run_dir.parent)
     assert result.returncode == 0, result.stderr
     metrics = json.loads(result.stdout)["results"][TASK]
@@ -144,7 +145,10 @@ def test_tasks_in_the_loop_equal_dlx_eval_on_the_final_checkpoint(run_dir, capsy
     from dlx.cli.eval_commands import eval_checkpoint
 
     eval_checkpoint(run_dir, TASK, limit=LIMIT, device="cpu")  # the table, in this process
-    row = f"|{TASK}|1|none|0|acc|↑|{last[f'{TASK}/acc']:.2f}|±|{last[f'{TASK}/acc_stderr']:.4f}|"  # lm-eval's table
+    from dlx.evals.stdlib_task import TASK_VERSION
+
+    value, stderr = last[f"{TASK}/acc"], last[f"{TASK}/acc_stderr"]
+    row = f"|{TASK}|{TASK_VERSION}|none|0|acc|↑|{value:.4f}|±|{stderr:.4f}|"  # lm-eval's table
     assert row in capsys.readouterr().out.replace(" ", "")
 
 
@@ -229,18 +233,25 @@ def test_tasks_every_without_tasks_is_refused():
         build_config({"eval": {"tasks_every": 5}})
 
 
-def test_the_shipped_task_is_deterministic_four_way_and_indentation_blind(tmp_path):
-    from dlx.evals.stdlib_task import CHOICES, next_line_documents, stdlib_functions
+def test_the_shipped_task_is_deterministic_four_way_and_length_blind(tmp_path):
+    from dlx.evals.stdlib_task import CHOICES, CONTEXT_LINES, LENGTH_RATIO, next_line_documents, stdlib_functions
 
     functions = stdlib_functions()
     docs = next_line_documents(functions, 50, seed=0)
     assert docs == next_line_documents(functions, 50, seed=0) and len(docs) == 50
+    assert docs != next_line_documents(functions, 50, seed=1)
+    contexts = {"\n".join(lines[:CONTEXT_LINES]) + "\n": lines for lines in functions}
     for doc in docs:
         assert len(doc["choices"]) == CHOICES == len(set(doc["choices"]))
-        indents = {len(c) - len(c.lstrip()) for c in doc["choices"]}
-        assert len(indents) == 1  # the answer's indentation does not give it away
-        assert doc["context"].endswith("\n") and doc["context"].lstrip().startswith("def ")
+        lines = contexts[doc["context"]]  # the context is a function's def line and its first body lines
+        answer = doc["choices"][doc["label"]]
+        assert answer == lines[CONTEXT_LINES] and lines[0].lstrip().startswith("def ")
+        for distractor in doc["choices"]:
+            assert len(answer) / LENGTH_RATIO <= len(distractor) <= len(answer) * LENGTH_RATIO  # length does not tell
+            assert distractor == answer or distractor not in lines  # a line of another function
     assert 0.1 < np.mean([doc["label"] == 0 for doc in docs]) < 0.45  # the answer's position is shuffled
+    indents = [len({len(c) - len(c.lstrip()) for c in doc["choices"]}) for doc in docs]
+    assert max(indents) > 1  # distractors are not matched on indentation: it is part of what the task measures
 
 
 @pytest.mark.distributed

@@ -2,10 +2,17 @@
 run evaluates on a downstream task with no network.
 
 `dlx_stdlib_next_line`: four-way multiple choice. The context is the first lines of a function of the standard
-library (its `def` line and up to `CONTEXT_LINES` - 1 lines of its body); the choices are the function's real next
-line and three lines drawn from other functions at the same indentation, so indentation alone does not give the
-answer. Chance is 25 %. lm-eval scores each choice by its log-likelihood after the context (`acc`, and `acc_norm`
-per byte of the choice).
+library (its `def` line and `CONTEXT_LINES` - 1 code lines of its body); the choices are the function's real next
+line and three real code lines of other functions, drawn at random among the lines of about the same length
+(within `LENGTH_RATIO`), so the length of a choice does not give the answer. Telling them apart takes what a
+language model of Python code learns: indentation that follows the block structure above, names defined in the
+context (parameters, locals), and which statement plausibly comes next. Chance is 25 %. lm-eval scores each choice
+by its log-likelihood after the context (`acc`, and `acc_norm` per byte of the choice) and by that log-likelihood
+less the choice's own without the context (`acc_mutual_info`). Only the last is at chance for an untrained model:
+the sum over a choice's tokens favours the choice of fewest tokens, and the real next line tokenizes into the fewest
+more often than a quarter of the time (the tokenizer is trained on the same code), so `acc` and `acc_norm` start
+near 35 % (BENCHMARKS.md, Evals). The functions are part of the stdlib corpus the demo trains on: the task measures
+how well the model learned that code, not generalisation to unseen code.
 
 The folder (task YAML + documents as JSON lines) is generated at first use into the user's cache,
 `$XDG_CACHE_HOME/dlx/tasks/` (default `~/.cache/dlx/tasks/`), one folder per Python version (the stdlib differs
@@ -14,6 +21,7 @@ between versions); the same Python always gives the same documents. It is writte
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import random
@@ -26,13 +34,15 @@ from dlx.data.prepare.inputs import stdlib_folder
 
 STDLIB_NEXT_LINE = "dlx_stdlib_next_line"
 SHIPPED_TASKS = (STDLIB_NEXT_LINE,)
-TASK_VERSION = 1
+TASK_VERSION = 3
 DOCUMENTS = 200
-CONTEXT_LINES = 4
+CONTEXT_LINES = 8
 """The def line and the body lines before the line to choose."""
 CHOICES = 4
 LINE_CHARS = (8, 100)
 """A candidate line's length (indentation included), so that no choice is trivially short or long."""
+LENGTH_RATIO = 1.2
+"""A distractor is at most this many times longer or shorter than the answer (characters, indentation included)."""
 SEED = 0
 _DEF = re.compile(r"^(\s*)def \w+\(.*\):\s*$")
 
@@ -52,6 +62,9 @@ metric_list:
     aggregation: mean
     higher_is_better: true
   - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_mutual_info
     aggregation: mean
     higher_is_better: true
 metadata:
@@ -116,20 +129,21 @@ def _body_lines(lines: list[str], def_indent: int) -> list[str]:
 
 
 def next_line_documents(functions: list[list[str]], count: int, seed: int) -> list[dict]:
-    """`count` documents {"context", "choices", "label"} from functions drawn without replacement by `seed`."""
+    """`count` documents {"context", "choices", "label"} from functions drawn without replacement by `seed`; the
+    distractors are lines of other functions, of about the answer's length."""
     rng = random.Random(seed)
-    by_indent: dict[int, list[str]] = {}
-    for lines in functions:
-        for line in lines[1:]:
-            by_indent.setdefault(len(line) - len(line.lstrip()), []).append(line)
+    pool = sorted({(len(line), line, owner) for owner, lines in enumerate(functions) for line in lines[1:]})
+    lengths = [length for length, _, _ in pool]
     docs = []
-    for lines in rng.sample(functions, min(count * 2, len(functions))):
+    for owner in rng.sample(range(len(functions)), min(count * 2, len(functions))):
+        lines = functions[owner]
         answer = lines[CONTEXT_LINES]
-        pool = by_indent[len(answer) - len(answer.lstrip())]
-        distractors = {line for line in rng.sample(pool, min(len(pool), 20)) if line != answer}
-        if len(distractors) < CHOICES - 1:
+        low = bisect.bisect_left(lengths, len(answer) / LENGTH_RATIO)
+        high = bisect.bisect_right(lengths, len(answer) * LENGTH_RATIO)
+        candidates = sorted({line for _, line, other in pool[low:high] if other != owner and line not in lines})
+        if len(candidates) < CHOICES - 1:
             continue
-        choices = [*sorted(distractors)[: CHOICES - 1], answer]
+        choices = [*rng.sample(candidates, CHOICES - 1), answer]
         rng.shuffle(choices)
         context = "\n".join(lines[:CONTEXT_LINES]) + "\n"
         docs.append({"context": context, "choices": choices, "label": choices.index(answer)})

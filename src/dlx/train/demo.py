@@ -93,16 +93,17 @@ def summary(result, seconds: float) -> str:
 
 
 def task_summary(run_dir: Path) -> str:
-    """The shipped task's accuracy, first and last evaluation, against chance (lm-eval's acc, tasks.jsonl)."""
+    """The shipped task's accuracy, first and last evaluation, against chance (lm-eval's acc_mutual_info, the metric
+    that is at chance for an untrained model; tasks.jsonl)."""
     from dlx.evals.stdlib_task import CHOICES, STDLIB_NEXT_LINE
     from dlx.metrics.logger import TASKS_FILE, read_jsonl
 
-    key = f"{STDLIB_NEXT_LINE}/acc"
+    key = f"{STDLIB_NEXT_LINE}/acc_mutual_info"
     measured = [r for r in read_jsonl(run_dir / TASKS_FILE) if r.get(key) is not None]
     if not measured:
         return ""
     first, last = measured[0], measured[-1]
     return (
-        f"; {STDLIB_NEXT_LINE} accuracy {first[key]:.0%} (step {first['step']}) → {last[key]:.0%} ± "
+        f"; {STDLIB_NEXT_LINE} accuracy (acc_mutual_info) {first[key]:.0%} (step {first['step']}) → {last[key]:.0%} ± "
         f"{last.get(key + '_stderr') or 0:.0%} (step {last['step']}; chance {1 / CHOICES:.0%})"
     )
