@@ -22,7 +22,7 @@ from dlx.errors import UserError
 from dlx.train.checkpoint import load_checkpoint_model
 from dlx.train.config import build_config
 from dlx.train.launch import launch
-from test_hf_export import corpus_texts
+from test_hf_export import corpus_texts, prepare_corpus
 from train_helpers import TINY, run_cli, train_quietly
 
 lm_eval = pytest.importorskip("lm_eval")
@@ -43,14 +43,7 @@ def task_cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
     """`dlx prepare` with a byte-level BPE it trains (bos and eos tokens), one validation document."""
-    root = tmp_path_factory.mktemp("prepared")
-    with open(root / "corpus.jsonl", "w") as f:
-        for text in corpus_texts():
-            f.write(json.dumps({"text": text}) + "\n")
-    command = ["prepare", "corpus.jsonl", "--train-tokenizer", "400", "--bos", "--val-documents", "1", "--out", "data"]
-    result = run_cli(command, root)
-    assert result.returncode == 0, result.stderr
-    return root / "data"
+    return prepare_corpus(tmp_path_factory.mktemp("prepared"), val_documents=1)
 
 
 @pytest.fixture(scope="module")

@@ -43,17 +43,21 @@ def corpus_texts() -> list[str]:
     return [inspect.getsource(module) for module in (json.decoder, textwrap, email.message)]
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> Path:
-    """`dlx prepare` with a Llama-3-shaped BPE it trains (begin- and end-of-document tokens, BOS before documents)."""
-    root = tmp_path_factory.mktemp("prepared")
+def prepare_corpus(root: Path, val_documents: int) -> Path:
+    """`dlx prepare` of `corpus_texts` in `root` with a Llama-3-shaped BPE it trains (begin- and end-of-document
+    tokens, BOS before documents) and `val_documents` validation documents; returns the dataset folder."""
     with open(root / "corpus.jsonl", "w") as f:
         for text in corpus_texts():
             f.write(json.dumps({"text": text}) + "\n")
-    command = ["prepare", "corpus.jsonl", "--train-tokenizer", "400", "--bos", "--val-documents", "0", "--out", "data"]
-    result = run_cli(command, root)
+    command = ["prepare", "corpus.jsonl", "--train-tokenizer", "400", "--bos", "--val-documents", str(val_documents)]
+    result = run_cli([*command, "--out", "data"], root)
     assert result.returncode == 0, result.stderr
     return root / "data"
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    return prepare_corpus(tmp_path_factory.mktemp("prepared"), val_documents=0)
 
 
 @pytest.fixture(scope="module")
