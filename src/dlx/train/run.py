@@ -131,9 +131,12 @@ class Run:
     steps (dlx.train.spikes)."""
 
     def __post_init__(self) -> None:
-        spikes = SpikeGuard(self)  # it restores this run's pieces on a rollback
+        spikes = next((o for o in self.observers if isinstance(o, SpikeGuard)), None)
+        if spikes is None:
+            spikes = SpikeGuard(self)
+            self.observers.extend([spikes])
+        spikes.run = self  # it restores this run's pieces on a rollback; a `dataclasses.replace` copy keeps the guard
         object.__setattr__(self, "spikes", spikes)  # the Run is frozen once built; this is part of building it
-        self.observers.extend([spikes])
 
     @property
     def model(self) -> Transformer:
