@@ -29,7 +29,7 @@ import psutil
 from dlx.train.demo import prepare_demo_data
 from peers.record import environment, record_section
 
-RECIPE = ["--model.preset", "demo", "--data.seq_len", "128", "--data.micro_batch_size", "4", "--log.every", "1"]
+RECIPE = ["--data.seq_len", "128", "--data.micro_batch_size", "4", "--log.every", "1"]
 RECIPE += ["--train.precision", "fp32", "--log.progress", "false", "--data.num_workers", "0", "--train.seed", "0"]
 LAUNCHER = [sys.executable, "-m", "torch.distributed.run"]
 INTRO = (
@@ -66,9 +66,10 @@ def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
     raise RuntimeError(f"no rank {rank} under torchrun {launcher.pid}")
 
 
-def restart(tmp: Path, data: Path, steps: int, kill_after: int) -> dict[str, float | str]:
+def restart(tmp: Path, data: Path, steps: int, kill_after: int, model: str = "demo") -> dict[str, float | str]:
     """The kill-to-first-step time of an automatic restart, and the interrupted losses against uninterrupted ones."""
-    common = [*RECIPE, "--data.path", str(data), "--train.max_steps", str(steps), "--parallel.strategy", "ddp"]
+    common = ["--model.preset", model, *RECIPE, "--data.path", str(data), "--train.max_steps", str(steps)]
+    common += ["--parallel.strategy", "ddp"]
     common += ["--checkpoint.every", str(kill_after), "--train.global_batch_size", "8"]
     two = ["--standalone", "--nproc_per_node", "2"]
     straight = dlx([*common, "--run-dir", str(tmp / "straight")], two)
@@ -118,7 +119,8 @@ def eval_loss(run_dir: Path) -> float:
 
 def spikes(tmp: Path, data: Path, steps: int, at: int) -> list[tuple[str, float, str]]:
     """(policy, final eval loss, what happened) for a clean run and planted-spike runs."""
-    common = [*RECIPE, "--data.path", str(data), "--train.max_steps", str(steps), "--eval.every", str(steps)]
+    common = ["--model.preset", "demo", *RECIPE, "--data.path", str(data), "--train.max_steps", str(steps)]
+    common += ["--eval.every", str(steps)]
     common += ["--eval.batches", "20", "--checkpoint.every", "10", "--checkpoint.keep_last", "3"]
     common += ["--train.spike_window", "20", "--train.spike_patience", "3"]
     planted = {"DLX_FAULT_SPIKE": f"{at},{at + 1},{at + 2}x20"}
@@ -138,7 +140,8 @@ def spikes(tmp: Path, data: Path, steps: int, at: int) -> list[tuple[str, float,
 
 def hang(tmp: Path, data: Path, timeout_s: int) -> tuple[float, str]:
     """Seconds from SIGSTOP to the line naming the rank, and the line."""
-    args = [*RECIPE, "--data.path", str(data), "--train.max_steps", "100000", "--parallel.strategy", "ddp"]
+    args = ["--model.preset", "demo", *RECIPE, "--data.path", str(data), "--train.max_steps", "100000"]
+    args += ["--parallel.strategy", "ddp"]
     args += ["--parallel.timeout_s", str(timeout_s), "--run-dir", str(tmp / "hang")]
     job = dlx(args, ["--standalone", "--nproc_per_node", "2"])
     for line in job.stdout:
@@ -164,7 +167,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="Optimizer steps of the restart and spike runs.")
     parser.add_argument("--timeout-s", type=int, default=10, help="parallel.timeout_s of the hang run.")
     parser.add_argument("--no-record", action="store_true", help="Print only; do not append to BENCHMARKS.md.")
+    parser.add_argument(
+        "--restart-only",
+        metavar="PRESET",
+        help="Measure only the restart, on this model preset (e.g. small-125m), with --steps steps.",
+    )
     args = parser.parse_args()
+    if args.restart_only:
+        restart_only(args)
+        return
     header = environment(["src/dlx", "benchmarks"])
     with tempfile.TemporaryDirectory(prefix="dlx-bench-heal-") as name:
         tmp = Path(name)
@@ -199,6 +210,35 @@ def main() -> None:
         *[f"| {n} | {loss:.4f} | {100 * (loss / clean - 1):+.2f} % | {what} |" for n, loss, what in spike_rows],
         "",
         f"The naming line: `{named}`",
+    ]
+    print("\n".join(lines))
+    if not args.no_record:
+        record_section("Self-healing", INTRO, lines)
+
+
+def restart_only(args: argparse.Namespace) -> None:
+    """The restart measurement alone, on a larger preset (its checkpoint is what the restart reads back)."""
+    header = environment(["src/dlx", "benchmarks"])
+    with tempfile.TemporaryDirectory(prefix="dlx-bench-heal-") as name:
+        tmp = Path(name)
+        data = args.data or tmp / "stdlib-8k"
+        if args.data is None:
+            prepare_demo_data(data)
+        healed = restart(tmp, data, args.steps, kill_after=args.steps // 2, model=args.restart_only)
+    lines = [
+        f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z} (restart only: {args.restart_only})",
+        "",
+        *header,
+        "",
+        f"Preset {args.restart_only} (fp32, seq 128, global batch 8), CPU, gloo, 2-rank DDP, {args.steps} steps, "
+        f"rank 1 SIGKILLed after the step-{args.steps // 2} checkpoint:",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| SIGKILL → torchrun has ended the old group (its `failed` line) | {healed['kill_to_group_ended_s']:.1f} s |",
+        f"| SIGKILL → `resuming from` printed by the restarted ranks | {healed['kill_to_resume_s']:.1f} s |",
+        f"| SIGKILL → first step logged after the automatic resume | {healed['kill_to_first_step_s']:.1f} s |",
+        f"| losses, interrupted vs uninterrupted ({healed['steps']:.0f} steps) | {healed['identical']} |",
     ]
     print("\n".join(lines))
     if not args.no_record:

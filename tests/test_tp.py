@@ -232,7 +232,7 @@ def test_a_shard_filler_replaces_the_random_init():
 
 def test_checkpoint_keys_a_layout_does_not_use_are_named():
     from dlx.train.config import CheckpointSection
-    from dlx.train.run import unused_checkpoint_keys
+    from dlx.train.restore import unused_checkpoint_keys
 
     both = CheckpointSection.model_validate({"async": True, "full_weights": "every"})
     assert [note.split(" applies")[0] for note in unused_checkpoint_keys(both, "full")] == [

@@ -4,7 +4,6 @@ is created (bad input leaves nothing behind)."""
 from __future__ import annotations
 
 import random
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from dlx.data.shards import TOKENIZER_FILE
 from dlx.data.source import BatchSource
 from dlx.errors import UserError
 from dlx.metrics.logger import EVAL_FILE, METRICS_FILE, MetricsLogger, read_jsonl
@@ -30,8 +28,7 @@ from dlx.parallel.tensor import check_layout
 from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.precision import Precision, build_precision
 from dlx.train import checkpoint as ckpt
-from dlx.train import folder
-from dlx.train.config import CheckpointSection, RunConfig
+from dlx.train.config import RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
 from dlx.train.init_from import (
@@ -46,9 +43,9 @@ from dlx.train.memory_check import check_memory
 from dlx.train.objective import Objective, build_objective
 from dlx.train.observe import bpb_note, build_observers, check_observers, check_wandb_installed
 from dlx.train.observer import ObserverList
-from dlx.train.optim import ScheduledLR, build_optimizer, build_scheduler
+from dlx.train.optim import build_optimizer, build_scheduler
 from dlx.train.preflight import Preflight, run_preflight
-from dlx.train.recipe import write_resolved
+from dlx.train.restore import create_run_dir, find_checkpoint, resolve_run_dir, restore, unused_checkpoint_keys
 from dlx.train.runlock import RunLock
 from dlx.train.signals import GracefulStop
 from dlx.train.spikes import SpikeGuard
@@ -244,19 +241,6 @@ def initial_weights(init: InitSource | None, device: torch.device, config: RunCo
     return fill
 
 
-def unused_checkpoint_keys(section: CheckpointSection, checkpoint_format: str) -> list[str]:
-    """Notes for checkpoint keys the recipe set that this layout's checkpoints do not use."""
-    notes = []
-    if section.async_save and checkpoint_format != "dcp":
-        notes.append(
-            f"checkpoint.async applies to sharded (DCP) checkpoints (fsdp, parallel.tp > 1); this run's are in the "
-            f"{checkpoint_format} format and are written before training goes on"
-        )
-    if section.full_weights != "last" and checkpoint_format == "full":  # a resumed run's recipe names every key
-        notes.append("checkpoint.full_weights applies to sharded checkpoints; this run's always hold model.safetensors")
-    return notes
-
-
 def build_run_strategy(
     model: Transformer,
     config: RunConfig,
@@ -279,14 +263,6 @@ def build_run_strategy(
     return build_strategy(
         model, config.parallel, config.train.compile, device, env, precision, make_optimizer, shape, seed, fill
     )
-
-
-def resolve_run_dir(config: RunConfig, name: str, run_dir: Path | None, resume: bool) -> Path:
-    if not resume:
-        return folder.new_run_dir(name, run_dir)
-    path = folder.existing_run_dir(name, run_dir)
-    folder.check_resume_compatible(folder.saved_config(path), config.resolved())
-    return path
 
 
 def check_optional_features(config: RunConfig) -> None:
@@ -420,58 +396,3 @@ def build_header(
         if changes:
             header.append(f"changed at init_from: {', '.join(changes)}")
     return header
-
-
-def restore(
-    run_dir: Path,
-    resume: bool,
-    loaded: ckpt.LoadedCheckpoint | None,
-    strategy: Strategy,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    loader: BatchSource,
-    console: RunConsole,
-) -> tuple[ckpt.TrainerState, Path | None]:
-    """On --resume: the newest complete checkpoint (`find_checkpoint`) into every piece, the loader to its position."""
-    if not resume:
-        return ckpt.TrainerState(), None
-    if loaded is None:
-        console.warn(folder.no_checkpoint_note(run_dir))
-        return ckpt.TrainerState(), None
-    state = ckpt.apply_checkpoint(loaded, strategy, scheduler, strategy.precision.scaler, say=console.warn)
-    if state.loader is not None:
-        loader.load_state_dict(state.loader)
-    console.print(
-        f"resuming from {loaded.path} (step {state.step:,}, {state.tokens_seen:,} tokens seen, "
-        f"written by {state.world_size} rank(s), {state.format} format)"
-    )
-    if isinstance(scheduler, ScheduledLR) and scheduler.resume_note:
-        console.print(scheduler.resume_note)
-    return state, loaded.path
-
-
-def find_checkpoint(run_dir: Path, console: RunConsole, env: DistEnv) -> ckpt.LoadedCheckpoint | None:
-    """Rank 0 picks the newest complete checkpoint (setting damaged ones aside); the other ranks then read it."""
-    if not env.is_distributed:
-        return ckpt.find_resumable(run_dir, say=console.warn, set_aside=True)
-    path = main_decides(lambda: getattr(ckpt.find_resumable(run_dir, say=console.warn, set_aside=True), "path", None))
-    return ckpt.read_checkpoint(path) if path is not None else None
-
-
-def create_run_dir(
-    config: RunConfig,
-    run_dir: Path,
-    data_info: DatasetInfo,
-    init: InitSource | None = None,
-    lock: RunLock | None = None,
-) -> None:
-    """config.yaml, the tokenizer (the dataset's, else the initial weights'), where the initial weights came from;
-    `lock` taken first (a new run's), so that a second writer starting at the same moment is refused."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if lock is not None:
-        lock.acquire()
-    write_resolved(config, run_dir)
-    tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
-    if tokenizer is not None:
-        shutil.copyfile(tokenizer, run_dir / TOKENIZER_FILE)
-    if init is not None:
-        folder.append_event(run_dir, event="init_from", path=init.given, weights=init.weights, kind=init.kind)

@@ -1,0 +1,100 @@
+"""The run folder at start-up: which folder (new, or the one to resume), the checkpoint a resume restores, and what a
+new run's folder holds before step 1 (config.yaml, the tokenizer, where the initial weights came from). `build_run`
+(dlx.train.run) calls these; rank 0 takes the decisions that touch the file system."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from dlx.data.shards import TOKENIZER_FILE
+from dlx.data.source import BatchSource
+from dlx.parallel.distributed import DistEnv, main_decides
+from dlx.parallel.strategy import Strategy
+from dlx.train import checkpoint as ckpt
+from dlx.train import folder
+from dlx.train.config import CheckpointSection, RunConfig
+from dlx.train.console import RunConsole
+from dlx.train.data import DatasetInfo
+from dlx.train.init_from import InitSource
+from dlx.train.optim import ScheduledLR
+from dlx.train.recipe import write_resolved
+from dlx.train.runlock import RunLock
+
+
+def unused_checkpoint_keys(section: CheckpointSection, checkpoint_format: str) -> list[str]:
+    """Notes for checkpoint keys the recipe set that this layout's checkpoints do not use."""
+    notes = []
+    if section.async_save and checkpoint_format != "dcp":
+        notes.append(
+            f"checkpoint.async applies to sharded (DCP) checkpoints (fsdp, parallel.tp > 1); this run's are in the "
+            f"{checkpoint_format} format and are written before training goes on"
+        )
+    if section.full_weights != "last" and checkpoint_format == "full":  # a resumed run's recipe names every key
+        notes.append("checkpoint.full_weights applies to sharded checkpoints; this run's always hold model.safetensors")
+    return notes
+
+
+def resolve_run_dir(config: RunConfig, name: str, run_dir: Path | None, resume: bool) -> Path:
+    if not resume:
+        return folder.new_run_dir(name, run_dir)
+    path = folder.existing_run_dir(name, run_dir)
+    folder.check_resume_compatible(folder.saved_config(path), config.resolved())
+    return path
+
+
+def restore(
+    run_dir: Path,
+    resume: bool,
+    loaded: ckpt.LoadedCheckpoint | None,
+    strategy: Strategy,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    loader: BatchSource,
+    console: RunConsole,
+) -> tuple[ckpt.TrainerState, Path | None]:
+    """On --resume: the newest complete checkpoint (`find_checkpoint`) into every piece, the loader to its position."""
+    if not resume:
+        return ckpt.TrainerState(), None
+    if loaded is None:
+        console.warn(folder.no_checkpoint_note(run_dir))
+        return ckpt.TrainerState(), None
+    state = ckpt.apply_checkpoint(loaded, strategy, scheduler, strategy.precision.scaler, say=console.warn)
+    if state.loader is not None:
+        loader.load_state_dict(state.loader)
+    console.print(
+        f"resuming from {loaded.path} (step {state.step:,}, {state.tokens_seen:,} tokens seen, "
+        f"written by {state.world_size} rank(s), {state.format} format)"
+    )
+    if isinstance(scheduler, ScheduledLR) and scheduler.resume_note:
+        console.print(scheduler.resume_note)
+    return state, loaded.path
+
+
+def find_checkpoint(run_dir: Path, console: RunConsole, env: DistEnv) -> ckpt.LoadedCheckpoint | None:
+    """Rank 0 picks the newest complete checkpoint (setting damaged ones aside); the other ranks then read it."""
+    if not env.is_distributed:
+        return ckpt.find_resumable(run_dir, say=console.warn, set_aside=True)
+    path = main_decides(lambda: getattr(ckpt.find_resumable(run_dir, say=console.warn, set_aside=True), "path", None))
+    return ckpt.read_checkpoint(path) if path is not None else None
+
+
+def create_run_dir(
+    config: RunConfig,
+    run_dir: Path,
+    data_info: DatasetInfo,
+    init: InitSource | None = None,
+    lock: RunLock | None = None,
+) -> None:
+    """config.yaml, the tokenizer (the dataset's, else the initial weights'), where the initial weights came from;
+    `lock` taken first (a new run's), so that a second writer starting at the same moment is refused."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if lock is not None:
+        lock.acquire()
+    write_resolved(config, run_dir)
+    tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
+    if tokenizer is not None:
+        shutil.copyfile(tokenizer, run_dir / TOKENIZER_FILE)
+    if init is not None:
+        folder.append_event(run_dir, event="init_from", path=init.given, weights=init.weights, kind=init.kind)
