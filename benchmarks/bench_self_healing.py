@@ -194,12 +194,7 @@ def main() -> None:
         f"Demo model (fp32, seq 128, global batch 8), CPU, gloo. Restart: 2-rank DDP, {args.steps} steps, rank 1 "
         f"SIGKILLed after the step-{args.steps // 2} checkpoint:",
         "",
-        "| measure | value |",
-        "|---|---|",
-        f"| SIGKILL → torchrun has ended the old group (its `failed` line) | {healed['kill_to_group_ended_s']:.1f} s |",
-        f"| SIGKILL → `resuming from` printed by the restarted ranks | {healed['kill_to_resume_s']:.1f} s |",
-        f"| SIGKILL → first step logged after the automatic resume | {healed['kill_to_first_step_s']:.1f} s |",
-        f"| losses, interrupted vs uninterrupted ({healed['steps']:.0f} steps) | {healed['identical']} |",
+        *restart_rows(healed),
         f"| SIGSTOP of rank 1 → the line naming it (parallel.timeout_s {args.timeout_s}) | {hang_s:.1f} s |",
         "",
         f"Planted spike: 20x the loss on steps {args.steps + 5}-{args.steps + 7} of {args.steps * 2}, spike_window 20, "
@@ -214,6 +209,18 @@ def main() -> None:
     print("\n".join(lines))
     if not args.no_record:
         record_section("Self-healing", INTRO, lines)
+
+
+def restart_rows(healed: dict[str, float | str]) -> list[str]:
+    """The restart's table: its header and one row per measure."""
+    return [
+        "| measure | value |",
+        "|---|---|",
+        f"| SIGKILL → torchrun has ended the old group (its `failed` line) | {healed['kill_to_group_ended_s']:.1f} s |",
+        f"| SIGKILL → `resuming from` printed by the restarted ranks | {healed['kill_to_resume_s']:.1f} s |",
+        f"| SIGKILL → first step logged after the automatic resume | {healed['kill_to_first_step_s']:.1f} s |",
+        f"| losses, interrupted vs uninterrupted ({healed['steps']:.0f} steps) | {healed['identical']} |",
+    ]
 
 
 def restart_only(args: argparse.Namespace) -> None:
@@ -233,12 +240,7 @@ def restart_only(args: argparse.Namespace) -> None:
         f"Preset {args.restart_only} (fp32, seq 128, global batch 8), CPU, gloo, 2-rank DDP, {args.steps} steps, "
         f"rank 1 SIGKILLed after the step-{args.steps // 2} checkpoint:",
         "",
-        "| measure | value |",
-        "|---|---|",
-        f"| SIGKILL → torchrun has ended the old group (its `failed` line) | {healed['kill_to_group_ended_s']:.1f} s |",
-        f"| SIGKILL → `resuming from` printed by the restarted ranks | {healed['kill_to_resume_s']:.1f} s |",
-        f"| SIGKILL → first step logged after the automatic resume | {healed['kill_to_first_step_s']:.1f} s |",
-        f"| losses, interrupted vs uninterrupted ({healed['steps']:.0f} steps) | {healed['identical']} |",
+        *restart_rows(healed),
     ]
     print("\n".join(lines))
     if not args.no_record:
