@@ -276,8 +276,8 @@ def demo_data_wait(contender: str, dataset: Path, steps: int, vocab_size: int, v
     its training loader; data wait and step time summed over steps 2.., and step 1's data wait (the loader's start)."""
     import tempfile
 
+    from dlx.train import finish, trainer
     from dlx.train import run as run_module
-    from dlx.train import trainer
     from dlx.train.demo import demo_recipe
     from dlx.train.recipe import load_recipe
 
@@ -304,14 +304,14 @@ def demo_data_wait(contender: str, dataset: Path, steps: int, vocab_size: int, v
         )
 
     run_module.build_train_loader = build
-    saved_report = trainer.write_report
-    trainer.write_report = lambda *args, **kwargs: None
+    saved_report = finish.write_report
+    finish.write_report = lambda *args, **kwargs: None
     try:
         with tempfile.TemporaryDirectory(prefix="dlx-contest-run-") as tmp:
             result = trainer.pretrain(config, "contest", Path(tmp) / "run")
     finally:
         run_module.build_train_loader = original
-        trainer.write_report = saved_report
+        finish.write_report = saved_report
     first, records = result.records[0], [r for r in result.records if r["step"] > 1]
     wait = sum(r["data_wait_s"] for r in records)
     step = sum(r["step_s"] for r in records)

@@ -121,7 +121,7 @@ def timed_saves(out: Path, args: list[str]) -> None:
     import os
 
     from dlx.cli.app import main
-    from dlx.train import trainer
+    from dlx.train import finish, trainer
 
     durations: list[float] = []
     save = trainer.save
@@ -133,7 +133,7 @@ def timed_saves(out: Path, args: list[str]) -> None:
             durations.append(time.perf_counter() - start)
 
     trainer.save = timed
-    trainer.write_report = lambda *a, **k: None
+    finish.write_report = lambda *a, **k: None
     sys.argv = ["dlx", "pretrain", *args]
     try:
         main()

@@ -25,7 +25,7 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 NO_PLOTS = (
-    "import sys; from dlx.train import trainer; trainer.write_report = lambda *args, **kwargs: None; "
+    "import sys; from dlx.train import finish; finish.write_report = lambda *args, **kwargs: None; "
     "from dlx.cli.app import main; sys.argv[0] = 'dlx'; main()"
 )
 """`dlx` with report.md and its plots left out (3 s of matplotlib per run, as `train_helpers.skip_plots` does)."""

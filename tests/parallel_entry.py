@@ -8,7 +8,7 @@ import os
 import sys
 
 from dlx.cli.app import main
-from dlx.train import trainer
+from dlx.train import finish, trainer
 
 
 def fail_in_step(step: int, rank: str) -> None:
@@ -25,7 +25,7 @@ def fail_in_step(step: int, rank: str) -> None:
 
 
 if __name__ == "__main__":
-    trainer.write_report = lambda *args, **kwargs: None
+    finish.write_report = lambda *args, **kwargs: None
     fail_rank = os.environ.get("DLX_TEST_FAIL_RANK")
     if fail_rank is not None and os.environ.get("RANK") == fail_rank:
         fail_in_step(int(os.environ["DLX_TEST_FAIL_STEP"]), fail_rank)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dlx.errors import UserError
-from dlx.train import trainer
+from dlx.train import accumulate
 from dlx.train.recipe import load_recipe
 from dlx.train.trainer import pretrain
 from train_helpers import TINY, make_dataset
@@ -96,7 +96,7 @@ def test_the_loss_falls_on_synthetic_data(tmp_path):
 
 def nan_at_step(monkeypatch, bad_step: int) -> None:
     """Make the loss NaN in the micro-steps of optimizer step `bad_step`."""
-    real, calls = trainer.training_loss, {"n": 0}
+    real, calls = accumulate.training_loss, {"n": 0}
 
     def loss(strategy, model, inputs, targets, *args, **kwargs):
         calls["n"] += 1
@@ -105,7 +105,7 @@ def nan_at_step(monkeypatch, bad_step: int) -> None:
             return parts
         return parts._replace(loss=parts.loss * float("nan"), cross_entropy=parts.cross_entropy * float("nan"))
 
-    monkeypatch.setattr(trainer, "training_loss", loss)
+    monkeypatch.setattr(accumulate, "training_loss", loss)
 
 
 def test_nan_loss_stops_naming_the_step_and_the_last_good_checkpoint(tmp_path, monkeypatch):

@@ -103,9 +103,9 @@ def skip_plots(request, monkeypatch) -> None:
     """For an autouse fixture: leave report.md and its PNGs out (1.5 s of matplotlib per run) unless the test is
     marked `report`; the trainer still computes the verdict."""
     if request.node.get_closest_marker("report") is None:
-        from dlx.train import trainer
+        from dlx.train import finish
 
-        monkeypatch.setattr(trainer, "write_report", lambda *args, **kwargs: None)
+        monkeypatch.setattr(finish, "write_report", lambda *args, **kwargs: None)
 
 
 def train_quietly(overrides: list[str], run_dir: Path) -> Path:
@@ -114,14 +114,14 @@ def train_quietly(overrides: list[str], run_dir: Path) -> Path:
     import pytest
     import torch
 
-    from dlx.train import trainer
+    from dlx.train import finish
     from dlx.train.launch import launch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(trainer, "write_report", lambda *args, **kwargs: None)
+            mp.setattr(finish, "write_report", lambda *args, **kwargs: None)
             assert launch(None, overrides, run_dir, resume=False) == 0
     finally:
         torch.set_num_threads(threads)

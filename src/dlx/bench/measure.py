@@ -29,12 +29,12 @@ from dlx.metrics.timing import PhaseTimer
 from dlx.model.presets import resolve_model_args
 from dlx.parallel.distributed import env_from_torchrun
 from dlx.precision import Precision, build_precision
+from dlx.train.accumulate import accumulate_gradients
 from dlx.train.config import RunConfig, build_config
 from dlx.train.data import build_train_loader
 from dlx.train.objective import build_objective
 from dlx.train.run import build_run_strategy, meta_model
 from dlx.train.step_plan import plan_steps
-from dlx.train.trainer import accumulate_gradients
 
 
 def point_config(setup: BenchSetup, point: BenchPoint) -> RunConfig:

@@ -1,5 +1,6 @@
-"""What the trainer logs besides the meter's figures: the loader's epoch, the z-loss, tokens and validation loss per
-`data.mix` source; and the evaluation itself (each rank its share of the batches, the mean over ranks).
+"""What the trainer logs: each logged step's record (the meter's figures from every rank's mean phase times, and
+besides them the loader's epoch, the z-loss, the ranks' step-time spread, tokens per `data.mix` source) and each
+evaluation's (each rank its share of the batches, the mean over ranks; validation loss per `data.mix` source).
 
 Per-source figures (data.mix only: the loader's `source_tokens` and the run's `data_info.mixture` say so):
 - `source_tokens` in every metrics record: training tokens (input positions) each source has supplied since step 0,
@@ -15,11 +16,13 @@ Per-source figures (data.mix only: the loader's `source_tokens` and the run's `d
 from __future__ import annotations
 
 import functools
+import statistics
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dlx.data.token_bytes import read_token_bytes
+from dlx.metrics.verdict import STARTUP_KEY
 from dlx.parallel import distributed
 from dlx.train import folder
 from dlx.train.data import build_eval_loaders
@@ -28,6 +31,47 @@ from dlx.train.objective import training_loss
 
 if TYPE_CHECKING:
     from dlx.train.run import Run
+
+
+def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tensor | None, timings: dict) -> None:
+    """Under torchrun the record holds every rank's mean phase times and the largest peak memory of any rank."""
+    names = sorted(timings)
+    per_rank = rank_step_times(run, timings)
+    timings = dict(zip(names, distributed.all_reduce([timings[n] for n in names], "mean", run.device), strict=True))
+    record = run.meter.record(
+        step=step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=run.plan.tokens_per_step, timings=timings
+    )
+    if run.env.is_distributed and record.get("peak_mem_gb") is not None:
+        record["peak_mem_gb"] = distributed.all_reduce([record["peak_mem_gb"]], "max", run.device)[0]
+    record.update(step_fields(run, step))  # epoch; z_loss and source_tokens when they apply
+    record.update(run.timer.spread())  # window_steps, step_s_std: the verdict's confidence
+    record.update(run.observers.columns(step))  # GPU counters, profiled steps
+    record.update(per_rank)
+    progress = run.progress
+    if len(progress.records) == progress.resumed_records:
+        record[STARTUP_KEY] = True  # this process's compilation and start-up: left out of summaries
+    run.logger.log(record)
+    run.observers.on_record(record)
+    progress.records.append(record)
+    run.console.print(run.meter.format_line(record))
+    run.console.advance(step, record)
+
+
+def rank_step_times(run: Run, timings: dict[str, float]) -> dict[str, float]:
+    """Under torchrun: the spread of the ranks' step times without communication (what each rank spent itself; a
+    straggler makes the others wait in the all-reduce), for the verdict's straggler line. One collective."""
+    if not run.env.is_distributed:
+        return {}
+    own = [0.0] * run.env.world_size
+    own[run.env.rank] = timings["step_s"] - timings.get("communication", 0.0)
+    times = distributed.all_reduce(own, "sum", run.device)
+    slowest = max(range(len(times)), key=times.__getitem__)
+    return {
+        "rank_step_s_max": times[slowest],
+        "rank_step_s_min": min(times),
+        "rank_step_s_median": statistics.median(times),
+        "slowest_rank": slowest,
+    }
 
 
 def step_fields(run: Run, step: int) -> dict[str, Any]:
@@ -51,6 +95,17 @@ def note_new_source_epochs(run: Run, step: int) -> None:
         )
         if run.env.is_main:
             folder.append_event(run.run_dir, event="source_epoch", step=step, source=name, epoch=epoch)
+
+
+def run_eval(run: Run, step: int) -> None:
+    """Each rank evaluates its share of the validation batches (of each data.mix source); the record holds the mean
+    over ranks."""
+    result = evaluate_run(run)
+    record = {"step": step, **result}
+    run.logger.log_eval(record)
+    run.observers.on_eval(record)
+    run.progress.eval_records.append(record)
+    run.console.print(eval_line(step, result))
 
 
 def evaluate_run(run: Run) -> dict[str, Any]:

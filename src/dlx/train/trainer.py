@@ -9,6 +9,10 @@ window, to read its timings.
 
 What differs between one process, DDP, FSDP and DeepSpeed (gradient sync, the update, checkpoints) is behind
 `run.strategy` (dlx.parallel.strategy); the loop is the same for all.
+
+Here: `pretrain` (the process group around one run), `train`, `train_loop` and what runs between steps. One hop away:
+the micro-steps (`accumulate`), an update not applied (`skipped`: spikes, train.nan_policy), the step and eval
+records (`records`), checkpoints as the loop takes them (`saving`), and the end of a run (`finish`).
 """
 
 from __future__ import annotations
@@ -16,39 +20,27 @@ from __future__ import annotations
 import gc
 import math
 import signal
-import statistics
-from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from dlx import faults
 from dlx.errors import UserError
-from dlx.metrics.logger import read_jsonl
-from dlx.metrics.report import write_report
-from dlx.metrics.timing import PhaseTimer
-from dlx.metrics.verdict import STARTUP_KEY, Hardware, bottleneck_verdict
 from dlx.parallel import distributed
 from dlx.parallel.heartbeat import RankLost
-from dlx.parallel.strategy import Strategy
 from dlx.parallel.traits import STRATEGY_TRAITS
-from dlx.precision import Precision
-from dlx.train import checkpoint as ckpt
 from dlx.train import folder
+from dlx.train.accumulate import accumulate_gradients
 from dlx.train.config import RunConfig
-from dlx.train.objective import PLAIN, Objective, training_loss
-from dlx.train.observe import report_files
-from dlx.train.records import eval_line, evaluate_run, step_fields
+from dlx.train.finish import finish
+from dlx.train.records import log_step, run_eval
 from dlx.train.run import Run, build_run
+from dlx.train.saving import save
 from dlx.train.signals import GracefulStop
-
-
-class NonFiniteLoss(UserError):
-    """The loss became NaN or inf under train.nan_policy: stop."""
+from dlx.train.skipped import handle_skipped_update
 
 
 @dataclass
@@ -214,202 +206,6 @@ def between_steps(run: Run, step: int) -> bool:
             save(run, final=step == run.plan.total_steps)
         run.observers.between_steps(step)  # last: a spike rollback moves the run back to an older checkpoint
     return due and distributed.any_rank(run.stop.requested, run.device)
-
-
-def accumulate_gradients(
-    model: nn.Module,
-    batches: Iterator,
-    accum: int,
-    precision: Precision,
-    timer: PhaseTimer,
-    strategy: Strategy,
-    objective: Objective = PLAIN,
-) -> torch.Tensor:
-    """`accum` micro-steps; returns the step's mean loss (detached). Each micro-loss is divided by `accum`, so the
-    summed gradients equal those of one batch `accum` times larger (the micro-batches have equal sizes). Under DDP
-    and FSDP, gradients are synchronised only in the last micro-step's backward (`strategy.gradient_sync`).
-    `objective`: document ids for the model, the z-loss weight, and the z-loss term's record (dlx.train.objective)."""
-    total = None
-    for index in range(accum):
-        last = index == accum - 1
-        with timer.phase("data_wait"):
-            inputs, targets = next(batches)
-        with strategy.gradient_sync(last):
-            with timer.phase("forward"), precision.autocast():
-                extra = objective.model_inputs(inputs)  # document ids, when data.document_mask is on
-                parts = training_loss(strategy, model, inputs, targets, objective.z_loss_weight, **extra)
-                objective.record_z_loss(parts, accum)  # logged apart, when train.z_loss > 0
-            with timer.phase("backward"):
-                strategy.backward(parts.loss / accum, last)  # cross-entropy + train.z_loss × z-loss
-        loss = parts.cross_entropy / accum  # what is logged and checked: the cross-entropy alone
-        total = loss if total is None else total + loss
-    return total
-
-
-def handle_skipped_update(run: Run, step: int, loss_value: float) -> None:
-    """The update was not applied: a loss spike (train.spike_policy, already reported) or a non-finite loss."""
-    run.strategy.zero_grad()
-    if math.isfinite(loss_value):
-        run.progress.state.spikes_skipped += 1
-        return
-    handle_non_finite(run, step, loss_value)
-
-
-def handle_non_finite(run: Run, step: int, loss_value: float) -> None:
-    """`skip`: drop the batch and go on; `stop`: end the run, naming what to resume."""
-    policy = run.config.train.nan_policy
-    if run.env.is_main:
-        folder.append_event(run.run_dir, event="non_finite_loss", step=step, loss=str(loss_value), action=policy)
-    if policy == "skip":
-        run.progress.state.nan_skipped += 1
-        run.console.warn(f"step {step}: loss is {loss_value}; batch skipped (train.nan_policy: skip)")
-        return
-    last = run.progress.last_checkpoint or "none (no checkpoint was saved yet)"
-    raise NonFiniteLoss(
-        f"loss is {loss_value} at step {step}; last good checkpoint: {last}. Lower train.lr or raise "
-        "train.warmup_ratio and resume with --resume, or set train.nan_policy skip"
-    )
-
-
-def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tensor | None, timings: dict) -> None:
-    """Under torchrun the record holds every rank's mean phase times and the largest peak memory of any rank."""
-    names = sorted(timings)
-    per_rank = rank_step_times(run, timings)
-    timings = dict(zip(names, distributed.all_reduce([timings[n] for n in names], "mean", run.device), strict=True))
-    record = run.meter.record(
-        step=step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=run.plan.tokens_per_step, timings=timings
-    )
-    if run.env.is_distributed and record.get("peak_mem_gb") is not None:
-        record["peak_mem_gb"] = distributed.all_reduce([record["peak_mem_gb"]], "max", run.device)[0]
-    record.update(step_fields(run, step))  # epoch; z_loss and source_tokens when they apply
-    record.update(run.timer.spread())  # window_steps, step_s_std: the verdict's confidence
-    record.update(run.observers.columns(step))  # GPU counters, profiled steps
-    record.update(per_rank)
-    progress = run.progress
-    if len(progress.records) == progress.resumed_records:
-        record[STARTUP_KEY] = True  # this process's compilation and start-up: left out of summaries
-    run.logger.log(record)
-    run.observers.on_record(record)
-    progress.records.append(record)
-    run.console.print(run.meter.format_line(record))
-    run.console.advance(step, record)
-
-
-def rank_step_times(run: Run, timings: dict[str, float]) -> dict[str, float]:
-    """Under torchrun: the spread of the ranks' step times without communication (what each rank spent itself; a
-    straggler makes the others wait in the all-reduce), for the verdict's straggler line. One collective."""
-    if not run.env.is_distributed:
-        return {}
-    own = [0.0] * run.env.world_size
-    own[run.env.rank] = timings["step_s"] - timings.get("communication", 0.0)
-    times = distributed.all_reduce(own, "sum", run.device)
-    slowest = max(range(len(times)), key=times.__getitem__)
-    return {
-        "rank_step_s_max": times[slowest],
-        "rank_step_s_min": min(times),
-        "rank_step_s_median": statistics.median(times),
-        "slowest_rank": slowest,
-    }
-
-
-def run_eval(run: Run, step: int) -> None:
-    """Each rank evaluates its share of the validation batches (of each data.mix source); the record holds the mean
-    over ranks."""
-    result = evaluate_run(run)
-    record = {"step": step, **result}
-    run.logger.log_eval(record)
-    run.observers.on_eval(record)
-    run.progress.eval_records.append(record)
-    run.console.print(eval_line(step, result))
-
-
-def save(run: Run, final: bool = False) -> None:
-    """Wait for the previous save, then start this one (`final`: the run's last, which gathers model.safetensors under
-    checkpoint.full_weights last); a background save is waited for by the next save or the end of the run."""
-    wait_for_save(run)
-    verify_data_read(run)
-    cfg, progress = run.config.checkpoint, run.progress
-    progress.state.loader = run.loader.state_dict()
-    progress.state.spike_window = run.spikes.saved_window()
-    full_weights = cfg.full_weights == "every" or (cfg.full_weights == "last" and final)
-    progress.last_save = ckpt.save_checkpoint(
-        run.run_dir,
-        run.strategy,
-        run.scheduler,
-        run.precision.scaler,
-        progress.state,
-        cfg.keep_last,
-        full_weights,
-        background=cfg.async_save and not final,
-    )
-    if progress.last_save.future is None:
-        wait_for_save(run)
-
-
-def verify_data_read(run: Run) -> None:
-    """Every shard the run's batches came from matches its manifest checksum, before a checkpoint is published or the
-    run ends well: a mismatch is one line naming the shard and the newest checkpoint, taken before it was read. Every
-    rank stops together (one collective per checkpoint)."""
-    problem = None
-    try:
-        run.loader.verify_read_shards()
-    except UserError as e:
-        problem = str(e)
-    if distributed.any_rank(problem is not None, run.device):
-        newest = run.progress.last_checkpoint or "none was published"
-        raise UserError(
-            f"{problem or 'another rank read a shard that does not match its manifest (its error names it)'}. This "
-            f"run trained on it: no checkpoint is published after that (the newest, {newest}, came before)"
-        )
-
-
-def wait_for_save(run: Run) -> None:
-    run.progress.wait_for_save()
-
-
-def finish(run: Run) -> None:
-    """Last evaluation and checkpoint (or the one an orderly stop needs), the observers' `finish`, then the verdict and
-    the report."""
-    progress, step = run.progress, run.progress.step
-    wait_for_save(run)
-    verify_data_read(run)
-    this_step = ckpt.checkpoint_dir(run.run_dir, step).name
-    at_step = progress.last_checkpoint is not None and progress.last_checkpoint.name == this_step
-    last = progress.last_save
-    lacks_weights = last is not None and not last.state.full_weights and run.config.checkpoint.full_weights == "last"
-    if step > 0 and not (at_step and not lacks_weights):
-        save(run, final=True)
-    if progress.stopped_early:
-        if run.env.is_main:
-            folder.append_event(run.run_dir, event="stopped", step=step, signal=run.stop.signal_name)
-        run.console.warn(
-            f"stopped by {run.stop.signal_name} after step {step}; checkpoint {progress.last_checkpoint}; "
-            f"continue with --resume --run-dir {run.run_dir}"
-        )
-    elif run.config.eval.every and not (progress.eval_records and progress.eval_records[-1]["step"] == step):
-        run_eval(run, step)
-    run.observers.finish(step)
-    if progress.records and run.env.is_main:
-        report(run, step)
-    run.console.print(f"run folder: {run.run_dir} (report.md, metrics.jsonl, checkpoints/)")
-
-
-def report(run: Run, step: int) -> None:
-    """Rank 0: the bottleneck verdict, report.md and its plots, then the observers' `on_report` (W&B)."""
-    progress = run.progress
-    progress.verdict = bottleneck_verdict(progress.records, hardware=hardware(run))
-    run.console.print(str(progress.verdict))
-    weights = {source.name: source.weight for source in run.data_info.sources}  # data.path: one source
-    records, evals = progress.records, progress.eval_records
-    events = read_jsonl(run.run_dir / folder.EVENTS_FILE)  # resumes, loss spikes, rollbacks, skipped batches, stops
-    write_report(run.run_dir, records, progress.verdict, run.header, evals, source_weights=weights, events=events)
-    run.observers.on_report(step, progress.verdict, report_files(run.run_dir))
-
-
-def hardware(run: Run) -> Hardware:
-    from dlx.device import supports_native_bf16
-
-    return Hardware(run.device.type, run.precision.name, supports_native_bf16(run.device))
 
 
 def print_header(run: Run) -> None:
