@@ -78,9 +78,16 @@ def _bool_flags(command: Any) -> dict[str, tuple[str | None, str | None]]:
 
 
 def main() -> None:
+    from dlx.data.pool import WorkerError
+
     _register_commands()
     try:
         app(args=spell_bool_flags(typer.main.get_command(app), sys.argv[1:]))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
+    except WorkerError as e:  # a data worker's failure: its own traceback (where it failed), then one line
+        if e.worker_traceback:
+            print(e.worker_traceback, file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
