@@ -19,9 +19,11 @@ said otherwise, prefetch 4.
     sent SIGINT (its process group, as Ctrl-C), SIGTERM or SIGKILL (the trainer only); the bar: the step finishes
     (SIGINT/SIGTERM), no worker runs 5 s after the trainer ended, no /dev/shm entry is left.
 (e) Failures and resume: a worker killed (seconds until the trainer's error, does it name the pid), a worker failing
-    (its traceback reaches the trainer), and exact resume (same world size, 2 ranks → 1, 1 → 2, 2 workers → 1).
+    on a shard removed under it (does the trainer's error name the shard and the cause, in one line), and exact
+    resume (same world size, 2 ranks → 1, 1 → 2, 2 workers → 1).
 
 Run:  .venv/bin/python benchmarks/bench_loader.py            (appends to BENCHMARKS.md; --no-record to only print)
+      .venv/bin/python benchmarks/bench_loader.py --only failing-worker    (that row of (e) alone, a partial entry)
 """
 
 from __future__ import annotations
@@ -343,11 +345,15 @@ def shutdown_table(results: dict[tuple[str, str], list[dict]]) -> list[str]:
     return rows + (["", "Unexpected endings:", *errors] if errors else [])
 
 
+def failing_cell(failing: dict) -> str:
+    return f"{failing['named']} / {failing['one_line']}"
+
+
 def failures_table(results: dict[str, dict]) -> list[str]:
     resume = [k for k in next(iter(results.values())) if k not in ("killed", "failing")]
     rows = [
-        "| contender | worker SIGKILLed: error after, s (raised in) | names the pid | failing worker: traceback "
-        f"reaches the trainer | exact resume: {' / '.join(resume)} |",
+        "| contender | worker SIGKILLed: error after, s (raised in) | names the pid | failing worker (shard removed): "
+        f"error names shard and cause / in one line | exact resume: {' / '.join(resume)} |",
         "|---|---|---|---|---|",
     ]
     for contender, r in results.items():
@@ -355,10 +361,31 @@ def failures_table(results: dict[str, dict]) -> list[str]:
         after = "none" if seconds is None else f"{seconds:.3f} (in {killed['where']})"
         rows.append(
             f"| {contender} | {after} | {killed['names_pid']} "
-            f"| {r['failing']['traceback']} | {' / '.join('yes' if r[k] else 'NO' for k in resume)} |"
+            f"| {failing_cell(r['failing'])} | {' / '.join('yes' if r[k] else 'NO' for k in resume)} |"
         )
     rows += ["", "The trainer's error when a worker was killed:", ""]
     return rows + [f"- {c}: `{r['killed']['message'][:160]}`" for c, r in results.items()]
+
+
+def failing_or_missing(contender: str, folder: Path) -> dict:
+    """`contest.failing_worker`, or a row saying the contender's library is not installed (a partial run)."""
+    try:
+        return contest.failing_worker(contender, folder)
+    except ModuleNotFoundError as e:
+        return {"named": "—", "one_line": "—", "message": f"not run: {e}"}
+
+
+def failing_table(results: dict[str, dict]) -> list[str]:
+    """(e)'s failing-worker column alone, with the trainer's error (its last line)."""
+    rows = ["| contender | failing worker (shard removed): error names shard and cause / in one line |", "|---|---|"]
+    rows += [f"| {c} | {failing_cell(r)} |" for c, r in results.items()]
+    return [
+        *rows,
+        "",
+        "The trainer's error (last line):",
+        "",
+        *[f"- {c}: `{r['message'][:200]}`" for c, r in results.items()],
+    ]
 
 
 def prepare_demo_dataset(folder: Path) -> int:
@@ -379,8 +406,14 @@ def main() -> None:
     parser.add_argument("--demo-steps", type=int, default=30, help="(c): optimizer steps per demo run")
     parser.add_argument("--signal-repeats", type=int, default=2, help="(d): runs per contender and signal")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to BENCHMARKS.md")
+    parser.add_argument("--only", choices=["failing-worker"], help="run one part alone (recorded as a partial run)")
     args = parser.parse_args()
-    header = environment(WATCHED)
+    header, record = environment(WATCHED), not args.no_record
+    if args.only == "failing-worker":
+        with tempfile.TemporaryDirectory(prefix="dlx-bench-loader-") as tmp:
+            counting = counting_dataset(Path(tmp) / "counting")
+            results = {c: failing_or_missing(c, counting) for c in CONTENDERS}
+        return report({"(e) Failures, the failing worker only (partial run)": failing_table(results)}, header, record)
     with tempfile.TemporaryDirectory(prefix="dlx-bench-loader-") as tmp:
         folder, counting = random_dataset(Path(tmp) / "random"), counting_dataset(Path(tmp) / "counting")
         ends = shutdown(counting, args.signal_repeats)
@@ -403,11 +436,16 @@ def main() -> None:
         "the step finishes, workers gone within 5 s, no /dev/shm entry": shutdown_table(ends),
         "(e) Failures and exact resume": failures_table(faults),
     }
+    report(tables, header, record)
+
+
+def report(tables: dict[str, list[str]], header: list[str], record: bool) -> None:
+    """Print the tables under a dated heading and the environment; append them to BENCHMARKS.md if `record`."""
     lines = [f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}", "", *header]
     for title, rows in tables.items():
         lines += ["", f"{title}:", "", *rows]
     print("\n".join(lines))
-    if not args.no_record:
+    if record:
         record_section(SECTION, INTRO, lines)
 
 

@@ -202,17 +202,20 @@ def isolated(check: str, contender: str, folder: Path) -> dict:
 
 
 def failing_worker(contender: str, folder: Path) -> dict:
-    """The shard vanishes after the loader was built: does the trainer get the worker's traceback?"""
+    """The shard vanishes after the loader was built, so its worker fails: does the trainer's error name the shard and
+    the cause (`named`), in one line (`one_line`: dlx's bar for a failure with a known cause; a failure without one
+    keeps the worker's traceback: tests/test_pool.py, tests/test_faults_data.py)?"""
     shard = folder / "train-00000.bin"
     kept = shard.read_bytes()
     loader = make_loader(contender, folder, seq_len=16, micro_batch_size=2, num_workers=1)
     shard.unlink()
     try:
         next(loader)
-        return {"traceback": False, "message": "no error"}
+        return {"named": False, "one_line": False, "message": "no error"}
     except Exception as e:
-        text = str(e)
-        return {"traceback": "FileNotFoundError" in text and "Traceback" in text, "message": text.splitlines()[0]}
+        text = str(e).strip()
+        named = shard.name in text and ("No such file or directory" in text or "FileNotFoundError" in text)
+        return {"named": named, "one_line": "\n" not in text, "message": text.splitlines()[-1]}
     finally:
         loader.close()
         shard.write_bytes(kept)

@@ -1,8 +1,8 @@
 """Downstream evaluation through lm-evaluation-harness and bits per byte: the adapter's per-request log-likelihoods,
 rolling log-likelihoods and greedy generations equal lm-eval's own `--model hf` on the `export-hf` of the same
 checkpoint (fp32, CPU) and the task metrics are identical; eval.tasks in the loop writes tasks.jsonl equal to
-`dlx eval` on the final checkpoint; bad task input is one line before step 1; the shipped task is deterministic; bpb
-equals a hand computation."""
+`dlx eval` on the final checkpoint, also on two ranks (fsdp, tp; under tp for a generate_until task too); bad task input
+is one line before step 1; the shipped task is deterministic; bpb equals a hand computation."""
 
 from __future__ import annotations
 
@@ -265,6 +265,68 @@ def test_tasks_on_two_ranks_equal_one_process(prepared, tmp_path, layout):
     metrics = json.loads(single.stdout)["results"][TASK]
     for name in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr"):
         assert record[f"{TASK}/{name}"] == metrics[f"{name},none"], name
+
+
+GENERATE_TASK = "dlx_tiny_generate"
+GENERATE_YAML = """task: dlx_tiny_generate
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{context}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n\\n"]
+  max_gen_toks: 12
+  do_sample: false
+process_results: !function fingerprint.process_results
+metric_list:
+  - metric: characters
+    aggregation: mean
+    higher_is_better: true
+  - metric: code_points
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1
+"""
+FINGERPRINT = """def process_results(doc, results):
+    # What was generated, as numbers: equal metrics mean equal generations (practically).
+    return {"characters": len(results[0]), "code_points": sum(ord(c) * (i + 1) for i, c in enumerate(results[0]))}
+"""
+
+
+def generate_task_dir(folder: Path) -> Path:
+    """A local generate_until task (greedy, 12 tokens) whose metrics fingerprint the generated text."""
+    folder.mkdir()
+    contexts = ["def main(", "import os\n", "class Parser:\n    def", "    return self.", "for line in "]
+    data = folder / "docs.jsonl"
+    data.write_text("".join(json.dumps({"context": c, "answer": "x"}) + "\n" for c in contexts))
+    (folder / f"{GENERATE_TASK}.yaml").write_text(GENERATE_YAML.format(data=json.dumps(str(data))))
+    (folder / "fingerprint.py").write_text(FINGERPRINT)
+    return folder
+
+
+@pytest.mark.distributed
+def test_generate_until_under_tensor_parallelism_equals_one_process(prepared, tmp_path):
+    """Generation under tp 2 (every rank runs the same forwards; the logits are sharded over the vocabulary) gives the
+    generations of `dlx eval` on the final checkpoint in one process."""
+    from test_parallel import torchrun
+
+    run_dir, task_dir = tmp_path / "run", generate_task_dir(tmp_path / "tasks")
+    options = [*TINY, "--data.path", str(prepared), "--data.num_workers", "0", "--train.max_steps", "2"]
+    options += ["--eval.tasks", f'["{GENERATE_TASK}"]', "--eval.task_dir", str(task_dir), "--parallel.tp", "2"]
+    result, _ = torchrun(["pretrain", *options, "--run-dir", str(run_dir)], tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    (record,) = [json.loads(line) for line in (run_dir / "tasks.jsonl").read_text().splitlines()]
+    single = run_cli(["eval", str(run_dir), "--tasks", GENERATE_TASK, "--task-dir", str(task_dir), "--json"], tmp_path)
+    assert single.returncode == 0, single.stderr
+    metrics = json.loads(single.stdout)["results"][GENERATE_TASK]
+    assert metrics["characters,none"] > 0  # something was generated: the fingerprint is not that of empty strings
+    for name in ("characters", "code_points"):
+        assert record[f"{GENERATE_TASK}/{name}"] == metrics[f"{name},none"], name
 
 
 def test_shared_contexts_score_as_whole_rows(adapters):

@@ -4,10 +4,12 @@
 test_loader and test_loader_workers check the same on their own fixtures; here it is one cell of the matrix). A flip
 that leaves the token id inside the vocabulary is invisible without the checksum; one that pushes it past the
 vocabulary (the high byte of a uint16 id) must be named by the run that reads it even with data.verify off, not end
-in an embedding's IndexError."""
+in an embedding's IndexError. A shard truncated while a loader worker has it mapped kills the worker (SIGBUS): the
+run ends with the worker's stack and one line naming it, and leaves no process behind."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from dlx.errors import UserError
 from dlx.train.recipe import load_recipe
 from dlx.train.trainer import pretrain
+from fault_helpers import cli_env, finish, left_running, process_tree, start_cli, wait_for_file
 from train_helpers import TINY, make_dataset, run_cli
 
 pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("in_process_training")]
@@ -69,3 +72,22 @@ def test_a_flipped_byte_past_the_vocabulary_is_named_by_the_run(tmp_path):
     with pytest.raises(UserError, match=SHARD) as error:
         pretrain(config, "t", tmp_path / "run")
     assert "\n" not in str(error.value)
+
+
+def test_a_shard_truncated_under_a_worker_ends_the_run_with_its_stack_and_one_line(tmp_path):
+    folder = make_dataset(tmp_path / "data")
+    run = [*TINY, "--data.path", str(folder), "--data.num_workers", "1", "--train.max_steps", "40"]
+    env = cli_env(DLX_FAULT_PAUSE="train_batch@3", DLX_FAULT_DIR=str(tmp_path))
+    proc = start_cli(["pretrain", *run, "--run-dir", str(tmp_path / "run")], tmp_path, env=env, plots=False)
+    wait_for_file(tmp_path / "train_batch", proc)
+    processes = process_tree(proc.pid)  # the trainer and its loader worker
+    assert len(processes) == 2
+    os.truncate(folder / SHARD, 0)  # the worker's next read of its map faults
+    (tmp_path / "train_batch").unlink()
+    _, err = finish(proc)
+    assert proc.returncode == 1, err
+    last = err.rstrip().splitlines()[-1]
+    assert last.startswith(f"error: loader worker 0 (pid {processes[1].pid}) died: it was killed by SIGBUS"), err
+    assert "dataset shard" in last and "Traceback" not in err  # the trainer's own stack says nothing useful
+    assert "in fill_slot" in err and "Bus error" in err  # the worker's stack, printed by faulthandler
+    assert left_running(processes, timeout=5) == []

@@ -117,6 +117,12 @@ def test_the_scan_finds_a_wrong_key_and_ignores_file_and_dotted_names() -> None:
             ["pretrain", "--resume", "--train.compile", "true"],
         ),
         (["export-hf", "A", "B", "--overwrite", "false"], ["export-hf", "A", "B", "--no-overwrite"]),
+        (
+            ["pretrain", "--resume=auto", "--run-dir=R", "--train.max_steps=10"],
+            ["pretrain", "--resume", "auto", "--run-dir=R", "--train.max_steps=10"],
+        ),
+        (["pretrain", "--resume", "auto", "--run-dir", "R"], ["pretrain", "--resume", "auto", "--run-dir", "R"]),
+        (["pretrain", "--resume=false", "--train.device=auto"], ["pretrain", "--train.device=auto"]),
     ],
 )
 def test_boolean_flags_take_true_and_false(args, expected) -> None:
@@ -139,6 +145,11 @@ def test_boolean_flags_end_to_end(tmp_path) -> None:
     result = run_cli(["data", "info", str(data), "--json=maybe"], tmp_path)
     error = one_line_error((result.returncode, result.stdout, result.stderr))
     assert error == "error: --json takes true or false (or no value), not 'maybe'"
+
+
+def test_a_wrong_word_for_resume_names_auto(capsys, monkeypatch) -> None:
+    error = one_line_error(dlx(["pretrain", "--resume=maybe"], capsys, monkeypatch))
+    assert error == "error: --resume takes true, auto or false (or no value), not 'maybe'"
 
 
 def test_plan_lists_the_known_gpus_for_an_unknown_one(capsys, monkeypatch) -> None:

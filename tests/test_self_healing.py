@@ -50,6 +50,25 @@ def test_resume_auto_starts_continues_and_trains_nothing_when_finished(dataset, 
     assert (run_dir / "metrics.jsonl").read_text() == before
 
 
+def test_resume_auto_and_overrides_take_both_spellings_on_the_command_line(dataset, tmp_path, capsys, monkeypatch):
+    """`--resume=auto --run-dir=DIR --train.max_steps=4` starts the run; `--resume auto --run-dir DIR
+    --train.max_steps 6` continues it (through the console command's own argument handling, in this process)."""
+    from dlx.cli.app import main
+
+    run_dir, flat = tmp_path / "run", [*TINY, "--data.path", str(dataset), "--checkpoint.every", "3"]
+    for args, last_step in (
+        (["--resume=auto", f"--run-dir={run_dir}", "--train.max_steps=4"], 4),
+        (["--resume", "auto", "--run-dir", str(run_dir), "--train.max_steps", "6"], 6),
+    ):
+        monkeypatch.setattr("sys.argv", ["dlx", "pretrain", *flat, *args])
+        with pytest.raises(SystemExit) as exit_:
+            main()
+        out, err = capsys.readouterr()
+        assert exit_.value.code == 0, err
+        assert ("resuming from" in out) == (last_step == 6), out  # the first starts the run, the second continues it
+        assert max(losses(run_dir)) == last_step
+
+
 def test_resume_auto_refuses_a_file_and_another_recipe(dataset, tmp_path):
     a_file = tmp_path / "file"
     a_file.write_text("x")
@@ -166,10 +185,11 @@ def test_the_rank_behind_is_named_and_a_rank_failing_on_its_own_keeps_its_error(
     assert ranks_behind(lagging, {0: now, 1: now, 2: now}, 2, now) == [2]  # rank 2's own error: explain keeps it
 
 
-def test_cli_resume_auto_needs_a_run_dir(tmp_path):
+@pytest.mark.parametrize("spelling", [["--resume", "auto"], ["--resume=auto"]])
+def test_cli_resume_auto_needs_a_run_dir(tmp_path, spelling):
     from train_helpers import run_cli
 
-    proc = run_cli(["pretrain", "--resume", "auto", "--train.max_steps", "2"], tmp_path)
+    proc = run_cli(["pretrain", *spelling, "--train.max_steps", "2"], tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "error: --resume auto needs --run-dir DIR: the folder every restart of the job starts or continues"
     )

@@ -43,9 +43,15 @@ BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, 
 """Values a boolean flag also takes, as in a recipe: `--json true`, `--json=false`."""
 
 
+FLAG_WORDS = {("pretrain", "--resume"): ("auto",)}
+"""Words a boolean flag of a command takes besides true and false; the command reads the word itself (`--resume auto`:
+`train_commands.take_auto`). `--flag=WORD` is passed on as `--flag WORD`, the spelling the command reads."""
+
+
 def spell_bool_flags(command: Any, args: list[str]) -> list[str]:
     """`--flag true|false` (or `--flag=true`) as click's flags take them: `--flag`, or nothing (`--no-flag` where
-    the flag has one), for the (sub)command that `args` invoke. Other arguments pass through unchanged."""
+    the flag has one), for the (sub)command that `args` invoke; `--flag=WORD` as `--flag WORD` for a word of
+    FLAG_WORDS. Other arguments pass through unchanged."""
     start = 0
     while start < len(args) and args[start] in (getattr(command, "commands", None) or {}):
         command, start = command.commands[args[start]], start + 1
@@ -57,8 +63,11 @@ def spell_bool_flags(command: Any, args: list[str]) -> list[str]:
             has_value, value, i = True, args[i + 1], i + 1
         if name not in flags or not has_value:
             out.append(args[i])
+        elif value.lower() in FLAG_WORDS.get((command.name, name), ()):
+            out += [name, value.lower()]
         elif value.lower() not in BOOL_WORDS:
-            raise UserError(f"{name} takes true or false (or no value), not {value!r}")
+            words = "".join(f", {word}" for word in FLAG_WORDS.get((command.name, name), ()))
+            raise UserError(f"{name} takes true{words} or false (or no value), not {value!r}")
         else:
             spelled = flags[name][0 if BOOL_WORDS[value.lower()] else 1]
             out += [spelled] if spelled else []
@@ -78,9 +87,16 @@ def _bool_flags(command: Any) -> dict[str, tuple[str | None, str | None]]:
 
 
 def main() -> None:
+    from dlx.data.pool import WorkerError
+
     _register_commands()
     try:
         app(args=spell_bool_flags(typer.main.get_command(app), sys.argv[1:]))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
+    except WorkerError as e:  # a data worker's failure: its own traceback (where it failed), then one line
+        if e.worker_traceback:
+            print(e.worker_traceback, file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -6,7 +6,8 @@ runs the tasks it is sent, `fn(arg)` with `fn` imported by name, so it loads onl
 loader, a tokenizer for prepare. Each worker has two pipes of its own:
 
     tasks    caller → worker   pickled (fn, arg), run in the order sent
-    results  worker → caller   ("ok", value), ("user", message) for a UserError, or ("error", traceback)
+    results  worker → caller   ("ok", value), ("user", message) for a UserError, or ("error", traceback): the caller
+                               raises UserError(message), or WorkerError (one line, the traceback beside it)
 
 An optional block of shared memory, an anonymous memfd (no name in /dev/shm, freed by the kernel with its last holder),
 is mapped by the caller (`pool.shared`) and by every worker (`shared_memory()`): the loader's batches travel through
@@ -25,6 +26,7 @@ Nothing is left behind, however either side ends:
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import mmap
 import os
 import pickle
@@ -53,7 +55,13 @@ _WORKER_COMMAND = "import sys; from dlx.data.pool import worker_main; worker_mai
 
 
 class WorkerError(RuntimeError):
-    """A worker died or its task raised (not a UserError); the message names the worker, its pid and what happened."""
+    """A worker died or its task raised (not a UserError). The message is one line naming the worker, its pid and what
+    happened (the exception's last line, or how the process ended); `worker_traceback` holds the worker's own
+    traceback when its task raised (the caller logs it: it is the only place that says where the worker failed)."""
+
+    def __init__(self, message: str, worker_traceback: str = ""):
+        super().__init__(message)
+        self.worker_traceback = worker_traceback
 
 
 def anonymous_shared_fd(size: int) -> int:
@@ -84,6 +92,14 @@ def _readable(conn: Connection, timeout: float) -> bool:
     return bool(select.select([conn.fileno()], [], [], timeout)[0])
 
 
+_SIGNAL_HINTS = {
+    "SIGBUS": ": a file it had memory-mapped, such as a dataset shard, shrank or became unreadable while it read it; "
+    "its Python stack is above",
+    "SIGSEGV": ": its Python stack is above",
+}
+"""What a signal that the worker's own code raised says about the cause (faulthandler printed where it was)."""
+
+
 def _describe_exit(code: int | None) -> str:
     if code is None:
         return "closed its pipe but is still running"
@@ -92,7 +108,7 @@ def _describe_exit(code: int | None) -> str:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        return f"was killed by {name} (exit code {code})"
+        return f"was killed by {name} (exit code {code}){_SIGNAL_HINTS.get(name, '')}"
     return f"exited with code {code}"
 
 
@@ -208,7 +224,8 @@ class WorkerPool:
             return payload
         if status == "user":
             raise UserError(payload)
-        raise WorkerError(f"{self.name} {w.index} (pid {w.process.pid}) failed:\n{payload.rstrip()}")
+        last = payload.rstrip().splitlines()[-1] if payload.strip() else "no traceback"
+        raise WorkerError(f"{self.name} {w.index} (pid {w.process.pid}) failed: {last}", payload.rstrip())
 
     def broadcast(self, fn: Callable[[Any], Any], arg: Any) -> list[Any]:
         """fn(arg) once in every worker (loading a tokenizer, say); waits for all and returns their results."""
@@ -348,6 +365,7 @@ def _serve(tasks: Connection, results: Connection) -> None:
 def worker_main(argv: list[str]) -> None:
     """A worker's life: serve tasks from the pipe named in `argv` until the caller closes it or goes away."""
     global _shared_block
+    faulthandler.enable()  # a SIGBUS/SIGSEGV (a shard truncated under its map) prints the worker's stack to stderr
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle; it then stops us
     parent_pid, task_fd, result_fd, *shared_fd = map(int, argv)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()

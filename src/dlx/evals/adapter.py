@@ -5,7 +5,8 @@ Requests are turned into tokens as lm-eval's own `--model hf` (HFLM) does, so th
 the same weights: trailing whitespace of a context moves to the continuation, the pair is encoded whole and split at
 the context's length, an empty context is the prefix token (bos, else eos), and a sequence longer than the model's
 window keeps its last `max_seq_len + 1` tokens. `loglikelihood_rolling` cuts a text into lm-eval's rolling windows;
-`generate_until` runs dlx's generation (KV cache, greedy unless the task samples) and cuts at the stop strings.
+`generate_until` runs dlx's generation (KV cache, greedy unless the task samples; under tensor parallelism one forward
+over the whole sequence per token) and cuts at the stop strings.
 
 Under torchrun every rank runs the model forward the same number of times (FSDP, ZeRO-3 and tensor parallelism need
 every rank in each forward); the data-parallel ranks split the log-likelihood requests between them and exchange the
@@ -137,15 +138,41 @@ class DlxLM(LM):
         max_new = int(gen_kwargs.get("max_gen_toks", 256))
         temperature = float(gen_kwargs.get("temperature", 0.0)) if gen_kwargs.get("do_sample") else 0.0
         ids = self.tok_encode(context)[-max(1, self.max_length - max_new) :]
-        prompt = torch.tensor([ids], device=self.device)  # generated in the weights' dtype, as `dlx generate` runs
         self.model.eval()
-        out = self.model.generate(prompt, max_new, temperature=temperature, eos_id=self.eos_id)
-        self.forwards += out.shape[1] - prompt.shape[1]
-        text = self.tokenizer.decode(out[0, prompt.shape[1] :].tolist(), skip_special_tokens=True)
+        if self.env.tp > 1:
+            new = self.generate_whole_rows(ids, max_new, temperature)
+        else:  # generated in the weights' dtype, as `dlx generate` runs
+            prompt = torch.tensor([ids], device=self.device)
+            out = self.model.generate(prompt, max_new, temperature=temperature, eos_id=self.eos_id)
+            self.forwards += out.shape[1] - prompt.shape[1]
+            new = out[0, prompt.shape[1] :].tolist()
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
         for stop in until:
             if stop:
                 text = text.split(stop)[0]
         return text
+
+    @torch.no_grad()
+    def generate_whole_rows(self, ids: list[int], max_new: int, temperature: float) -> list[int]:
+        """The tokens generated after `ids` under tensor parallelism, which has no KV cache (each rank's attention
+        holds a slice of the heads, and the sequence is split over the ranks between blocks): each token is one
+        forward over the whole sequence so far, right-padded to a multiple of tp (causal attention: padding after the
+        last token changes nothing before it), in the weights' dtype as the cached path. The logits are gathered
+        from their vocabulary shards, so every rank picks the same token and runs the same next forward; sampling
+        draws from a generator seeded alike on every rank."""
+        from dlx.model.generate import sample_next
+
+        tokens, total = list(ids), min(len(ids) + max_new, self.max_length)
+        generator = torch.Generator(self.device).manual_seed(0) if temperature > 0 else None
+        while len(tokens) < total:
+            logits = self.model(self.padded([tokens], len(tokens) + (-len(tokens) % self.env.tp)))  # (1, T, vocab)
+            self.forwards += 1
+            if hasattr(logits, "full_tensor"):
+                logits = logits.full_tensor()
+            tokens.append(int(sample_next(logits[:, len(tokens) - 1], temperature, generator=generator)[0]))
+            if tokens[-1] == self.eos_id:
+                break
+        return tokens[len(ids) :]
 
     def score(self, pairs: list[tuple[list[int], list[int]]]) -> list[Scored]:
         """Σ log p(continuation | context) and whether greedy decoding gives the continuation, per pair. This rank
