@@ -24,7 +24,7 @@ import torch
 
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
-from dlx.model.args import ModelArgs
+from dlx.model.args import ModelArgs, describe_rope_scaling
 from dlx.model.hf import HF_CONFIG_FILE, read_hf_args, read_hf_folder
 from dlx.model.io import (
     ARGS_FILE,
@@ -220,6 +220,7 @@ def _may_change(prop: str, value: Any, stored: Any, overrides: dict[str, Any]) -
 def describe_changes(weights: ModelArgs, run: ModelArgs) -> list[str]:
     """`key old → new` for every field the run changes at init_from (the header's line)."""
     before, after = weights.model_dump(), run.model_dump()
+    before["rope_scaling"], after["rope_scaling"] = map(describe_rope_scaling, (weights.rope_scaling, run.rope_scaling))
     return [
         f"{key} {before[key]} → {after[key]}"
         for key in (*FREE_KEYS, *ROPE_KEYS, "vocab_size")
