@@ -171,6 +171,15 @@ def test_config_json_rope_scaling_is_read_as_transformers_reads_it(spelling):
     assert torch.equal(rope_tables(args)[0], cos)
 
 
+def test_a_bad_rope_scaling_in_config_json_is_one_line_naming_the_file(tmp_path):
+    write_hf_llama(tmp_path, 300, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["rope_scaling"], config["rope_parameters"] = {"rope_type": "yarn", "factor": 0.5}, None
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match=r"config\.json: field 'rope_scaling\.factor': .* greater than or equal to 1"):
+        load_hf(tmp_path)
+
+
 @pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
 def test_a_kind_dlx_does_not_compute_is_one_line_on_import(rope_type, tmp_path):
     write_hf_llama(tmp_path, 300)
@@ -198,6 +207,7 @@ BAD_RECIPES = {  # --model.rope_scaling VALUE -> the message
     "{rope_type: linear, factor: 0.9}": r"field 'rope_scaling\.factor': Input should be greater than or equal to 1",
     f"{{{YARN_64}, beta_fast: 1}}": r"beta_fast \(1\.0\) must be greater than beta_slow \(1\.0\)",
     f"{{{YARN_64}, attention_factor: 0}}": r"field 'rope_scaling\.attention_factor': Input should be greater than 0",
+    "{low_freq_factor: 4, high_freq_factor: 4}": r"high_freq_factor \(4\.0\) must be greater than low_freq_factor",
 }
 
 

@@ -28,6 +28,15 @@ class Llama3Scaling(BaseModel):
     original_max_seq_len: int = Field(8192, gt=0, validation_alias=_ORIGINAL_LENGTH)
     """The context length the frequencies were first trained for (HF: original_max_position_embeddings)."""
 
+    @model_validator(mode="after")
+    def _check_band(self) -> Llama3Scaling:
+        if self.high_freq_factor <= self.low_freq_factor:  # the band between would divide by zero or turn inside out
+            raise ValueError(
+                f"high_freq_factor ({self.high_freq_factor}) must be greater than low_freq_factor "
+                f"({self.low_freq_factor})"
+            )
+        return self
+
 
 class LinearScaling(BaseModel):
     """Position interpolation (Chen et al. 2023, HF's `rope_type: linear`): every frequency divided by `factor`, as if
