@@ -168,13 +168,14 @@ def _rope_theta(config: dict[str, Any]) -> float:
     return float(config.get("rope_theta") or params.get("rope_theta") or 10000.0)
 
 
+HF_SCALING_NAMES = {"original_max_seq_len": "original_max_position_embeddings"}
+"""rope_scaling fields dlx names otherwise than transformers (after max_seq_len, HF's max_position_embeddings)."""
+
+
 def hf_rope_scaling(scaling: RopeScaling) -> dict[str, Any]:
     """config.json's rope_scaling: dlx's fields under HF's names, unset optional ones (None) left out."""
     fields = {HF_SCALING_NAMES.get(key, key): value for key, value in scaling.model_dump().items() if value is not None}
     return {"rope_type": fields.pop("rope_type"), **fields}
-
-
-HF_SCALING_NAMES = {"original_max_seq_len": "original_max_position_embeddings"}
 
 
 def _rope_scaling(config: dict[str, Any], source: str) -> dict[str, Any] | None:
