@@ -6,6 +6,7 @@ bad rope_scaling is one line."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -126,7 +127,12 @@ def test_the_export_writes_the_dict_transformers_reads_back(kind, tmp_path):
     torch.manual_seed(0)
     model = Transformer(resolve_model_args("debug", rope_scaling=SCALINGS[kind])).eval()
     out = save_hf(model, tmp_path / "hf")
-    written = json.loads((out / "config.json").read_text())["rope_scaling"]
+    written_config = json.loads((out / "config.json").read_text())
+    written = written_config["rope_scaling"]
+    scaling = SCALINGS[kind]  # YaRN's configured context is original × factor, which transformers checks; else 128
+    context = round(scaling["original_max_seq_len"] * scaling["factor"]) if kind.startswith("yarn") else 128
+    assert written_config["max_position_embeddings"] == context
+    assert written_config.get("dlx_trained_max_seq_len") == (128 if context != 128 else None)
     expected = {
         "original_max_position_embeddings" if k == "original_max_seq_len" else k: v for k, v in SCALINGS[kind].items()
     }
@@ -262,3 +268,68 @@ def test_a_run_that_switches_to_yarn_says_so_and_trains_with_it(hf_dir, tmp_path
     assert f"changed at init_from: {expected}" in header
     saved = (run_dir / "config.yaml").read_text()
     assert "rope_type: yarn" in saved and "original_max_seq_len: 32" in saved
+
+
+class RecordedWarnings(logging.Handler):
+    """transformers' own log records (its logger does not propagate to pytest's caplog)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+EXPORT_AFTER_CHANGE = {  # --model.* overrides at init_from -> (max_position_embeddings, how the export says it follows)
+    "yarn": (
+        ["--model.rope_scaling", "{rope_type: yarn, factor: 8, original_max_seq_len: 32}"],
+        256,
+        "yarn's original_max_seq_len 32 × factor 8, not model.init_from's 128, as RoPE changed at init_from "
+        "(rope_scaling none → yarn(factor=8.0, original_max_seq_len=32, beta_fast=32.0, beta_slow=1.0, "
+        "truncate=True)); trained with max_seq_len 32, kept in config.json as dlx_trained_max_seq_len",
+    ),
+    "linear": (
+        ["--model.rope_scaling", "{rope_type: linear, factor: 2}"],
+        32,
+        "the trained max_seq_len, not model.init_from's 128, as RoPE changed at init_from (rope_scaling none → "
+        "linear(factor=2.0))",
+    ),
+    "rope_theta": (
+        ["--model.rope_theta", "20000"],
+        32,
+        "the trained max_seq_len, not model.init_from's 128, as RoPE changed at init_from (rope_theta 10000.0 → "
+        "20000.0)",
+    ),
+}
+
+
+@pytest.mark.parametrize("change", EXPORT_AFTER_CHANGE)
+def test_export_after_a_rope_change_states_the_context_the_new_rope_was_made_for(change, hf_dir, tmp_path, capsys):
+    """The source's max_position_embeddings (128) describes RoPE the model no longer has; the unchanged case keeps
+    it (tests/test_trust2.py, test_export_of_an_init_from_run_keeps_the_source_context)."""
+    from dlx.cli.model_commands import export_hf
+
+    hf, dataset = hf_dir
+    overrides, expected, how = EXPORT_AFTER_CHANGE[change]
+    more = [*overrides, "--model.max_seq_len", "32", "--train.max_steps", "1", "--data.num_workers", "0"]
+    run_dir = tmp_path / "run"
+    assert launch(None, [*BASE, "--model.init_from", str(hf), "--data.path", str(dataset), *more], run_dir, False) == 0
+    capsys.readouterr()
+    export_hf(run_dir, tmp_path / "export", dtype="keep", overwrite=False)
+    assert f"max_position_embeddings {expected}: {how}\n" in capsys.readouterr().out
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config["max_position_embeddings"] == expected
+    assert config.get("dlx_trained_max_seq_len") == (32 if expected != 32 else None)
+    tokenizer_config = json.loads((tmp_path / "export" / "tokenizer_config.json").read_text())
+    assert tokenizer_config["model_max_length"] == expected
+    recorded = RecordedWarnings()
+    logging.getLogger("transformers").addHandler(recorded)
+    try:
+        transformers.LlamaForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32)
+        assert [m for m in recorded.messages if "max_position_embeddings" in m or "rope" in m.lower()] == []
+        if change == "yarn":  # the source's 128 over original 32 is 4, not the factor 8: transformers says so
+            transformers.LlamaConfig(**{**config, "max_position_embeddings": 128})
+            assert any("implicit factor = " in m and "= 4.0)" in m for m in recorded.messages)
+    finally:
+        logging.getLogger("transformers").removeHandler(recorded)

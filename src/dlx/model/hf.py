@@ -208,7 +208,21 @@ def _rope_scaling(config: dict[str, Any], source: str) -> dict[str, Any] | None:
 
 TRAINED_LENGTH_KEY = "dlx_trained_max_seq_len"
 """config.json key (dlx's own; transformers keeps it as an attribute) holding the model.max_seq_len a run trained with,
-when the export states the longer context of the weights it started from (`model.init_from`)."""
+when the export states another context length: the weights' it started from (`model.init_from`), or the one its
+YaRN scaling was configured for (`rope_context`)."""
+
+
+def rope_context(args: ModelArgs) -> tuple[int, str]:
+    """The context length `args`' RoPE was configured for, which an export states as max_position_embeddings, and
+    how it follows from `args`: YaRN's original_max_seq_len × factor (rounded), its documented meaning, which
+    transformers checks (it warns when max_position_embeddings / original_max_position_embeddings is not the factor);
+    else the trained max_seq_len: linear names no original length, and llama3's factor is not a ratio of lengths
+    (Llama 3.2 has 8,192 × 32 but claims 131,072), so neither says what context the model was made for."""
+    scaling = args.rope_scaling
+    if scaling is not None and scaling.rope_type == "yarn":
+        how = f"yarn's original_max_seq_len {scaling.original_max_seq_len:,} × factor {scaling.factor:g}"
+        return round(scaling.original_max_seq_len * scaling.factor), how
+    return args.max_seq_len, "the trained max_seq_len"
 
 
 def save_hf(
@@ -220,14 +234,15 @@ def save_hf(
 ) -> Path:
     """Write `config.json` and `model.safetensors` for `LlamaForCausalLM.from_pretrained` and, given the training
     tokenizer.json, the tokenizer files with bos/eos ids in config.json (`dlx.model.hf_tokenizer`). `context`: the
-    max_position_embeddings (and tokenizer model_max_length) to state, when not the model's max_seq_len; the trained
-    length is then kept under TRAINED_LENGTH_KEY."""
+    max_position_embeddings (and tokenizer model_max_length) to state; left out, the one the model's RoPE was
+    configured for (`rope_context`). When it is not the model's max_seq_len, the trained length is kept under
+    TRAINED_LENGTH_KEY."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise UserError(f"{out_dir} already exists; choose another output folder, remove it, or give --overwrite")
     state = {dlx_to_hf_name(name): t for name, t in unique_state_dict(model).items()}
     config = hf_config(model.args, next(model.parameters()).dtype)
-    context = context or model.args.max_seq_len
+    context = context or rope_context(model.args)[0]
     if context != model.args.max_seq_len:
         config.update(max_position_embeddings=context, **{TRAINED_LENGTH_KEY: model.args.max_seq_len})
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
