@@ -23,9 +23,11 @@ def write_hf_llama(
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     eos_token: str = "<|endoftext|>",
+    rope_scaling: dict | None = None,
 ):
     """A random LlamaForCausalLM saved by `save_pretrained` (sharded when `shard_size` is given, e.g. "100KB"), with
-    `tokenizer` (a tokenizer.json) re-saved beside it by transformers' own tokenizer class. Returns the HF model."""
+    `tokenizer` (a tokenizer.json) re-saved beside it by transformers' own tokenizer class, and config.json's
+    `rope_scaling` (HF's names) when given. Returns the HF model."""
     import transformers
 
     config = transformers.LlamaConfig(
@@ -34,6 +36,7 @@ def write_hf_llama(
         max_position_embeddings=128,
         rope_theta=10000.0,
         tie_word_embeddings=tie,
+        rope_scaling=rope_scaling,
         **SHAPE,
     )
     torch.manual_seed(seed)

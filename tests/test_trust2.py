@@ -134,7 +134,7 @@ def test_init_from_says_when_the_data_starts_documents_otherwise(llama_style, co
 # export-hf: the context length of the source
 
 
-def test_export_of_an_init_from_run_keeps_the_source_context(tmp_path):
+def test_export_of_an_init_from_run_keeps_the_source_context(tmp_path, capsys):
     pytest.importorskip("transformers")
     from dlx.cli.model_commands import export_hf
     from dlx.model.hf import TRAINED_LENGTH_KEY
@@ -145,7 +145,12 @@ def test_export_of_an_init_from_run_keeps_the_source_context(tmp_path):
     overrides = [*BASE, "--model.init_from", str(tmp_path / "hf"), "--model.max_seq_len", "32"]
     overrides += ["--data.path", str(dataset), "--data.num_workers", "0", "--train.max_steps", "1"]
     run_dir = train_quietly(overrides, tmp_path / "run")
+    capsys.readouterr()
     export_hf(run_dir, tmp_path / "export", dtype="keep", overwrite=False)
+    assert capsys.readouterr().out.endswith(
+        "\nmax_position_embeddings 128: the context length of model.init_from's weights, whose RoPE the run kept "
+        "(trained with max_seq_len 32, kept in config.json as dlx_trained_max_seq_len)\n"
+    )
     config = json.loads((tmp_path / "export" / "config.json").read_text())
     assert config["max_position_embeddings"] == 128 and config[TRAINED_LENGTH_KEY] == 32
     tokenizer_config = json.loads((tmp_path / "export" / "tokenizer_config.json").read_text())
@@ -153,6 +158,13 @@ def test_export_of_an_init_from_run_keeps_the_source_context(tmp_path):
     assert (tmp_path / "export" / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~process_umask()
     with pytest.raises(UserError, match="or give --overwrite"):
         export_hf(run_dir, tmp_path / "export", dtype="keep", overwrite=False)
+    (tmp_path / "hf").rename(tmp_path / "hf-moved")  # the source gone: its context is unknown, the run's own stated
+    export_hf(run_dir, tmp_path / "export", dtype="keep", overwrite=True)
+    assert capsys.readouterr().out.endswith(
+        f"note: model.init_from {tmp_path / 'hf'} of {run_dir} is gone, so the export states 32 (the trained "
+        "max_seq_len), not the source's context length\n"
+    )
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["max_position_embeddings"] == 32
 
 
 # memory check

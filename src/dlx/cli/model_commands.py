@@ -86,12 +86,14 @@ def export_hf(
 ) -> None:
     """Write a Hugging Face Llama folder: weights, config.json and, with the run's tokenizer, tokenizer.json,
     tokenizer_config.json, special_tokens_map.json and generation_config.json (AutoTokenizer, AutoModelForCausalLM,
-    pipeline and lm-evaluation-harness load it as it is)."""
+    pipeline and lm-evaluation-harness load it as it is). max_position_embeddings: the source's for a run started from
+    weights whose RoPE it kept, else the context the model's RoPE was configured for (yarn: original × factor; else
+    the trained max_seq_len); a line says which."""
     from dlx.device import PRECISION_DTYPES
     from dlx.errors import UserError
-    from dlx.model.hf import TRAINED_LENGTH_KEY, save_hf
+    from dlx.model.hf import save_hf
     from dlx.train.checkpoint import load_checkpoint_model
-    from dlx.train.init_from import resolve_source, started_from_context
+    from dlx.train.init_from import export_context, resolve_source
 
     if dtype != "keep" and dtype not in PRECISION_DTYPES:
         raise UserError(f"--dtype {dtype!r}: choose keep, {', '.join(PRECISION_DTYPES)}")
@@ -101,16 +103,11 @@ def export_hf(
     model = load_checkpoint_model(found.weights)  # model.safetensors, or the whole weights read from dcp/
     if dtype != "keep":
         model.to(PRECISION_DTYPES[dtype])
-    context, note = started_from_context(found)
+    context, why = export_context(found)
     save_hf(model, out_dir, overwrite=overwrite, tokenizer=found.tokenizer, context=context)
     print(f"wrote {out_dir} from {found.describe()}: " + ", ".join(sorted(p.name for p in out_dir.iterdir())))
-    if context and context != model.args.max_seq_len:
-        print(
-            f"max_position_embeddings {context:,}: the context length of model.init_from's weights (trained here "
-            f"with max_seq_len {model.args.max_seq_len:,}, kept in config.json as {TRAINED_LENGTH_KEY})"
-        )
-    if note:
-        print(note)
+    if why:
+        print(why)
     if found.tokenizer is None:
         print(
             f"note: no tokenizer.json beside {found.weights} or in its run folder (synthetic data?), so {out_dir} has "

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from dlx.atomic import atomic_dir
 from dlx.errors import UserError
-from dlx.model.args import ModelArgs, describe_validation_error
+from dlx.model.args import ROPE_TYPES, ModelArgs, RopeScaling, describe_validation_error
 from dlx.model.hf_tokenizer import copy_tokenizer_files, write_tokenizer_files
 from dlx.model.io import (
     StoredTensor,
@@ -102,14 +102,7 @@ def hf_config(args: ModelArgs, dtype: torch.dtype) -> dict[str, Any]:
         "eos_token_id": None,
     }
     if args.rope_scaling is not None:
-        s = args.rope_scaling
-        config["rope_scaling"] = {
-            "rope_type": "llama3",
-            "factor": s.factor,
-            "low_freq_factor": s.low_freq_factor,
-            "high_freq_factor": s.high_freq_factor,
-            "original_max_position_embeddings": s.original_max_seq_len,
-        }
+        config["rope_scaling"] = hf_rope_scaling(args.rope_scaling)
     return config
 
 
@@ -175,23 +168,61 @@ def _rope_theta(config: dict[str, Any]) -> float:
     return float(config.get("rope_theta") or params.get("rope_theta") or 10000.0)
 
 
+HF_SCALING_NAMES = {"original_max_seq_len": "original_max_position_embeddings"}
+"""rope_scaling fields dlx names otherwise than transformers (after max_seq_len, HF's max_position_embeddings)."""
+
+
+def hf_rope_scaling(scaling: RopeScaling) -> dict[str, Any]:
+    """config.json's rope_scaling: dlx's fields under HF's names, unset optional ones (None) left out."""
+    fields = {HF_SCALING_NAMES.get(key, key): value for key, value in scaling.model_dump().items() if value is not None}
+    return {"rope_type": fields.pop("rope_type"), **fields}
+
+
 def _rope_scaling(config: dict[str, Any], source: str) -> dict[str, Any] | None:
-    scaling = config.get("rope_scaling") or config.get("rope_parameters")
-    if not scaling or scaling.get("rope_type", scaling.get("type")) in (None, "default"):
+    """The rope_scaling (or transformers 5's rope_parameters) dict as ModelArgs takes it, read as transformers reads
+    it: `type` for rope_type, original_max_position_embeddings defaulting to max_position_embeddings, a yarn factor
+    of null meaning max_position_embeddings / original_max_position_embeddings, keys the kind has no use for ignored."""
+    scaling = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
+    rope_type = scaling.pop("rope_type", scaling.pop("type", None))
+    if rope_type in (None, "default"):
         return None
-    if scaling.get("rope_type", scaling.get("type")) != "llama3":
-        raise UserError(f"{source}: rope_scaling type {scaling.get('rope_type')!r} is not supported (only 'llama3')")
-    return {
-        "factor": scaling["factor"],
-        "low_freq_factor": scaling["low_freq_factor"],
-        "high_freq_factor": scaling["high_freq_factor"],
-        "original_max_seq_len": scaling["original_max_position_embeddings"],
-    }
+    if rope_type not in ROPE_TYPES:
+        raise UserError(
+            f"{source}: rope_scaling type {rope_type!r} is not supported; dlx computes {', '.join(ROPE_TYPES)} "
+            "(HF's dynamic NTK acts only at inference past the trained length: re-save the config with yarn or linear)"
+        )
+    if scaling.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UserError(f"{source}: partial_rotary_factor {scaling['partial_rotary_factor']} is not supported")
+    if rope_type in ("llama3", "yarn"):
+        scaling.setdefault("original_max_position_embeddings", config.get("max_position_embeddings", 2048))
+    if rope_type == "yarn":
+        if scaling.get("factor") is None:
+            original = scaling["original_max_position_embeddings"]
+            scaling["factor"] = config.get("max_position_embeddings", 2048) / original
+        for beta in ("beta_fast", "beta_slow"):  # transformers takes 0 and null for its defaults, 32 and 1
+            if not scaling.get(beta, True):
+                del scaling[beta]
+    names = {HF_SCALING_NAMES.get(key, key): key for key in ROPE_TYPES[rope_type].model_fields}
+    return {"rope_type": rope_type, **{names[key]: value for key, value in scaling.items() if key in names}}
 
 
 TRAINED_LENGTH_KEY = "dlx_trained_max_seq_len"
 """config.json key (dlx's own; transformers keeps it as an attribute) holding the model.max_seq_len a run trained with,
-when the export states the longer context of the weights it started from (`model.init_from`)."""
+when the export states another context length: the weights' it started from (`model.init_from`), or the one its
+YaRN scaling was configured for (`rope_context`)."""
+
+
+def rope_context(args: ModelArgs) -> tuple[int, str]:
+    """The context length `args`' RoPE was configured for, which an export states as max_position_embeddings, and
+    how it follows from `args`: YaRN's original_max_seq_len × factor (rounded), its documented meaning, which
+    transformers checks (it warns when max_position_embeddings / original_max_position_embeddings is not the factor);
+    else the trained max_seq_len: linear names no original length, and llama3's factor is not a ratio of lengths
+    (Llama 3.2 has 8,192 × 32 but claims 131,072), so neither says what context the model was made for."""
+    scaling = args.rope_scaling
+    if scaling is not None and scaling.rope_type == "yarn":
+        how = f"yarn's original_max_seq_len {scaling.original_max_seq_len:,} × factor {scaling.factor:g}"
+        return round(scaling.original_max_seq_len * scaling.factor), how
+    return args.max_seq_len, "the trained max_seq_len"
 
 
 def save_hf(
@@ -203,14 +234,15 @@ def save_hf(
 ) -> Path:
     """Write `config.json` and `model.safetensors` for `LlamaForCausalLM.from_pretrained` and, given the training
     tokenizer.json, the tokenizer files with bos/eos ids in config.json (`dlx.model.hf_tokenizer`). `context`: the
-    max_position_embeddings (and tokenizer model_max_length) to state, when not the model's max_seq_len; the trained
-    length is then kept under TRAINED_LENGTH_KEY."""
+    max_position_embeddings (and tokenizer model_max_length) to state; left out, the one the model's RoPE was
+    configured for (`rope_context`). When it is not the model's max_seq_len, the trained length is kept under
+    TRAINED_LENGTH_KEY."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise UserError(f"{out_dir} already exists; choose another output folder, remove it, or give --overwrite")
     state = {dlx_to_hf_name(name): t for name, t in unique_state_dict(model).items()}
     config = hf_config(model.args, next(model.parameters()).dtype)
-    context = context or model.args.max_seq_len
+    context = context or rope_context(model.args)[0]
     if context != model.args.max_seq_len:
         config.update(max_position_embeddings=context, **{TRAINED_LENGTH_KEY: model.args.max_seq_len})
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:

@@ -24,8 +24,8 @@ import torch
 
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
-from dlx.model.args import ModelArgs
-from dlx.model.hf import HF_CONFIG_FILE, read_hf_args, read_hf_folder
+from dlx.model.args import ModelArgs, describe_rope_scaling
+from dlx.model.hf import HF_CONFIG_FILE, TRAINED_LENGTH_KEY, read_hf_args, read_hf_folder, rope_context
 from dlx.model.io import (
     ARGS_FILE,
     WEIGHTS_FILE,
@@ -220,6 +220,7 @@ def _may_change(prop: str, value: Any, stored: Any, overrides: dict[str, Any]) -
 def describe_changes(weights: ModelArgs, run: ModelArgs) -> list[str]:
     """`key old → new` for every field the run changes at init_from (the header's line)."""
     before, after = weights.model_dump(), run.model_dump()
+    before["rope_scaling"], after["rope_scaling"] = map(describe_rope_scaling, (weights.rope_scaling, run.rope_scaling))
     return [
         f"{key} {before[key]} → {after[key]}"
         for key in (*FREE_KEYS, *ROPE_KEYS, "vocab_size")
@@ -308,21 +309,42 @@ def bos_difference(source: InitSource, dataset_tokenizer: Path | None) -> str | 
     )
 
 
-def started_from_context(found: InitSource) -> tuple[int | None, str | None]:
-    """(max_seq_len of the weights the run behind `found` started from, a note), for `dlx export-hf`: a run with
-    model.init_from exports its source's context length (RoPE settings are the source's already: the weights fix them);
-    (None, None) for a run from scratch or a folder that is not a run's; (None, note) when the source is gone."""
+def export_context(found: InitSource) -> tuple[int, str | None]:
+    """The context length `dlx export-hf` states for the model in `found` (config.json's max_position_embeddings,
+    the tokenizer's model_max_length), and the line that says why (None when there is nothing to explain). The rule:
+    a run with model.init_from that kept the source's RoPE (rope_theta and rope_scaling) states the source's context
+    length: the weights were made for it, the run only trained on other windows. Everything else states the context
+    its own RoPE was configured for (`dlx.model.hf.rope_context`: YaRN's original_max_seq_len × factor, else the
+    trained max_seq_len): a run that changed RoPE at init_from (the source's claim describes frequencies the model no
+    longer has, and transformers warns when YaRN's factor and the stated length disagree), a run from scratch, a model
+    folder, and a run whose source is gone."""
+    args = found.args()
+    own, how = rope_context(args)
+    trained = f"trained with max_seq_len {args.max_seq_len:,}, kept in config.json as {TRAINED_LENGTH_KEY}"
+    own_line = None if own == args.max_seq_len else f"max_position_embeddings {own:,}: {how} ({trained})"
     run_dir = found.given if found.kind == "run" else found.weights.parent.parent
     if found.kind not in ("run", "checkpoint") or not (run_dir / RUN_CONFIG_FILE).is_file():
-        return None, None
+        return own, own_line
     from dlx.train.folder import saved_config
 
     init_from = (saved_config(run_dir).get("model") or {}).get("init_from")
     if not init_from:
-        return None, None
+        return own, own_line
     if not Path(init_from).is_dir():
-        return None, (
-            f"note: model.init_from {init_from} of {run_dir} is gone, so the export states the trained length "
-            f"({found.args().max_seq_len}), not the source's context length"
+        return own, (
+            f"note: model.init_from {init_from} of {run_dir} is gone, so the export states {own:,} ({how}), not the "
+            "source's context length"
         )
-    return resolve_source(init_from).args().max_seq_len, None
+    source = resolve_source(init_from).args()
+    if (source.rope_theta, source.rope_scaling) == (args.rope_theta, args.rope_scaling):
+        if source.max_seq_len == args.max_seq_len:
+            return source.max_seq_len, None
+        return source.max_seq_len, (
+            f"max_position_embeddings {source.max_seq_len:,}: the context length of model.init_from's weights, whose "
+            f"RoPE the run kept ({trained})"
+        )
+    changes = [change for change in describe_changes(source, args) if change.startswith(ROPE_KEYS)]
+    return own, (
+        f"max_position_embeddings {own:,}: {how}, not model.init_from's {source.max_seq_len:,}, as RoPE changed at "
+        f"init_from ({', '.join(changes)})" + (f"; {trained}" if own != args.max_seq_len else "")
+    )
