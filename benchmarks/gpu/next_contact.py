@@ -21,8 +21,8 @@ has its own time limit (STEPS, 570 s in all), so that one that hangs cannot eat 
 runs' metrics.jsonl.
 
 `--dry-run` runs every step on the CPU with the debug model, no compile, in seconds: the same code paths, float8
-included (torch >= 2.11 runs float8 matmuls on a CPU, with oneDNN's reference kernel: about 0.6 s a step here; without
-torchao that step is refused in one line and the others run). `--only a,b` reruns chosen steps.
+included (torch >= 2.11 runs float8 matmuls on a CPU with oneDNN's reference kernel, about a second a step here;
+without torchao that step is refused in one line and the others run). `--only a,b` reruns chosen steps.
 """
 
 from __future__ import annotations

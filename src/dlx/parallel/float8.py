@@ -29,6 +29,8 @@ the float8 peak, twice bf16's, the figure would halve and hide the gain.)
 from __future__ import annotations
 
 import dataclasses
+import logging
+import sys
 from collections.abc import Callable
 
 import torch
@@ -45,10 +47,16 @@ INSTALL_HINT = "pip install 'dlx[float8]'"
 
 def check_float8_installed() -> None:
     """Before anything is written: train.float8 without torchao is one line."""
+    torchao_log = logging.getLogger("torchao")
+    level = torchao_log.level
+    if torch.version.cuda is None:  # a CPU-only torch: torchao's CUDA kernels cannot load, and it warns for each file
+        torchao_log.setLevel(logging.ERROR)
     try:
         import torchao.float8  # noqa: F401
     except ImportError:
         raise UserError(f"train.float8 needs torchao, which is not installed: {INSTALL_HINT}") from None
+    finally:
+        torchao_log.setLevel(level)
 
 
 def check_float8_device(device: torch.device) -> None:
@@ -104,12 +112,11 @@ def apply_float8(model: nn.Module, recipe: str, device: torch.device, gather_in_
 def weights_gathered_in_float8(model: nn.Module) -> bool:
     """Whether the model holds weights FSDP2 all-gathers in float8: torchao's float8-cast tensors (inside FSDP2's
     DTensors once sharded), which `apply_float8(gather_in_float8=True)` made and materialisation kept."""
-    try:
-        from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
-    except ImportError:
+    fsdp_utils = sys.modules.get("torchao.float8.fsdp_utils")  # imported by apply_float8; a run without it has none
+    if fsdp_utils is None:
         return False
     weights = (getattr(m.weight, "_local_tensor", m.weight) for m in model.modules() if isinstance(m, nn.Linear))
-    return any(isinstance(w, WeightWithDynamicFloat8CastTensor) for w in weights)
+    return any(isinstance(w, fsdp_utils.WeightWithDynamicFloat8CastTensor) for w in weights)
 
 
 def precompute_float8_scales(model: nn.Module) -> None:
