@@ -1,6 +1,7 @@
 """torchrun's entry point for tests/test_parallel.py: `dlx` without report.md's plots (seconds of matplotlib per run),
 and, when DLX_TEST_FAIL_RANK and DLX_TEST_FAIL_STEP are set, one rank that fails in a given step as a crashing rank
-would (a RuntimeError in its forward/backward)."""
+would (a RuntimeError in its forward/backward); with DLX_TEST_FLOAT8_GATHER=0, FSDP2 all-gathers float8 layers' weights
+in bf16, as before torchao's float8 all-gather (tests/test_float8.py compares the two)."""
 
 from __future__ import annotations
 
@@ -29,5 +30,9 @@ if __name__ == "__main__":
     fail_rank = os.environ.get("DLX_TEST_FAIL_RANK")
     if fail_rank is not None and os.environ.get("RANK") == fail_rank:
         fail_in_step(int(os.environ["DLX_TEST_FAIL_STEP"]), fail_rank)
+    if os.environ.get("DLX_TEST_FLOAT8_GATHER") == "0":
+        from dlx.train import run
+
+        run.gathers_in_float8 = lambda recipe, strategy: False
     sys.argv[0] = "dlx"
     main()

@@ -20,8 +20,9 @@ has its own time limit (STEPS, 570 s in all), so that one that hangs cannot eat 
 (at most 8): results.json (every step's status and figures), table.md, steps.log, summary.txt, the two pretrain
 runs' metrics.jsonl.
 
-`--dry-run` runs every step on the CPU with the debug model, no compile, in seconds: the same code paths (float8 is
-then refused in one line, as on any device without it). `--only a,b` reruns chosen steps.
+`--dry-run` runs every step on the CPU with the debug model, no compile, in seconds: the same code paths, float8
+included (torch >= 2.11 runs float8 matmuls on a CPU with oneDNN's reference kernel, about a second a step here;
+without torchao that step is refused in one line and the others run). `--only a,b` reruns chosen steps.
 """
 
 from __future__ import annotations

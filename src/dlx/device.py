@@ -161,13 +161,22 @@ def supports_native_bf16(device: torch.device) -> bool:
 
 
 def float8_capability(device: torch.device) -> str | None:
-    """None where float8 matmuls run (CUDA compute capability 8.9 or later: Ada, Hopper, Blackwell), else what the
-    device is, in words."""
-    if device.type != "cuda":
-        return f"{device.type} has no float8 matmuls"
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (8, 9):
-        return f"{torch.cuda.get_device_name(device)} is compute capability {major}.{minor}; float8 needs 8.9 or later"
+    """None where float8 matmuls run, else why not, in words. CUDA: compute capability 8.9 or later (Ada, Hopper,
+    Blackwell). Any other device: whether `torch._scaled_mm`, the matmul torchao's float8 layers call, runs a 16×16
+    float8 product there (torch ≥ 2.11 has a CPU kernel: correct, not faster than bf16)."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 9):
+            name = torch.cuda.get_device_name(device)
+            return f"{name} is compute capability {major}.{minor}; float8 needs 8.9 or later"
+        return None
+    ones = torch.ones(16, 16, dtype=torch.float8_e4m3fn, device=device)
+    scale = torch.ones((), device=device)
+    try:
+        torch._scaled_mm(ones, ones.t(), scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return f"{device.type} has no float8 matmuls in torch {torch.__version__} (torch._scaled_mm: {reason})"
     return None
 
 

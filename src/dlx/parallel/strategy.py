@@ -31,6 +31,7 @@ from torch import nn
 from dlx.errors import UserError
 from dlx.parallel import dcp
 from dlx.parallel.distributed import DistEnv
+from dlx.parallel.float8 import precompute_float8_scales, weights_gathered_in_float8
 from dlx.parallel.tensor import loss_context
 from dlx.parallel.traits import STRATEGY_TRAITS, resumed_by
 from dlx.precision import Precision
@@ -134,6 +135,17 @@ class FSDPStrategy(Strategy):
     """FSDP2: parameters, gradients and optimizer state sharded across ranks; checkpoints through DCP."""
 
     name = "fsdp"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.float8_gather = weights_gathered_in_float8(self.model)
+        """train.float8 tensorwise: FSDP2 all-gathers the converted weights in float8 (dlx.parallel.float8)."""
+
+    def optimizer_step(self) -> torch.Tensor:
+        grad_norm = super().optimizer_step()
+        if self.float8_gather:
+            precompute_float8_scales(self.model)  # the scales the next all-gather casts with
+        return grad_norm
 
     def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         self.model.set_requires_gradient_sync(last)

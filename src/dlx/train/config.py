@@ -178,7 +178,7 @@ class TrainSection(BaseModel):
     compile: bool = False
     """Wrap the model in torch.compile (needs a C++ compiler on CPU)."""
     float8: bool = False
-    """Blocks' linear layers compute in float8 through torchao (dlx[float8]; CUDA capability ≥ 8.9, precision bf16)."""
+    """Blocks' linear layers compute in float8 through torchao (dlx[float8]; bf16; CUDA ≥ 8.9, or CPU: slow)."""
     float8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     """train.float8's scaling: one factor per tensor (faster) or per row (more accurate); torchao's recipes."""
     nan_policy: Literal["stop", "skip"] = "stop"

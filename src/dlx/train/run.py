@@ -20,7 +20,7 @@ from dlx.metrics.timing import PhaseTimer
 from dlx.model.llama import Transformer
 from dlx.parallel.build import StepShape, build_strategy, check_strategy_installed
 from dlx.parallel.distributed import DistEnv, any_rank, job_store, main_decides
-from dlx.parallel.float8 import apply_float8, check_float8_installed
+from dlx.parallel.float8 import apply_float8, check_float8_installed, float8_header, gathers_in_float8
 from dlx.parallel.heartbeat import Heartbeat
 from dlx.parallel.materialize import ShardFiller, materialize
 from dlx.parallel.strategy import Strategy
@@ -258,7 +258,8 @@ def build_run_strategy(
         return build_optimizer(wrapped, config.train, device)
 
     if config.train.float8:  # before any other wrapping
-        apply_float8(model, config.train.float8_recipe, device)
+        recipe = config.train.float8_recipe
+        apply_float8(model, recipe, device, gathers_in_float8(recipe, config.parallel.strategy))
     seed = config.train.seed
     return build_strategy(
         model, config.parallel, config.train.compile, device, env, precision, make_optimizer, shape, seed, fill
@@ -364,7 +365,11 @@ def build_run(
         data_info=data_info,
         observers=observers,
         progress=progress,
-        header=[*build_header(plan, strategy, device, meter, checked, observers, init), *bpb_note(config, data_info)],
+        header=[
+            *build_header(plan, strategy, device, meter, checked, observers, init),
+            *(float8_header(strategy.model, config.train.float8_recipe, device) if config.train.float8 else []),
+            *bpb_note(config, data_info),
+        ],
         objective=build_objective(config.train.z_loss, config.data.document_mask, data_info.eos_id),
         init=init,
         lock=lock,
