@@ -155,8 +155,10 @@ def _kernel(name: str) -> Callable:
 
 
 def _random_qkv(shape: AttentionShape, device: torch.device) -> list[torch.Tensor]:
-    sizes = [(shape.batch, heads, shape.seq_len, shape.head_dim) for heads in (shape.n_heads, *[shape.n_kv_heads] * 2)]
-    return [torch.randn(s, device=device, dtype=shape.dtype, requires_grad=True) for s in sizes]
+    """q, k, v laid out as the model hands them to attention: made (B, T, heads, D), seen (B, heads, T, D)."""
+    sizes = [(shape.batch, shape.seq_len, heads, shape.head_dim) for heads in (shape.n_heads, *[shape.n_kv_heads] * 2)]
+    made = [torch.randn(s, device=device, dtype=shape.dtype).transpose(1, 2) for s in sizes]
+    return [t.detach().requires_grad_() for t in made]  # leaves with the model's strides
 
 
 def _time_ms(run: Callable, q, k, v, device: torch.device, repeats: int) -> float | None:
