@@ -168,3 +168,26 @@ def test_a_run_states_its_choice_in_the_header_and_restores_the_flags(tmp_path, 
     assert len(header) == 1 and header[0].startswith("attention: math (train.attention), fwd+bwd ")
     assert header[0].endswith("in float32; SDPA runs scaled_dot_product_attention_math")
     assert sdpa_flags() == before
+
+
+ATEN = {
+    "cudnn": "aten::_scaled_dot_product_cudnn_attention",
+    "flash": "aten::_scaled_dot_product_flash_attention",
+    "efficient": "aten::_scaled_dot_product_efficient_attention",
+}
+
+
+@pytest.mark.skipif(dev.resolve_device("auto").type != "cuda", reason="times CUDA kernels")
+def test_on_cuda_auto_times_every_contender_and_the_model_then_runs_its_pick():
+    cuda = dev.resolve_device("cuda")
+    model = Transformer(config().model.args).to(cuda)
+    choice = choose_run_attention(config(), attention_shape(config(), 2, 1, "bf16"), cuda)
+    assert list(choice.ms) == list(CONTENDERS) and choice.kernel in CONTENDERS
+    observer = AttentionObserver(choice, False, cuda).apply(model)
+    try:
+        with torch.no_grad(), dev.autocast(cuda, "bf16"), profile() as prof:
+            model(torch.zeros(2, 16, dtype=torch.long, device=cuda))
+    finally:
+        observer.close()
+    sdpa = {e.key for e in prof.key_averages() if e.key.startswith("aten::_scaled_dot_product")}
+    assert sdpa == ({ATEN[choice.kernel]} if choice.kernel in ATEN else set())

@@ -1,13 +1,14 @@
 """Which attention kernel runs the causal attention of a training shape: measured, not assumed (`choose_attention`).
 
 The kernels (`KERNELS`) are SDPA's four, as PyTorch names them (cuDNN, FlashAttention-2, memory-efficient, math), and
-`flex`: `flex_attention` with a causal block mask, compiled. `auto` times the CUDA contenders (`CONTENDERS`, math
-left out: it stores the T×T scores and is never the fastest) forward and backward on random q, k, v of the run's
-shape and compute dtype (causal, grouped kv heads) and takes the fastest; a kernel that refuses the shape (flash and
-cuDNN in fp32, cuDNN on older GPUs, ...) is recorded as refused, not as slow. A named kernel is run once at the same
-shape, so that one it cannot run stops the run before step 1. On a CPU `auto` has nothing to choose: SDPA runs its
-own kernel, named by SDPA's own dispatch choice. How a choice is applied is `dlx.device.prefer_sdpa_kernel` (SDPA) and
-`Transformer.causal_kernel` (flex); the result's `header` is the line a run or a benchmark prints.
+`flex`: `flex_attention` with a causal block mask, compiled. `auto` times the CUDA contenders (`CONTENDERS`; math is
+left out: it stores the T×T scores and is never the fastest) forward and backward through the model's own attention
+call (`causal_attention`, or the flex path) on random q, k, v of the run's shape and compute dtype, and takes the
+fastest; a kernel that refuses the shape (flash and cuDNN in fp32, cuDNN on older GPUs, ...) is recorded as refused,
+not as slow. A named kernel is timed the same way, so that one it cannot run stops the run before step 1. On a CPU
+`auto` has nothing to choose: SDPA runs its own kernel, named by SDPA's own dispatch choice. A choice is applied by
+`dlx.device.prefer_sdpa_kernel` (SDPA) and `Transformer.causal_kernel` (flex); its `header` is the line a run or a
+benchmark prints.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from dlx import device as dev
 from dlx.errors import UserError
@@ -137,28 +137,31 @@ def kernel_timer(shape: AttentionShape, device: torch.device, repeats: int = 10)
 
 
 def causal_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal flex_attention through the model's own path (`masked_attention`, compiled on CUDA)."""
+    """q (B, T, H, D), k and v (B, T, H_kv, D) → (B, H, T, D): the model's flex path (`masked_attention` with the
+    causal block mask, compiled on CUDA)."""
     from dlx.model.document_mask import causal_block_mask, masked_attention
 
-    return masked_attention(q, k, v, causal_block_mask(q.shape[2], q.device))
+    return masked_attention(*(t.transpose(1, 2) for t in (q, k, v)), causal_block_mask(q.shape[1], q.device))
 
 
 def _kernel(name: str) -> Callable:
+    """The model's own attention call under kernel `name` alone: `causal_attention` (which shares kv heads inside
+    SDPA or repeats them, as the model does for this dtype and device) or `causal_flex`."""
     if name == "flex":
         return causal_flex
+    from dlx.model.llama import causal_attention
 
     def run(q, k, v):
         with dev.prefer_sdpa_kernel(name, fallback=False):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            return causal_attention(q, k, v)
 
     return run
 
 
 def _random_qkv(shape: AttentionShape, device: torch.device) -> list[torch.Tensor]:
-    """q, k, v laid out as the model hands them to attention: made (B, T, heads, D), seen (B, heads, T, D)."""
+    """q, k, v as the model's attention takes them, (B, T, heads, D)."""
     sizes = [(shape.batch, shape.seq_len, heads, shape.head_dim) for heads in (shape.n_heads, *[shape.n_kv_heads] * 2)]
-    made = [torch.randn(s, device=device, dtype=shape.dtype).transpose(1, 2) for s in sizes]
-    return [t.detach().requires_grad_() for t in made]  # leaves with the model's strides
+    return [torch.randn(s, device=device, dtype=shape.dtype, requires_grad=True) for s in sizes]
 
 
 def _time_ms(run: Callable, q, k, v, device: torch.device, repeats: int) -> float | None:

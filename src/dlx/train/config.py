@@ -178,7 +178,7 @@ class TrainSection(BaseModel):
     compile: bool = False
     """Wrap the model in torch.compile (needs a C++ compiler on CPU)."""
     attention: Literal["auto", "default", "cudnn", "flash", "efficient", "math", "flex"] = "auto"
-    """auto: the fastest at the run's shape (timed on CUDA before step 1); default: PyTorch's choice; or one kernel."""
+    """Attention kernel: auto (the fastest, timed on CUDA), default (PyTorch's), cudnn, flash, efficient, math, flex."""
     float8: bool = False
     """Blocks' linear layers compute in float8 through torchao (dlx[float8]; CUDA capability ≥ 8.9, precision bf16)."""
     float8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
