@@ -103,6 +103,9 @@ def test_auto_on_a_cpu_applies_nothing_and_names_the_kernel_sdpa_runs():
         "attention: CPU, no other kernel to choose from; SDPA runs scaled_dot_product_flash_attention_for_cpu "
         "(train.attention auto)"
     ]
+    assert AttentionObserver(choice, True, CPU).header() == [
+        f"{observer.header()[0]}; data.document_mask: SDPA with each batch's boolean mask, the same choice"
+    ]
 
 
 def test_a_named_kernel_changes_what_runs_until_the_run_closes():

@@ -5,7 +5,8 @@ header.
 SDPA's kernels are applied through the process-wide flags (`dlx.device.prefer_sdpa_kernel`), restored when the run
 closes; flex through `Transformer.causal_kernel`. With data.document_mask on CUDA every training batch already runs
 flex_attention with its document block mask (dlx.model.document_mask): `auto` then measures nothing, and a named
-SDPA kernel only reaches the attention of generation (eval.sample_every); the header says which applies.
+SDPA kernel only reaches the attention of generation (eval.sample_every). On a CPU masked batches run SDPA with a
+boolean mask, under the same choice. The header says which applies.
 """
 
 from __future__ import annotations
@@ -66,8 +67,10 @@ class AttentionObserver(Observer):
         return self
 
     def header(self) -> list[str]:
-        if not (self.document_mask and uses_flex(self.device)):
+        if not self.document_mask:
             return [self.choice.header]
+        if not uses_flex(self.device):
+            return [f"{self.choice.header}; data.document_mask: SDPA with each batch's boolean mask, the same choice"]
         kernel = self.choice.kernel
         applies = (
             "has nothing to choose"
