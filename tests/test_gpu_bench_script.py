@@ -249,6 +249,7 @@ def test_next_contact_fits_one_device_call():
 
 def test_next_contact_judges_each_target_from_the_figures():
     pretrain = {"mfu_windows": [0.30, 0.58, 0.62], "tokens_per_s": 100.0, "loss": 5.0, "graph_breaks": 0}
+    pretrain["attention"] = "attention: cudnn, the fastest fwd+bwd at ..."
     results = {
         "pretrain-bf16": {"figures": {**pretrain, "recompiles": 1}},
         "bare": {"figures": {"tokens_per_s": 101.0}},
@@ -273,12 +274,16 @@ def test_next_contact_judges_each_target_from_the_figures():
     ceilings |= {"adamw_floor_s": 0.05, "adamw_params": 1_235_814_400}
     ceilings["loss_accumulation"] = {"chunks": 8, "fused_ms": 30.0, "separate_ms": 100.0, "relative_difference": 0.003}
     ceilings["loss_accumulation"]["one_gemm"] = True
-    lines = next_contact.table({"ceilings": {"status": "ok", "seconds": 40.0, "figures": ceilings}})
+    bf16 = {"status": "ok", "seconds": 100.0, "figures": pretrain}
+    lines = next_contact.table(
+        {"ceilings": {"status": "ok", "seconds": 40.0, "figures": ceilings}, "pretrain-bf16": bf16}
+    )
     assert (
         "- the loss's output-weight gradient over 8 chunks: one GEMM into fp32 30.0 ms, product then add 100.0 ms; "
         "they differ by 0.003 of the largest element (bf16 rounding ≤ 2⁻⁸)"
     ) in lines
     assert "| ceilings | ok | 40 |" in lines
+    assert "- dlx pretrain bf16, its header: attention: cudnn, the fastest fwd+bwd at ..." in lines
 
 
 @pytest.mark.slow
@@ -297,7 +302,9 @@ def test_next_contact_dry_run_measures_every_step_on_the_cpu(tmp_path):
     assert results["pretrain-bf16"]["figures"]["step"] == 3 and results["plan"]["figures"]["params"] == 158016
     bf16_loss, float8_loss = (results[f"pretrain-{run}"]["figures"]["loss"] for run in ("bf16", "float8"))
     assert results["pretrain-float8"]["figures"]["step"] == 3 and abs(float8_loss / bf16_loss - 1) <= 0.02
-    assert "attention: CPU, SDPA ran" in (tmp_path / "table.md").read_text()
+    table = (tmp_path / "table.md").read_text()
+    assert "- attention: CPU, no other kernel to choose from; SDPA runs scaled_dot_product_flash_attention" in table
+    assert "- dlx pretrain bf16, its header: attention: CPU, no other kernel to choose from; SDPA runs " in table
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "metrics-bf16.jsonl",
         "metrics-float8.jsonl",

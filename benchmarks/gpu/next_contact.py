@@ -4,7 +4,9 @@ kernels, the AdamW floor), `dlx pretrain` llama3.2-1b bf16 seq 2048 micro-batch 
 TORCH_LOGS=graph_breaks,recompiles, a bare PyTorch loop on the same model and batch, the same run in float8
 (torchao, tensorwise), HF LlamaForCausalLM compiled on the same shape, and the seed's table row (fp32, micro-batch 16,
 seq 1024, activation checkpointing) for HF Trainer and dlx with `dlx plan`'s estimate. It prints a table against the
-targets and writes it into --out ($OUT).
+targets and writes it into --out ($OUT). The pretrain runs keep train.attention auto: each times the attention kernels
+at its own shape before step 1 and applies the fastest; the table quotes the bf16 run's header line beside the
+ceilings' own timing (the bare loop keeps PyTorch's default kernel).
 
 On a lent device machine (its own torch, no network, only what is under $OUT comes back), from the repository root:
 
@@ -92,10 +94,13 @@ def records(run: Path) -> list[dict]:
 
 
 def pretrain_figures(run: Path, log_text: str) -> dict:
-    """MFU per window, tokens/s after the first window (compile), the last loss, and what Dynamo logged."""
+    """MFU per window, tokens/s after the first window (compile), the last loss, what Dynamo logged, and the
+    header's attention line (the kernel train.attention auto measured and applied)."""
     rows = records(run)
     steady = rows[1:] or rows
+    attention = [line.strip() for line in log_text.splitlines() if line.strip().startswith("attention:")]
     return {
+        "attention": attention[0] if attention else None,  # the header's: train.attention auto's measured pick
         "mfu_windows": [r["mfu"] for r in rows],
         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
         "peak_mem_gb": max(r["peak_mem_gb"] for r in rows),
@@ -210,6 +215,9 @@ def table(results: dict) -> list[str]:
             "|---|---|---|---|---|",
         ]
         lines += [f"| {g['gemm']} | {g['m']} | {g['n']} | {g['k']} | {g['tflops']:.4g} |" for g in ceilings["gemms"]]
+    attention = results.get("pretrain-bf16", {}).get("figures", {}).get("attention")
+    if attention:
+        lines += ["", f"- dlx pretrain bf16, its header: {attention}"]
     lines += ["", "| step | status | seconds |", "|---|---|---|"]
     lines += [f"| {name} | {step['status']} | {step['seconds']:.0f} |" for name, step in results.items()]
     return lines

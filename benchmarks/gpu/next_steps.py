@@ -3,8 +3,8 @@ writes OUT (JSON). NAME is one of STEPS; SHAPE is `gpu` (llama3.2-1b on CUDA) or
 seconds). Timed regions are synchronised, after untimed warm-up steps.
 
   ceilings     a large bf16 matmul; every GEMM of one training step at its real shape (forward, input gradient,
-               weight gradient of each linear; TFLOPS each); the attention kernels (dlx.bench.attention); the AdamW
-               floor (one fused step over as many fp32 parameters as the model has); the loss's fp32 gradient
+               weight gradient of each linear; TFLOPS each); the attention kernels (dlx.model.attention_kernels);
+               the AdamW floor (one fused step over as many fp32 parameters as the model has); the loss's fp32 gradient
                accumulation, one GEMM against a product and a second pass
   bare         a bare PyTorch loop on dlx's own model and batch: autocast, the chunked loss, backward, clip at 1.0,
                fused AdamW; blocks compiled as `dlx pretrain` compiles them
@@ -133,8 +133,8 @@ def loss_accumulation(shape: Shape, device: torch.device) -> dict:
 
 
 def ceilings(shape: Shape) -> dict:
-    from dlx.bench.attention import choose_attention_backend
     from dlx.model.args import ModelArgs
+    from dlx.model.attention_kernels import AttentionShape, choose_attention
 
     device = torch.device(shape.device)
     args: ModelArgs = resolve_model_args(shape.model)
@@ -142,9 +142,8 @@ def ceilings(shape: Shape) -> dict:
         {"gemm": name, "m": m, "n": n, "k": k, "tflops": matmul_tflops(m, n, k, device)}
         for name, m, n, k in step_gemms(shape)
     ]
-    attention = choose_attention_backend(
-        shape.micro_batch, args.n_heads, args.kv_heads, shape.seq_len, args.head_dim, device
-    )
+    attention_shape = AttentionShape(shape.micro_batch, args.n_heads, args.kv_heads, shape.seq_len, args.head_dim)
+    attention = choose_attention("auto", attention_shape, device)  # what `dlx pretrain` does before step 1
     n_params = sum(p.numel() for p in Transformer(args).parameters()) if device.type == "cpu" else 1_235_814_400
     return {
         "matmul_tflops": matmul_tflops(shape.matmul, shape.matmul, shape.matmul, device),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 
 import psutil
 import torch
@@ -266,3 +267,36 @@ def release_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+SDPA_BACKENDS = {
+    "cudnn": "CUDNN_ATTENTION",
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+}
+"""dlx's names for SDPA's kernels → torch.nn.attention.SDPBackend members."""
+
+
+@contextlib.contextmanager
+def prefer_sdpa_kernel(kernel: str | None, fallback: bool = True) -> Iterator[None]:
+    """While inside: SDPA runs `kernel` (cudnn, flash, efficient or math) wherever it takes the call; math takes
+    the calls it refuses (a generation step's mask, say) unless `fallback` is off. None, or flex (not SDPA): SDPA's
+    own choice, nothing changed.
+
+    `torch.nn.attention.sdpa_kernel` sets the process-wide flags torch.backends.cuda.enable_*_sdp read on every SDPA
+    call, eager or while torch.compile traces (which is where a compiled model's kernel is fixed), and with
+    set_priority puts `kernel` before math (PyTorch's own order puts math before cuDNN; a CPU looks at the flags
+    only: flash, then math). Entered outside any compiled region (inside one, set_priority breaks compilation).
+    torch 2.13's compile caches do not key on these flags, so the kernel joins torch.compiler.config.cache_key_tag:
+    a graph cached under another kernel is not reused."""
+    if kernel not in SDPA_BACKENDS:
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    names = dict.fromkeys([kernel, "math"] if fallback else [kernel])
+    tag = f"{torch.compiler.config.cache_key_tag}|sdpa={kernel}"
+    backends = [getattr(SDPBackend, SDPA_BACKENDS[name]) for name in names]
+    with sdpa_kernel(backends, set_priority=True), torch.compiler.config.patch(cache_key_tag=tag):
+        yield

@@ -1,6 +1,7 @@
 """One point of `dlx bench`, measured as `dlx pretrain` trains: the same recipe validation and the same builders
-(model, precision, strategy with its optimizer, loader), the loop's own `accumulate_gradients` and the strategy's
-`optimizer_step`, its PhaseTimer phases and its ThroughputMeter. `dlx.bench.sweep` calls `measure_point` for each point.
+(model, precision, strategy with its optimizer, loader, the attention kernel train.attention auto picks), the loop's
+own `accumulate_gradients` and the strategy's `optimizer_step`, its PhaseTimer phases and its ThroughputMeter.
+`dlx.bench.sweep` calls `measure_point` for each point.
 
 A point is: `warmup` untimed optimizer steps (kernel selection, allocator growth, torch.compile), then the peak-memory
 counter is reset and `steps` timed steps follow as one PhaseTimer window: phase times are averaged over them, and the
@@ -27,9 +28,10 @@ from dlx.metrics.gpu_monitor import open_gpu_counters
 from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.presets import resolve_model_args
-from dlx.parallel.distributed import env_from_torchrun
+from dlx.parallel.distributed import env_from_torchrun, main_decides
 from dlx.precision import Precision, build_precision
 from dlx.train.accumulate import accumulate_gradients
+from dlx.train.attention import AttentionObserver, attention_shape, choose_run_attention
 from dlx.train.config import RunConfig, build_config
 from dlx.train.data import build_train_loader
 from dlx.train.objective import build_objective
@@ -68,9 +70,13 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
     device, env = setup.device, replace(env_from_torchrun(), tp=setup.tp)  # the group: `dlx bench` set it up
     precision = build_precision(point.precision, device)
     loader = build_train_loader(config, device, env.dp_rank, env.dp_size)
+    attention: AttentionObserver | None = None
     try:
         plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
+        shape = attention_shape(config, plan.micro_batch_size, env.tp, precision.name)
+        choice = main_decides(lambda: choose_run_attention(config, shape, device))  # train.attention, as pretrain
         strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan)
+        attention = AttentionObserver(choice, config.data.document_mask, device).apply(strategy.model)
         objective = build_objective(0.0, config.data.document_mask, loader.eos_id)
 
         def step(timer: PhaseTimer) -> float:
@@ -100,6 +106,8 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
         cast_s = weight_cast_seconds(strategy.model, precision, device) * plan.grad_accum
     finally:
         loader.close()
+        if attention is not None:
+            attention.close()  # SDPA's flags as before the point
     return {**record, **gpu_columns, **fixed_cost_shares(record, cast_s)}
 
 

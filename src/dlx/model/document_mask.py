@@ -7,7 +7,8 @@ the same whatever the offset in exact arithmetic; restarting makes a packed docu
 (and what generation, which starts at position 0, sees), with the rotation angles as small as they can be.
 
 Kernels, both PyTorch's own:
-- CUDA: `flex_attention` with a `BlockMask`, both compiled: blocks wholly outside every document are skipped.
+- CUDA: `flex_attention` with a `BlockMask`, both compiled: blocks wholly outside every document are skipped. The same
+  path runs plain causal attention when train.attention is flex (`causal_block_mask`).
 - elsewhere: `scaled_dot_product_attention` with a boolean mask (B, 1, T, T); for a batch without any boundary, plain
   causal SDPA (the same result; a mask makes the kernel visit the blocks above the diagonal too).
 """
@@ -59,6 +60,18 @@ def _block_mask(document_ids: torch.Tensor) -> BlockMask:
 
     make = _compiled(create_block_mask) if document_ids.device.type == "cuda" else create_block_mask
     return make(same_document_causal, batch, None, seq_len, seq_len, device=document_ids.device)
+
+
+@functools.lru_cache(maxsize=8)
+def causal_block_mask(seq_len: int, device: torch.device) -> BlockMask:
+    """The causal BlockMask of a (seq_len × seq_len) attention, for every batch row and head: one per length and
+    device, built once (outside the compiled blocks, which take it as an input)."""
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    make = _compiled(create_block_mask) if device.type == "cuda" else create_block_mask
+    return make(causal, None, None, seq_len, seq_len, device=device)
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: DocumentMask) -> torch.Tensor:

@@ -19,7 +19,13 @@ from torch import nn
 
 from dlx.device import compute_capability_major
 from dlx.model.args import ModelArgs
-from dlx.model.document_mask import DocumentMask, document_mask, masked_attention, positions_in_documents
+from dlx.model.document_mask import (
+    DocumentMask,
+    causal_block_mask,
+    document_mask,
+    masked_attention,
+    positions_in_documents,
+)
 from dlx.model.kv_cache import KVCache
 from dlx.model.loss import LossParts, OutputLoss
 from dlx.model.rope import apply_rope, rope_tables
@@ -165,6 +171,9 @@ class Transformer(nn.Module):
             self.output.weight = self.tok_embeddings.weight
         self.loss_fn = OutputLoss()
         """Hidden states and targets -> the loss, without whole-batch logits (dlx.model.loss); set from outside."""
+        self.causal_kernel = "sdpa"
+        """Causal attention without a KV cache through `sdpa` (whichever SDPA kernel is enabled) or `flex`
+        (flex_attention with a causal block mask); set from outside (train.attention, dlx.model.attention_kernels)."""
         # RoPE tables are derived, not learned: never saved in checkpoints, rebuilt by `init_rope` after a meta init.
         self.init_rope(self.tok_embeddings.weight.device)
         if self.tok_embeddings.weight.device.type != "meta":
@@ -219,6 +228,8 @@ class Transformer(nn.Module):
         if mask is not None:
             positions = positions_in_documents(document_ids)  # (B, T)
             cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, head_dim)
+        elif self.causal_kernel == "flex" and caches is None:
+            mask = causal_block_mask(seq_len, tokens.device)  # plain causal attention, through flex_attention
         h = self.tok_embeddings(tokens)  # (B, T, dim)
         if torch.is_autocast_enabled(h.device.type):
             h = h.float()  # the residual stream in fp32, also where FSDP2 gathered the embedding in bf16

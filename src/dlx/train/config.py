@@ -177,6 +177,8 @@ class TrainSection(BaseModel):
     """Seeds the weights, the data order and every random generator."""
     compile: bool = False
     """Wrap the model in torch.compile (needs a C++ compiler on CPU)."""
+    attention: Literal["auto", "default", "cudnn", "flash", "efficient", "math", "flex"] = "auto"
+    """Attention kernel: auto (the fastest, timed on CUDA), default (PyTorch's), cudnn, flash, efficient, math, flex."""
     float8: bool = False
     """Blocks' linear layers compute in float8 through torchao (dlx[float8]; bf16; CUDA ≥ 8.9, or CPU: slow)."""
     float8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"

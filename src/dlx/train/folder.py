@@ -30,6 +30,7 @@ RESUMABLE_CHANGES = {
     ("train", "epochs"),
     ("train", "nan_policy"),
     ("train", "compile"),
+    ("train", "attention"),
     ("train", "device"),
     ("data", "num_workers"),
     ("data", "prefetch"),

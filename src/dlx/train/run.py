@@ -28,6 +28,7 @@ from dlx.parallel.tensor import check_layout
 from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.precision import Precision, build_precision
 from dlx.train import checkpoint as ckpt
+from dlx.train.attention import AttentionObserver, attention_shape, choose_run_attention
 from dlx.train.config import RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
@@ -305,6 +306,8 @@ def build_run(
         if resume:
             main_decides(lock.acquire)  # before any write; a new run's folder is locked once it exists (create_run_dir)
         plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
+        shape = attention_shape(config, plan.micro_batch_size, env.tp, precision.name)
+        attention = main_decides(lambda: choose_run_attention(config, shape, device))  # timed before the model exists
         console = RunConsole(plan.total_steps, 0, config.log.progress, is_main=env.is_main)
         loaded = find_checkpoint(run_dir, console, env) if resume else None
         init = resolve_initial_weights(config, data_info, loaded is not None, console)
@@ -349,6 +352,8 @@ def build_run(
     observers = build_observers(
         config, run_dir, env, device, timer, console, logger, strategy.model, sampler, task_eval
     )
+    applied = AttentionObserver(attention, config.data.document_mask, device).apply(strategy.model)
+    observers = ObserverList([applied, *observers])  # first: its header line beside the model's
     return Run(
         config=config,
         run_dir=run_dir,
