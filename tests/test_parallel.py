@@ -217,7 +217,11 @@ def test_a_failing_rank_ends_the_whole_job(tmp_path):
         DLX_TEST_FAIL_STEP="2",
     )
     assert result.returncode != 0
-    assert "injected failure on rank 1 in step 2" in result.stderr
+    # The failing rank prints its own error in one line before it leaves the group (torchrun may end it before its
+    # traceback), and no rank blames a live peer for it (on a loaded machine the peer's beat lagged one phase behind).
+    announced = "error: rank 1 failed at step 2, forward and backward: RuntimeError: injected failure on rank 1 in "
+    assert announced + "step 2" in result.stderr, result.stderr[-6000:]
+    assert "did not arrive" not in result.stderr, result.stderr[-6000:]
     assert time.monotonic() - started < 90, "the surviving rank waited for its collective's timeout"
     assert len(processes) >= 2, "torchrun's ranks were never seen"
     assert not still_running(processes), "a rank or a loader worker outlived the job"

@@ -183,6 +183,38 @@ def test_the_rank_behind_is_named_and_a_rank_failing_on_its_own_keeps_its_error(
     lagging = {**level, 2: {**beat, "phase": "forward and backward"}}
     assert ranks_behind(lagging, {0: now, 1: now, 2: now}, 0, now) == [2]  # live, but still in step 7's backward
     assert ranks_behind(lagging, {0: now, 1: now, 2: now}, 2, now) == [2]  # rank 2's own error: explain keeps it
+    assert ranks_behind(lagging, {0: now, 1: now, 2: now}, 0, now, timed_out=False) == []  # not a hang: too soon
+
+
+def test_a_rank_failing_on_its_own_keeps_its_error_and_its_peer_names_it(capfd):
+    """The race seen under load: rank 1 raises its own error in step 2's forward while rank 0 has not yet beaten
+    past step 1's loss all-reduce. Rank 1 must not blame rank 0 ("did not arrive"); rank 0's failed collective names
+    rank 1's original error, which rank 1 also printed before leaving the group."""
+    import torch.distributed as dist
+
+    from dlx.parallel.heartbeat import Heartbeat, RankLost
+
+    store = dist.HashStore()
+    ranks = [Heartbeat(store, rank, 2, timeout_s=600.0) for rank in (0, 1)]
+    try:
+        ranks[0].beat(1, "loss all-reduce")
+        ranks[1].beat(2, "forward and backward")
+        own = RuntimeError("injected failure on rank 1 in step 2")
+        assert ranks[1].explain(own) is own
+        ranks[1].announce_failure(own)
+        announced = "error: rank 1 failed at step 2, forward and backward: RuntimeError: injected failure on rank 1 in "
+        assert capfd.readouterr().err.startswith(announced + "step 2 (pid ")
+        lost = ranks[0].explain(RuntimeError("Connection closed by peer"))
+        assert isinstance(lost, RankLost)
+        assert str(lost).startswith(
+            "a collective failed on rank 0 at step 1, loss all-reduce because rank 1 failed at step 2, forward and "
+            "backward: RuntimeError: injected failure on rank 1 in step 2 (pid "
+        )
+        assert str(lost).endswith("(then this rank's collective: RuntimeError: Connection closed by peer)")
+        assert ranks[0].explain(ValueError("not a collective")).args == ("not a collective",)
+    finally:
+        for heartbeat in ranks:
+            heartbeat.close()
 
 
 @pytest.mark.parametrize("spelling", [["--resume", "auto"], ["--resume=auto"]])

@@ -4,6 +4,14 @@ parallel.timeout_s, or died) the ranks still running name the rank(s) that did n
 time went stale (stopped, dead, or stuck holding the interpreter) or that are at an earlier step or phase, with their
 last step, phase and how long ago.
 
+A rank that fails on its own (its own error, not a collective's) tells the others before it leaves the group: it
+writes its error to the store and prints it in one line (`announce_failure`), so that the peers, whose collective then
+fails, name that rank and its error instead of only "connection closed", and the job's output holds the original error
+even when torchrun ends the failing rank before the interpreter prints its traceback. Its own error is never explained
+away: a peer only "did not arrive" when its tick went stale, or when it is behind and this rank waited about as long as
+a collective's timeout (a live peer one phase behind is the normal state of a job whose rank just raised; under load the
+peers' beats lag).
+
 Each beat also re-arms `faulthandler.dump_traceback_later`: a rank that makes no progress for 0.9 × parallel.timeout_s
 (just before its collective would time out) prints the Python stack of every thread to its stderr (a rank stuck in a
 collective shows where; a stopped or dead rank cannot print, and is the one the line names).
@@ -13,6 +21,7 @@ One beat is a small `set` to the store (about 0.1 ms on a local TCPStore), a few
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
 import json
@@ -29,10 +38,13 @@ from dlx.errors import UserError
 
 KEY = "heartbeat/rank{}"
 ALIVE_KEY = "alive/rank{}"
+FAILED_KEY = "failed/rank{}"
 TICK_S = 1.0
 STALE_S = 3.0
 READ_TIMEOUT_S = 5.0
 DUMP_AT = 0.9
+ERROR_CHARS = 300
+"""The most of an error's message a line quotes (gloo's run to a few hundred characters)."""
 PHASES = ("forward and backward", "loss all-reduce", "between steps")
 """A step's phases in the order a rank passes them; a rank at an earlier (step, phase) is behind."""
 
@@ -81,22 +93,50 @@ class Heartbeat:
             faulthandler.cancel_dump_traceback_later()
 
     def explain(self, error: BaseException) -> BaseException:
-        """What to raise for a collective's failure: RankLost naming the ranks behind this one, or `error` itself
-        where there is no group or nothing to name."""
-        if not self.active:
+        """What to raise for an error in training: RankLost naming the rank that failed first (it announced its error)
+        or the ranks this one waited for, or `error` itself where there is no group or nothing to name (this rank's
+        own error)."""
+        if not self.active or not isinstance(error, RuntimeError):  # collectives fail with RuntimeError
             return error
         self._stop.set()
         beats, alive = self.read_beats()
-        behind = ranks_behind(beats, alive, self.rank, time.time())
+        mine = f"a collective failed on rank {self.rank} at {where(self.last)}"
+        failed = self.read_failures()
+        if failed:
+            first = sorted(failed, key=lambda rank: failed[rank]["time"])  # the first is the cause, the rest followed
+            named = "; then ".join(describe_failure(rank, failed[rank]) for rank in first)
+            return RankLost(f"{mine} because {named} (then this rank's collective: {one_line(error)})")
+        now = time.time()
+        waited = now - self.last.get("time", now)
+        behind = ranks_behind(beats, alive, self.rank, now, waited >= DUMP_AT * self.timeout_s)
         if not behind or self.rank in behind:  # this rank failed on its own (or is the one behind): its own error
             return error
-        now = time.time()
         named = "; ".join(describe(rank, beats.get(rank), now) for rank in behind)
-        mine = f"step {self.last.get('step')}, {self.last.get('phase')}"
         return RankLost(
-            f"a collective failed ({type(error).__name__}) on rank {self.rank} at {mine}: {named}; "
-            f"parallel.timeout_s is {self.timeout_s:g} s (stacks of the ranks that waited are on their stderr)"
+            f"{mine}: {named}; parallel.timeout_s is {self.timeout_s:g} s (stacks of the ranks that waited are on "
+            f"their stderr; the collective's error: {one_line(error)})"
         )
+
+    def announce_failure(self, error: BaseException) -> None:
+        """This rank failed on its own: write its error to the store for the peers' `explain`, and print it in one
+        line now, before the group is destroyed (the peers' collectives then fail, they exit, and torchrun may end
+        this rank before its traceback is printed at exit)."""
+        if not self.active:
+            return
+        failure = {**self.last, "error": one_line(error), "time": time.time(), "pid": os.getpid(), "host": self.host}
+        with contextlib.suppress(RuntimeError):  # the store is gone: the line below still names the error
+            self.store.set_timeout(datetime.timedelta(seconds=READ_TIMEOUT_S))
+            self.store.set(FAILED_KEY.format(self.rank), json.dumps(failure))
+        print(f"error: {describe_failure(self.rank, failure)} (its traceback follows)", file=sys.stderr, flush=True)
+
+    def read_failures(self) -> dict[int, dict[str, Any]]:
+        """The failures other ranks announced, by rank."""
+        failed = {}
+        for rank in range(self.world_size):
+            text = self._read(FAILED_KEY.format(rank)) if rank != self.rank else None
+            if text:
+                failed[rank] = json.loads(text)
+        return failed
 
     def read_beats(self) -> tuple[dict[int, dict[str, Any] | None], dict[int, float]]:
         """Every rank's last beat and last tick (None / absent: never written, or the store did not answer within
@@ -125,11 +165,15 @@ def position(beat: dict[str, Any] | None) -> tuple[int, int]:
     return (int(beat.get("step", -1)), PHASES.index(phase) if phase in PHASES else -1)
 
 
-def ranks_behind(beats: dict[int, dict[str, Any] | None], alive: dict[int, float], me: int, now: float) -> list[int]:
+def ranks_behind(
+    beats: dict[int, dict[str, Any] | None], alive: dict[int, float], me: int, now: float, timed_out: bool = True
+) -> list[int]:
     """The ranks whose tick is older than STALE_S (stopped, dead, or stuck holding the interpreter); when every rank
-    ticks, the ranks at an earlier (step, phase) than the furthest one (hung while live, e.g. in a slow save)."""
+    ticks and this rank waited as long as a collective's timeout (`timed_out`), the ranks at an earlier (step, phase)
+    than the furthest one (hung while live, e.g. in a slow save). Without a timeout, a live rank one phase behind is
+    no sign of a hang: a rank that just raised its own error is usually one phase ahead of its peers."""
     stale = [rank for rank in beats if rank != me and now - alive.get(rank, 0.0) > STALE_S]
-    if stale:
+    if stale or not timed_out:
         return stale
     furthest = max(position(b) for b in beats.values())
     return [rank for rank, beat in beats.items() if position(beat) < furthest]
@@ -142,3 +186,17 @@ def describe(rank: int, beat: dict[str, Any] | None, now: float) -> str:
         f"rank {rank} did not arrive (last heartbeat {now - beat['time']:.0f} s ago at step {beat['step']}, "
         f"{beat['phase']}; pid {beat['pid']} on {beat['host']})"
     )
+
+
+def describe_failure(rank: int, failure: dict[str, Any]) -> str:
+    return f"rank {rank} failed at {where(failure)}: {failure['error']} (pid {failure['pid']} on {failure['host']})"
+
+
+def where(beat: dict[str, Any]) -> str:
+    return f"step {beat['step']}, {beat['phase']}" if "step" in beat else "start-up (before step 1)"
+
+
+def one_line(error: BaseException) -> str:
+    """`Type: message`, on one line and at most ERROR_CHARS long."""
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 1] + "…"

@@ -84,11 +84,14 @@ def pretrain(
             run = build_run(config, name, run_dir, resume, stop, env, device)
             try:
                 train(run, resume)
-            except RuntimeError as e:  # a collective failed: name the rank it waited for, if the heartbeats tell
+            except UserError:
+                raise
+            except Exception as e:  # a collective failed (name the rank behind it), or this rank failed on its own
                 lost = run.heartbeat.explain(e)
-                if lost is e:
-                    raise
-                raise lost from None
+                if lost is not e:
+                    raise lost from None
+                run.heartbeat.announce_failure(e)  # before the group goes: the peers' collectives then fail
+                raise
             finally:
                 run.close()
             progress = run.progress
