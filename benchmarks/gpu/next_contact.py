@@ -6,7 +6,7 @@ TORCH_LOGS=graph_breaks,recompiles, a bare PyTorch loop on the same model and ba
 seq 1024, activation checkpointing) for HF Trainer and dlx with `dlx plan`'s estimate. It prints a table against the
 targets and writes it into --out ($OUT). The pretrain runs keep train.attention auto: each times the attention kernels
 at its own shape before step 1 and applies the fastest; the table quotes the bf16 run's header line beside the
-ceilings' own timing (the bare loop keeps PyTorch's default kernel).
+ceilings' own timing. The bare loop applies the kernel auto picks too, so dlx ÷ bare is the rest of the step.
 
 On a lent device machine (its own torch, no network, only what is under $OUT comes back), from the repository root:
 

@@ -195,12 +195,20 @@ def train_steps(model, step_fn, batches, shape: Shape, device: torch.device) -> 
 
 
 def bare(shape: Shape) -> dict:
+    """The same model and batch in a plain PyTorch loop, on the attention kernel `dlx pretrain`'s train.attention
+    auto picks for the shape, so that dlx ÷ bare measures the rest of dlx's step and not the kernel choice."""
+    from dlx.model.attention_kernels import AttentionShape, choose_attention
     from dlx.parallel.wrap import apply_compile
 
     device = torch.device(shape.device)
     torch.manual_seed(0)
     with device:
         model = Transformer(resolve_model_args(shape.model, max_seq_len=shape.seq_len))
+    args = model.args
+    attention_shape = AttentionShape(shape.micro_batch, args.n_heads, args.kv_heads, shape.seq_len, args.head_dim)
+    attention = choose_attention("auto", attention_shape, device)
+    if attention.kernel == "flex":
+        model.causal_kernel = "flex"
     if shape.compile:
         apply_compile(model)
     precision = "bf16" if device.type == "cuda" else "fp32"
@@ -210,7 +218,8 @@ def bare(shape: Shape) -> dict:
             return model(inputs, targets=targets).loss
 
     batches = synthetic_batches(model.args.vocab_size, shape, device)
-    return train_steps(model, step_fn, batches, shape, device)
+    with dev.prefer_sdpa_kernel(attention.kernel):
+        return {**train_steps(model, step_fn, batches, shape, device), "attention": attention.header}
 
 
 def hf_model(shape: Shape, gradient_checkpointing: bool = False):
