@@ -13,14 +13,12 @@ On a lent device machine (its own torch, no network, only what is under $OUT com
     run(command="DLX_GIT_SHA=<sha> python3 benchmarks/gpu/next_contact.py", carry=["benchmarks/gpu/wheels"],
         timeout_s=600)
 
-benchmarks/gpu/wheels must then hold, beside dlx's own (offline_deps.py download), torchao for the float8 step (the
-H200 image of 2026-12-04 had torch 2.11, transformers 5.17 and accelerate 1.15, no torchao; torchao 0.18 needs torch
->= 2.11, 3.4 MB, its kernels are torch's and Triton's): `.venv/bin/python -m pip download --no-deps
---only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 --dest benchmarks/gpu/wheels
-torchao==0.18.0`. A step whose imports fail says so in its last line and the others run. Each step
-has its own time limit (STEPS, 570 s in all), so that one that hangs cannot eat the others'. Files brought back
-(at most 8): results.json (every step's status and figures), table.md, steps.log, summary.txt, the two pretrain
-runs' metrics.jsonl.
+benchmarks/gpu/wheels must then hold what `offline_deps.py download` fetches: dlx's own dependencies and torchao
+(the `float8` extra, 3.4 MB, one abi3 wheel whose kernels are torch's and Triton's; the H200 image of 2026-12-04 had
+torch 2.11, transformers 5.17 and accelerate 1.15, no torchao; torchao 0.18 needs torch >= 2.11). A step whose
+imports fail says so in its last line and the others run. Each step has its own time limit (STEPS, 570 s in all), so
+that one that hangs cannot eat the others'. Files brought back (at most 8): results.json (every step's status and
+figures), table.md, steps.log, summary.txt, the two pretrain runs' metrics.jsonl.
 
 `--dry-run` runs every step on the CPU with the debug model, no compile, in seconds: the same code paths, float8
 included (torch >= 2.11 runs float8 matmuls on a CPU with oneDNN's reference kernel, about a second a step here;

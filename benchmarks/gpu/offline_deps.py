@@ -10,7 +10,7 @@ runs (the versions pinned to the ones installed in this environment, which the t
     pip download --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 \\
         --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --dest benchmarks/gpu/wheels \\
         numpy==V safetensors==V pydantic==V pyyaml==V typer==V rich==V psutil==V matplotlib==V ijson==V zstandard==V
-    pip download (the same options) --no-deps tokenizers==V
+    pip download (the same options) --no-deps tokenizers==V torchao==V
 
 and prints the folder's size: about 57 MB, under the 64 MiB the device tool carries for git-ignored paths
 (`benchmarks/gpu/wheels/` is ignored). Only what `dlx bench` imports: tiktoken and pyarrow (used by `dlx prepare`
@@ -40,7 +40,9 @@ BENCH_DISTRIBUTIONS = (
     *("ijson", "tokenizers", "zstandard"),  # imported with dlx.train.run (init_from -> HF tokenizers -> prepare)
 )
 """dlx's core dependencies that `python -m dlx bench` imports (checked by tests/test_gpu_bench_script.py)."""
-NO_DEPS = ("tokenizers",)
+DEVICE_EXTRAS = ("float8",)
+"""dlx extras a device run needs beside them: torchao for next_contact's float8 step (the image has none)."""
+NO_DEPS = ("tokenizers", "torchao")
 """Downloaded without their dependencies (see the module docstring)."""
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
 CARRY_LIMIT_MB = 64 * 1.048576
@@ -59,6 +61,14 @@ def bench_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
     dependencies = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
     wanted = {normalize(name) for name in BENCH_DISTRIBUTIONS}
     return [req for req in dependencies if normalize(requirement_name(req)) in wanted]
+
+
+def extra_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
+    """The requirements of DEVICE_EXTRAS, as pyproject bounds them (torchao: one abi3 wheel, no dependencies)."""
+    import tomllib
+
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    return [req for extra in DEVICE_EXTRAS for req in extras[extra]]
 
 
 def pinned(requirements: list[str]) -> list[str]:
@@ -149,7 +159,9 @@ def main() -> None:
         for wheel, present in unpack_plan(args.dest):
             print(f"{wheel.name}: {'present (' + present + ')' if present else 'unpack'}")
         return
-    for command in download_commands(args.dest, pinned(bench_requirements()), args.python_version):
+    for command in download_commands(
+        args.dest, pinned(bench_requirements() + extra_requirements()), args.python_version
+    ):
         print("$ " + " ".join(command), flush=True)
         subprocess.run(command, check=True)
     size = folder_mb(args.dest)
