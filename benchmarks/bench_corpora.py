@@ -43,8 +43,8 @@ from dlx.parallel.distributed import DistEnv
 from dlx.precision import build_precision
 from dlx.train.config import build_config
 from dlx.train.data import build_train_loader
+from dlx.train.model_build import build_model, build_run_strategy
 from dlx.train.objective import build_objective
-from dlx.train.run import build_model, build_run_strategy
 from dlx.train.step_plan import plan_steps
 from dlx.train.trainer import accumulate_gradients
 from peers.contenders import round_parser, spread

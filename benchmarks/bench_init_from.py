@@ -96,8 +96,8 @@ def load(contender: str, folder: str):
 
     if contender == "dlx init_from fp32":
         from dlx.train.init_from import resolve_source
+        from dlx.train.model_build import build_model
         from dlx.train.recipe import load_recipe
-        from dlx.train.run import build_model
 
         options = ["--model.init_from", folder, "--model.max_seq_len", "2048", "--train.max_steps", "1"]
         config = load_recipe(None, [*options, "--data.seq_len", "64"])

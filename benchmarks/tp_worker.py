@@ -47,8 +47,8 @@ def state_bytes(out: Path, overrides: list[str]) -> None:
     from dlx.parallel.tensor import check_layout
     from dlx.precision import build_precision
     from dlx.train.data import build_train_loader
+    from dlx.train.model_build import build_run_strategy, meta_model
     from dlx.train.recipe import load_recipe
-    from dlx.train.run import build_run_strategy, meta_model
     from dlx.train.step_plan import plan_steps
     from dlx.train.trainer import accumulate_gradients
 

@@ -31,8 +31,8 @@ if __name__ == "__main__":
     if fail_rank is not None and os.environ.get("RANK") == fail_rank:
         fail_in_step(int(os.environ["DLX_TEST_FAIL_STEP"]), fail_rank)
     if os.environ.get("DLX_TEST_FLOAT8_GATHER") == "0":
-        from dlx.train import run
+        from dlx.train import model_build
 
-        run.gathers_in_float8 = lambda recipe, strategy: False
+        model_build.gathers_in_float8 = lambda recipe, strategy: False
     sys.argv[0] = "dlx"
     main()

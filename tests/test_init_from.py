@@ -16,8 +16,8 @@ from dlx.model.io import load_model, save_model
 from dlx.train.data import build_train_loader
 from dlx.train.init_from import resolve_source
 from dlx.train.launch import launch
+from dlx.train.model_build import build_model
 from dlx.train.recipe import load_recipe
-from dlx.train.run import build_model
 from hf_helpers import BASE, next_token_loss, write_hf_llama
 from train_helpers import TINY, losses, make_dataset, run_cli, train_quietly
 

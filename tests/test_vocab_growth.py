@@ -18,8 +18,8 @@ from dlx.errors import UserError
 from dlx.model.hf import save_hf
 from dlx.train.init_from import resolve_source
 from dlx.train.launch import launch
+from dlx.train.model_build import build_model
 from dlx.train.recipe import load_recipe
-from dlx.train.run import build_model
 from hf_helpers import BASE, write_hf_llama
 from train_helpers import make_dataset
 

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WHEELS = ROOT / "benchmarks" / "gpu" / "wheels"
 BENCH_DISTRIBUTIONS = (
     *("numpy", "safetensors", "pydantic", "pyyaml", "typer", "rich", "psutil", "matplotlib"),
-    *("ijson", "tokenizers", "zstandard"),  # imported with dlx.train.run (init_from -> HF tokenizers -> prepare)
+    *("ijson", "tokenizers", "zstandard"),  # imported with train.model_build (init_from -> HF tokenizers -> prepare)
 )
 """dlx's core dependencies that `python -m dlx bench` imports (checked by tests/test_gpu_bench_script.py)."""
 DEVICE_EXTRAS = ("float8",)

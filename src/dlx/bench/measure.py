@@ -34,8 +34,8 @@ from dlx.train.accumulate import accumulate_gradients
 from dlx.train.attention import AttentionObserver, attention_shape, choose_run_attention
 from dlx.train.config import RunConfig, build_config
 from dlx.train.data import build_train_loader
+from dlx.train.model_build import build_run_strategy, meta_model
 from dlx.train.objective import build_objective
-from dlx.train.run import build_run_strategy, meta_model
 from dlx.train.step_plan import plan_steps
 
 

@@ -1,14 +1,12 @@
-"""`build_run`: every piece a training run needs, each from its own `build_*` helper, validated before the run folder
-is created (bad input leaves nothing behind)."""
+"""`build_run`: every piece a training run needs, each from its own `build_*` helper (the model and its strategy from
+`dlx.train.model_build`), validated before the run folder is created (bad input leaves nothing behind)."""
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -18,11 +16,10 @@ from dlx.metrics.logger import EVAL_FILE, METRICS_FILE, MetricsLogger, read_json
 from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.llama import Transformer
-from dlx.parallel.build import StepShape, build_strategy, check_strategy_installed
-from dlx.parallel.distributed import DistEnv, any_rank, job_store, main_decides
-from dlx.parallel.float8 import apply_float8, check_float8_installed, float8_header, gathers_in_float8
+from dlx.parallel.build import check_strategy_installed
+from dlx.parallel.distributed import DistEnv, job_store, main_decides
+from dlx.parallel.float8 import check_float8_installed, float8_header
 from dlx.parallel.heartbeat import Heartbeat
-from dlx.parallel.materialize import ShardFiller, materialize
 from dlx.parallel.strategy import Strategy
 from dlx.parallel.tensor import check_layout
 from dlx.parallel.traits import STRATEGY_TRAITS
@@ -32,19 +29,13 @@ from dlx.train.attention import AttentionObserver, attention_shape, choose_run_a
 from dlx.train.config import RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader, inspect_dataset
-from dlx.train.init_from import (
-    InitSource,
-    bos_difference,
-    check_tokenizer,
-    describe_changes,
-    load_initial_weights,
-    resolve_source,
-)
+from dlx.train.init_from import InitSource, describe_changes
 from dlx.train.memory_check import check_memory
+from dlx.train.model_build import build_run_strategy, initial_weights, meta_model, resolve_initial_weights
 from dlx.train.objective import Objective, build_objective
 from dlx.train.observe import bpb_note, build_observers, check_observers, check_wandb_installed
 from dlx.train.observer import ObserverList
-from dlx.train.optim import build_optimizer, build_scheduler
+from dlx.train.optim import build_scheduler
 from dlx.train.preflight import Preflight, run_preflight
 from dlx.train.restore import create_run_dir, find_checkpoint, resolve_run_dir, restore, unused_checkpoint_keys
 from dlx.train.runlock import RunLock
@@ -52,7 +43,6 @@ from dlx.train.signals import GracefulStop
 from dlx.train.spikes import SpikeGuard
 from dlx.train.step_plan import StepPlan, header_lines, plan_steps
 from dlx.train.tasks import build_task_evaluation, load_run_tasks
-from dlx.train.vocab_growth import dataset_tokenizer
 
 
 @dataclass
@@ -177,94 +167,6 @@ class Run:
                 self.logger.close()
                 if self.lock is not None:
                     self.lock.release()
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def meta_model(config: RunConfig) -> Transformer:
-    """On the meta device: shapes only. `build_run_strategy` shards it, then gives each rank its own shards (drawn
-    from train.seed, or read from model.init_from): no rank ever holds the whole model unless it trains it whole."""
-    seed_everything(config.train.seed)
-    with torch.device("meta"):
-        return Transformer(config.model.args)
-
-
-def build_model(config: RunConfig, device: torch.device, init: InitSource | None = None) -> Transformer:
-    """The whole model in this process: the weights every layout starts from (drawn from train.seed), or
-    model.init_from's, copied into uninitialised storage on the device (no random init, no second copy)."""
-    model = meta_model(config)
-    materialize(model, device, config.train.seed, initial_weights(init, device, config))
-    return model
-
-
-def resolve_initial_weights(
-    config: RunConfig, data_info: DatasetInfo, restoring: bool, console: RunConsole
-) -> InitSource | None:
-    """model.init_from's folder, checked against the dataset's tokenizer; None without init_from, or when a checkpoint
-    is about to be restored (it holds the weights). Rank 0 decides, every rank gets the answer or the same error."""
-    if config.model.init_from is None or restoring:
-        return None
-
-    def resolve() -> InitSource:
-        source = config.model.init_source or resolve_source(config.model.init_from)
-        source.check()  # every header, shard and shape checked before anything is written
-        check_tokenizer(source, data_info.tokenizer, data_info.path)
-        return source
-
-    source = main_decides(resolve)
-    for note in (*source.notes, bos_difference(source, data_info.tokenizer)):
-        if note:
-            console.warn(note)
-    return source
-
-
-def initial_weights(init: InitSource | None, device: torch.device, config: RunConfig) -> ShardFiller | None:
-    """model.init_from's weights as what fills each rank's shards when the model is materialised (each rank reads only
-    the rows it holds); a rank that cannot read them stops all ranks with its one line. None: random weights."""
-    if init is None:
-        return None
-    data = dataset_tokenizer(config.data.path, config.data.mix)  # an extension of the weights' grows the vocabulary
-    data_tokenizer = data[0] if data is not None else None
-
-    def fill(model: Transformer) -> None:
-        error: UserError | None = None
-        try:
-            load_initial_weights(model, init, data_tokenizer)
-        except UserError as e:
-            error = e
-        if any_rank(error is not None, device):
-            raise error or UserError(f"another rank could not read model.init_from {config.model.init_from}")
-
-    return fill
-
-
-def build_run_strategy(
-    model: Transformer,
-    config: RunConfig,
-    device: torch.device,
-    env: DistEnv,
-    precision: Precision,
-    plan: StepPlan,
-    fill: ShardFiller | None = None,
-) -> Strategy:
-    """The recipe's strategy around the model, with the recipe's optimizer on the wrapped parameters; the meta-device
-    model's shards filled by `fill` (model.init_from), else drawn from train.seed."""
-    shape = StepShape(plan.micro_batch_size, plan.grad_accum, config.train.grad_clip)
-
-    def make_optimizer(wrapped: nn.Module) -> torch.optim.Optimizer:
-        return build_optimizer(wrapped, config.train, device)
-
-    if config.train.float8:  # before any other wrapping
-        recipe = config.train.float8_recipe
-        apply_float8(model, recipe, device, gathers_in_float8(recipe, config.parallel.strategy))
-    seed = config.train.seed
-    return build_strategy(
-        model, config.parallel, config.train.compile, device, env, precision, make_optimizer, shape, seed, fill
-    )
 
 
 def check_optional_features(config: RunConfig) -> None:
