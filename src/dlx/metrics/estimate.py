@@ -243,12 +243,13 @@ def activation_bytes(args: ModelArgs, shape: TrainingShape) -> ActivationBytes:
     tokens = shape.micro_batch * shape.seq_len
     per_layer = activation_bytes_per_token_per_layer(args, shape) * tokens
     layer_input = 4 * args.dim * tokens / shape.tp  # the residual stream is sequence-sharded under TP
+    recompute = per_layer - layer_input  # the recomputed layer's first norm input is the input checkpointing kept
     if shape.activation_checkpointing == "full":
-        return ActivationBytes(args.n_layers * layer_input, per_layer, layer_input)
+        return ActivationBytes(args.n_layers * layer_input, recompute, layer_input)
     if shape.activation_checkpointing == "selective":
         checkpointed = (args.n_layers + 1) // 2
         saved = checkpointed * layer_input + (args.n_layers - checkpointed) * per_layer
-        return ActivationBytes(saved, per_layer, layer_input)
+        return ActivationBytes(saved, recompute, layer_input)
     return ActivationBytes(args.n_layers * per_layer, 0.0, per_layer)
 
 
