@@ -193,7 +193,7 @@ def test_plan_cli_refuses_a_tp_that_does_not_divide_the_heads():
 
 def test_the_peak_is_the_weights_and_optimizer_plus_the_largest_phase():
     """The documented phases, counted by hand for the debug model (untied, fp32 on CUDA: k and v repeated)."""
-    from dlx.metrics.estimate import phase_peaks
+    from dlx.metrics.estimate import _state_bytes, phase_peaks
 
     args = resolve_model_args("debug")  # d=64, f=176, 4 heads, vocab 512, 2 layers, 158,016 parameters
     d, f, h, vocab, tokens = 64, 176, 4, 512, 64
@@ -203,8 +203,6 @@ def test_the_peak_is_the_weights_and_optimizer_plus_the_largest_phase():
     loss_forward = tokens * vocab * 8 + tokens * d * 4 + kept
     batch, grads, residual = 16 * tokens, 158_016 * 4, 4 * d * tokens
     plan = plan_memory(args, shape)
-    from dlx.metrics.estimate import _state_bytes
-
     state = _state_bytes(args, 158_016, shape)
     phases = phase_peaks(args, shape, state)
     assert phases["forward"] == batch + 2 * per_layer + loss_forward
