@@ -1,14 +1,14 @@
 """`dlx plan`'s memory estimate against what dlx's own training step uses, on this CPU, cell by cell.
 
 Each cell (a precision, micro-batch and activation checkpointing on a scaled-down llama3.2-1b: its head layout, FFN
-ratio and tied embedding at dim 512, 4 layers, an 16,384 vocabulary) runs twice, each time in a fresh process that
+ratio and tied embedding at dim 512, 4 layers, a 16,384 vocabulary) runs twice, each time in a fresh process that
 builds the run as `dlx pretrain` does (the recipe's builders: meta model, strategy, fused AdamW, synthetic loader) and
 takes `--steps` optimizer steps through the loop's own `accumulate_gradients` and `strategy.optimizer_step`:
 
 - **RSS growth**: the process's resident-set high-water mark (`VmHWM`, reset by `clear_refs` 5 after the baseline)
   minus its RSS at the baseline, taken once torch and dlx are imported and a tiny forward/backward has started
-  torch's thread pool and kernels in both dtypes. This is what the preflight memory check must not under-estimate:
-  the memory the run adds to a process that already holds the runtime.
+  torch's thread pool and kernels in both dtypes: the memory the run adds to a process that already holds the
+  runtime, the C allocator's retained heaps included (which the estimate does not model; BENCHMARKS.md says why).
 - **tensor peak**: the largest sum of live tensor bytes over the same steps, from the allocator's events in
   `torch.profiler` (`profile_memory`): what the estimate's terms count, without the allocator's slack or Python.
 

@@ -41,7 +41,7 @@ cross-entropy makes, its gradient).
 Not counted: the allocator's slack, the CUDA context, per-op temporaries inside a kernel, the loader's memory. On a
 CPU the process's resident set exceeds the tensors' peak by more than that: glibc's malloc raises its mmap threshold
 (up to 32 MiB) after the first large free, so tensors below it come from heaps that keep freed memory; measured,
-the resident set grows 14-43 % more than the tensors do (BENCHMARKS.md, Memory estimate). `dlx bench` prints the
+the resident set grows 14-46 % more than the tensors do (BENCHMARKS.md, Memory estimate). `dlx bench` prints the
 estimate beside the measurement.
 """
 
