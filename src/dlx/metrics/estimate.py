@@ -203,7 +203,8 @@ class LossBytes:
 
 def loss_buffers(args: ModelArgs, shape: TrainingShape) -> LossBytes:
     """Without tensor parallelism: one chunk's logits (p), their fp32 log-softmax turned into the gradient in place
-    (4) and that gradient cast back to p bytes (fp32 skips it), per logit; per token the final norm's output (the
+    (4) and, under autocast, the larger of log_softmax's fp32 copy of the logits (4) and the gradient cast back to p
+    bytes, per logit, and 33 bytes of per-token scalars per chunk token; per token the final norm's output (the
     hidden states, p·d), their gradient (p·d), the final norm's saved fp32 input (4d, and on CPU its composite kernel's
     fp32 product, 4d); and the output weight's fp32 gradient accumulator (4 · vocab · d). Backward starts with the
     gradients, the norm's input and the accumulator. With tensor parallelism the whole logits' vocabulary shards."""
@@ -216,6 +217,9 @@ def loss_buffers(args: ModelArgs, shape: TrainingShape) -> LossBytes:
     # log_softmax(dtype=float32) first casts a bf16/fp16 input to a whole fp32 copy (4), except CUDA's fused fp16 path
     cast_copy = 4 if p < 4 and not (shape.device_type == "cuda" and shape.precision == "fp16") else 0
     chunk = chunk_tokens * args.vocab_size * (p + 4 + max(cast_copy, p if p < 4 else 0))
+    # per chunk token: the clamped target (int64), the picked log-probability, the log-sum-exp, its square, the masked
+    # cross-entropy, the row scale and the target's gradient term (fp32 each), the counted mask (bool)
+    chunk += chunk_tokens * (8 + 6 * 4 + 1)
     norm_input = tokens * args.dim * (4 + (4 if shape.device_type == "cpu" else 0))
     accumulator = 4 * args.vocab_size * args.dim
     kept = tokens * args.dim * p + norm_input + accumulator
