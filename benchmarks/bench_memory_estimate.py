@@ -195,8 +195,8 @@ def in_subprocess(cell: Cell, steps: int, mode: str) -> dict:
 def table(steps: int) -> list[str]:
     rows = [
         "| cell | est. terms GB: weights + grads + AdamW + activations + loss | est. peak GB (phase) | tensor peak GB "
-        "| est. ÷ tensor peak | RSS growth GB | est. ÷ RSS growth |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| est. − tensor peak KB | est. ÷ tensor peak | RSS growth GB | est. ÷ RSS growth |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for cell in CELLS:
         plan = estimate(cell)
@@ -205,7 +205,8 @@ def table(steps: int) -> list[str]:
         parts = (plan.weights_gb, plan.grads_gb, plan.optimizer_gb, plan.activations_gb, plan.logits_gb)
         rows.append(
             f"| {cell.label()} | {' + '.join(f'{x:.3f}' for x in parts)} | {plan.total_gb:.4f} ({plan.peak_phase}) "
-            f"| {tensors:.4f} | {plan.total_gb / tensors:.4f} | {rss:.3f} | {plan.total_gb / rss:.2f} |"
+            f"| {tensors:.4f} | {(plan.total_gb - tensors) * 1e6:+.1f} | {plan.total_gb / tensors:.4f} | {rss:.3f} "
+            f"| {plan.total_gb / rss:.2f} |"
         )
         print(rows[-1], flush=True)
     return rows
