@@ -51,7 +51,7 @@ def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 
 
 def test_sweep_writes_csv_table_plot_marks_oom_and_rerun_skips(tmp_path):
-    # micro-batch 8192 needs ~1.7 GB at seq 16 and ~3.4 GB at seq 32 by the estimate: over the 1 GB budget, marked,
+    # micro-batch 8192 needs ~2.0 GB at seq 16 and ~4.0 GB at seq 32 by the estimate: over the 1 GB budget, marked,
     # never run.
     argv = [
         "bench",

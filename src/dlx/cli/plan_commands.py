@@ -86,6 +86,7 @@ def plan_summary(model: str, shape: Any, gpu: str, mfu: float, memory_gb: float)
         "activations_gb": result.activations_gb,
         "logits_gb": result.logits_gb,
         "total_gb": result.total_gb,
+        "peak_phase": result.peak_phase,
         "flops_per_token_dense": result.flops_per_token.dense,
         "flops_per_token_attention": result.flops_per_token.attention,
         "tokens_per_step": result.tokens_per_step,
@@ -105,8 +106,10 @@ def print_plan(model: str, summary: dict[str, Any], gpu: str, mfu: float, world_
     console = Console(width=max(Console().width, 110))
     console.print(f"{model}: {summary['params']:,} parameters")  # not a table title: rich wraps those to its width
     table = Table("memory per rank", "GB")
-    for key in ("weights", "grads", "optimizer", "activations", "logits", "total"):
+    for key in ("weights", "grads", "optimizer", "activations", "logits"):
         table.add_row(key, f"{summary[f'{key}_gb']:.2f}")
+    # The terms are not all alive at once: the peak is the weights and optimizer state plus the largest phase.
+    table.add_row(f"peak (in {summary['peak_phase']})", f"{summary['total_gb']:.2f}")
     console.print(table)
     for name, text in CONVENTIONS.items():
         console.print(f"FLOPs/token ({name}: {text}): {summary[f'flops_per_token_{name}']:.3e}")

@@ -1,7 +1,15 @@
 """Memory and time estimates for one training configuration, before running it (`dlx plan`).
 
+The estimate is the peak of live tensors: what CUDA's caching allocator reports as `max_memory_allocated`, and what
+`torch.profiler`'s allocator events add up to on a CPU. It is not the sum of its terms, which are never all alive at
+once: the weights and AdamW's state stay, the rest comes and goes by phase (`phase_peaks`), and the total is the
+weights and optimizer state plus the largest phase. benchmarks/bench_memory_estimate.py checks it against dlx's own
+steps, cell by cell.
+
 Bytes per parameter, with AdamW and mixed precision by autocast (weights stay fp32, matmuls run in bf16/fp16):
-    weights 4, gradients 4, AdamW moments 8, plus a 2-byte copy of each weight that autocast caches during forward.
+    weights 4, gradients 4, AdamW moments 8, plus a 2-byte copy of each weight that autocast caches during forward
+    and each matmul keeps for its backward (the loss casts the output weight itself, for its forward).
+The RoPE tables (fp32 cos and sin, max_seq_len × head_dim each) are counted with the weights.
 Sharding, in the recipe's `parallel` words. Tensor parallelism (`tp`) first divides every matmul weight and the
 embedding by tp (the norm weights, (2·n_layers + 1)·dim of them, stay whole on every rank). Then over the
 dp = world_size / tp data-parallel ranks: DDP replicates everything (and with tp 1 keeps 4 bytes/param of gradient
@@ -19,17 +27,22 @@ against the tensors a block saves, on CPU):
     SwiGLU: w1 and w3 outputs, silu, product                4 · p·f
 RoPE keeps nothing (its tables are constants). Attention kernels that store the T×T score matrix (PyTorch's math
 path: an explicit mask, or `attention_matrix`) add p·H·T; flash kernels (CUDA, and CPU since PyTorch 2.2) store only
-the log-sum-exp. The loss (dlx.model.loss) keeps no logits: one chunk of at most 2²⁸ logits at a time, 8 bytes each
-(the logits, p; their fp32 log-softmax, turned into the gradient in place, 4; that gradient cast back to p bytes, which
-fp32 skips), plus the gradient of the final hidden states (p·d per token), the final norm's input (4d), and the output
-weight's fp32 gradient accumulator (4 · vocab · d). Full activation checkpointing keeps only each layer's fp32 input
-and recomputes one layer at a time; `selective` checkpoints every other layer.
+the log-sum-exp. The loss (dlx.model.loss) keeps no logits: one chunk of at most 2²⁸ logits at a time (the logits, p;
+their fp32 log-softmax, turned into the gradient in place, 4; under autocast the fp32 copy of the logits that
+log_softmax(dtype=float32) makes first, 4, or the gradient cast back to p bytes after it, whichever is larger), plus
+the final hidden states and their gradient (2·p·d per token), the final norm's input (4d, and 4d more for the
+composite kernel's product on CPU), and the output weight's fp32 gradient accumulator (4 · vocab · d): `loss_buffers`.
+Full activation checkpointing keeps only each layer's fp32 input and recomputes one layer at a time; `selective`
+checkpoints every other layer.
 With tensor (and sequence) parallelism every activation term is divided by tp except the normed matmul inputs, which
 each rank gathers whole (B, T, dim) before its column-parallel matmuls; the loss then takes the whole logits as
 vocabulary shards instead of chunks: (p + 4 + 4)·vocab / tp per token (the autocast logits, the fp32 copy
 cross-entropy makes, its gradient).
-This is an estimate (allocator fragmentation, temporary buffers and CUDA context are not counted); `dlx bench` prints it
-beside the measurement.
+Not counted: the allocator's slack, the CUDA context, per-op temporaries inside a kernel, the loader's memory. On a
+CPU the process's resident set exceeds the tensors' peak by more than that: glibc's malloc raises its mmap threshold
+(up to 32 MiB) after the first large free, so tensors below it come from heaps that keep freed memory; measured,
+the resident set grows 14-46 % more than the tensors do (BENCHMARKS.md, Memory estimate). `dlx bench` prints the
+estimate beside the measurement.
 """
 
 from __future__ import annotations
@@ -105,17 +118,23 @@ def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 class MemoryPlan:
     params: int
     weights_gb: float
+    """fp32 weights and, under autocast, their compute-dtype copies (see the module docstring)."""
     grads_gb: float
+    """Gradients (and DDP's buckets): live from backward to the optimizer step's zero_grad."""
     optimizer_gb: float
     activations_gb: float
+    """What forward saves for backward (checkpointed: the layer inputs), plus one layer's recomputation."""
     logits_gb: float
+    """The loss at its largest: one chunk's logits and their gradient, the hidden states, their gradient, the output
+    weight's gradient accumulator."""
     flops_per_token: FlopsPerToken
     tokens_per_step: int
     """Tokens in one optimizer step, all ranks: micro_batch · seq_len · grad_accum · dp."""
-
-    @property
-    def total_gb(self) -> float:
-        return self.weights_gb + self.grads_gb + self.optimizer_gb + self.activations_gb + self.logits_gb
+    total_gb: float = 0.0
+    """The peak: weights and optimizer state, plus the largest of the phases' buffers (`peak_phase`); not the sum of
+    the terms above, which are never all alive at once."""
+    peak_phase: str = ""
+    """Where the peak falls: `forward` (at the loss), `backward`, or `optimizer`."""
 
     def step_seconds(self, peak_tflops: float, mfu: float, world_size: int) -> float:
         """Predicted optimizer-step time at the given MFU (attention-inclusive FLOPs)."""
@@ -123,10 +142,29 @@ class MemoryPlan:
         return flops / (peak_tflops * 1e12 * mfu * world_size)
 
 
-def _state_bytes(n_params: float, shape: TrainingShape) -> tuple[float, float, float]:
-    """Weights, gradients, optimizer bytes per rank, for `n_params` per tensor-parallel rank."""
-    weights = n_params * (4 + (2 if shape.precision != "fp32" else 0))
-    grads = n_params * 4 * (2 if STRATEGY_TRAITS[shape.strategy].gradient_buckets and shape.tp == 1 else 1)
+@dataclass(frozen=True)
+class StateBytes:
+    """Per rank: the fp32 weights, autocast's compute-dtype copies of them, the gradients, DDP's buckets, AdamW's
+    moments."""
+
+    weights: float
+    copies: float
+    grads: float
+    buckets: float
+    optimizer: float
+
+
+def rope_table_bytes(args: ModelArgs) -> int:
+    """RoPE's cos and sin tables, fp32 (max_seq_len, head_dim) each: buffers every rank holds whole."""
+    return 2 * args.max_seq_len * args.head_dim * 4
+
+
+def _state_bytes(args: ModelArgs, n_params: float, shape: TrainingShape) -> StateBytes:
+    """The state for `n_params` per tensor-parallel rank, sharded as the strategy shards it (not the RoPE tables)."""
+    weights = n_params * 4 + rope_table_bytes(args)
+    copies = n_params * 2 if shape.precision != "fp32" else 0.0
+    grads = n_params * 4
+    buckets = grads if STRATEGY_TRAITS[shape.strategy].gradient_buckets and shape.tp == 1 else 0.0
     optimizer = n_params * 8
     world = shape.dp
     if sharding_stage(shape) >= 1:
@@ -134,8 +172,8 @@ def _state_bytes(n_params: float, shape: TrainingShape) -> tuple[float, float, f
     if sharding_stage(shape) >= 2:
         grads /= world
     if sharding_stage(shape) >= 3:
-        weights /= world
-    return weights, grads, optimizer
+        weights, copies = (weights - rope_table_bytes(args)) / world + rope_table_bytes(args), copies / world
+    return StateBytes(weights, copies, grads, buckets, optimizer)
 
 
 def sharding_stage(shape: TrainingShape) -> int:
@@ -155,42 +193,117 @@ def activation_bytes_per_token_per_layer(args: ModelArgs, shape: TrainingShape) 
     return sharded / tp + 2 * p * d  # the normed matmul inputs are gathered whole on every TP rank
 
 
-def loss_bytes(args: ModelArgs, shape: TrainingShape) -> float:
-    """The loss's memory: without tensor parallelism one chunk's logits, the hidden-state gradient, the final norm's
-    input and the output weight's gradient accumulator; with it the whole logits' shards (see the module docstring)."""
+@dataclass(frozen=True)
+class LossBytes:
+    """The loss's buffers (dlx.model.loss) in forward, at their largest, and what of them backward starts with."""
+
+    forward: float
+    kept: float
+
+
+def loss_buffers(args: ModelArgs, shape: TrainingShape) -> LossBytes:
+    """Without tensor parallelism: one chunk's logits (p), their fp32 log-softmax turned into the gradient in place
+    (4) and, under autocast, the larger of log_softmax's fp32 copy of the logits (4) and the gradient cast back to p
+    bytes, per logit, and 33 bytes of per-token scalars per chunk token; per token the final norm's output (the
+    hidden states, p·d), their gradient (p·d), the final norm's saved fp32 input (4d, and on CPU its composite kernel's
+    fp32 product, 4d); and the output weight's fp32 gradient accumulator (4 · vocab · d). Backward starts with the
+    gradients, the norm's input and the accumulator. With tensor parallelism the whole logits' vocabulary shards."""
     p = AUTOCAST_BYTES[shape.precision]
     tokens = shape.micro_batch * shape.seq_len
     if shape.tp > 1:  # vocab-parallel cross-entropy on the whole logits' shards
-        return tokens * args.vocab_size * (p + 4 + 4) / shape.tp
+        whole = tokens * args.vocab_size * (p + 4 + 4) / shape.tp
+        return LossBytes(whole, whole)
     chunk_tokens = min(tokens, max(1, CHUNK_LOGITS // args.vocab_size))
-    per_logit = p + 4 + (p if p < 4 else 0)
-    return chunk_tokens * args.vocab_size * per_logit + tokens * args.dim * (p + 4) + 4 * args.vocab_size * args.dim
+    # log_softmax(dtype=float32) first casts a bf16/fp16 input to a whole fp32 copy (4), except CUDA's fused fp16 path
+    cast_copy = 4 if p < 4 and not (shape.device_type == "cuda" and shape.precision == "fp16") else 0
+    chunk = chunk_tokens * args.vocab_size * (p + 4 + max(cast_copy, p if p < 4 else 0))
+    # per chunk token: the clamped target (int64), the picked log-probability, the log-sum-exp, its square, the masked
+    # cross-entropy, the row scale and the target's gradient term (fp32 each), the counted mask (bool)
+    chunk += chunk_tokens * (8 + 6 * 4 + 1)
+    norm_input = tokens * args.dim * (4 + (4 if shape.device_type == "cpu" else 0))
+    accumulator = 4 * args.vocab_size * args.dim
+    kept = tokens * args.dim * p + norm_input + accumulator
+    return LossBytes(chunk + tokens * args.dim * p + kept, kept)
 
 
-def _activation_bytes(args: ModelArgs, shape: TrainingShape) -> float:
+def loss_bytes(args: ModelArgs, shape: TrainingShape) -> float:
+    """The loss's memory at its largest, in forward (`loss_buffers`)."""
+    return loss_buffers(args, shape).forward
+
+
+@dataclass(frozen=True)
+class ActivationBytes:
+    saved: float
+    """Saved by forward for backward: every layer's activations, or the checkpointed layers' inputs."""
+    recompute: float
+    """One checkpointed layer's activations, made again in backward (0 without checkpointing)."""
+    last_layer: float
+    """What the first layer keeps (its activations, or its input when checkpointed): the least backward ends with."""
+
+
+def activation_bytes(args: ModelArgs, shape: TrainingShape) -> ActivationBytes:
+    """Full checkpointing keeps only each layer's fp32 input and recomputes one layer at a time; `selective`
+    checkpoints every other layer (the even ones, as dlx.parallel.wrap does)."""
     tokens = shape.micro_batch * shape.seq_len
     per_layer = activation_bytes_per_token_per_layer(args, shape) * tokens
     layer_input = 4 * args.dim * tokens / shape.tp  # the residual stream is sequence-sharded under TP
+    recompute = per_layer - layer_input  # the recomputed layer's first norm input is the input checkpointing kept
     if shape.activation_checkpointing == "full":
-        return args.n_layers * layer_input + per_layer
+        return ActivationBytes(args.n_layers * layer_input, recompute, layer_input)
     if shape.activation_checkpointing == "selective":
-        kept = (args.n_layers + 1) // 2
-        return kept * per_layer + (args.n_layers - kept) * layer_input + per_layer
-    return args.n_layers * per_layer
+        checkpointed = (args.n_layers + 1) // 2
+        saved = checkpointed * layer_input + (args.n_layers - checkpointed) * per_layer
+        return ActivationBytes(saved, recompute, layer_input)
+    return ActivationBytes(args.n_layers * per_layer, 0.0, per_layer)
+
+
+def phase_peaks(args: ModelArgs, shape: TrainingShape, state: StateBytes) -> dict[str, float]:
+    """Bytes beyond the fp32 weights and the optimizer state at the peak of each phase of a step.
+
+    In every phase but the optimizer's, the micro-batch's token ids and targets (int64, 16 bytes per token) and,
+    under autocast, the sequence's RoPE rows in the compute dtype.
+    forward: autocast's weight copies (cached for the forward, saved by each matmul for its backward), the saved
+        activations and the loss at its chunk. Gradients were freed by the previous step's zero_grad (set to None):
+        only DDP's buckets and, from the second micro-step of an accumulation, the gradients are there.
+    backward: begins with the weight copies, the saved activations, the loss's kept buffers and one recomputed layer;
+        layer by layer activations and copies are freed as gradients are made, so its largest point is at its start
+        or at its end (every gradient with the first layer's activations and recomputation, or, tied, the
+        embedding's dense gradient), and the fp32 gradient of the residual stream between layers. The loss's
+        accumulator is the output weight's gradient: counted at the start, part of the gradients at the end.
+    optimizer: the gradients (fused AdamW updates in place; clipping adds one scalar per parameter)."""
+    acts, loss = activation_bytes(args, shape), loss_buffers(args, shape)
+    grads, buckets = state.grads, state.buckets
+    accumulated = grads if shape.grad_accum > 1 else 0.0
+    tokens = shape.micro_batch * shape.seq_len
+    residual_grad = 4 * args.dim * tokens / shape.tp  # fp32, handed from layer to layer
+    batch = 16 * tokens  # the micro-batch's token ids and targets, int64
+    if shape.precision != "fp32":  # the RoPE rows of this sequence, cast once per forward to the compute dtype
+        batch += 2 * shape.seq_len * args.head_dim * AUTOCAST_BYTES[shape.precision]
+    forward = batch + state.copies + acts.saved + loss.forward + accumulated + buckets
+    start = batch + state.copies + acts.saved + acts.recompute + loss.kept + accumulated + buckets + residual_grad
+    # At the end the embedding's backward: tied, its dense gradient is made whole, then added into the output's.
+    tied = 4 * args.vocab_size * args.dim / shape.tp if args.tie_embeddings else 0.0
+    end = batch + grads + buckets + residual_grad + max(acts.last_layer + acts.recompute, tied)
+    return {"forward": forward, "backward": max(start, end), "optimizer": grads + buckets}
 
 
 def plan_memory(args: ModelArgs, shape: TrainingShape) -> MemoryPlan:
     n_params = ParamFormula(args).total
-    weights, grads, optimizer = _state_bytes(ParamFormula(args).per_tensor_parallel_rank(shape.tp), shape)
+    state = _state_bytes(args, ParamFormula(args).per_tensor_parallel_rank(shape.tp), shape)
+    phases = phase_peaks(args, shape, state)
+    peak_phase = max(phases, key=phases.get)
+    acts = activation_bytes(args, shape)
     return MemoryPlan(
         params=n_params,
-        weights_gb=weights / GB,
-        grads_gb=grads / GB,
-        optimizer_gb=optimizer / GB,
-        activations_gb=_activation_bytes(args, shape) / GB,
+        weights_gb=(state.weights + state.copies) / GB,
+        grads_gb=(state.grads + state.buckets) / GB,
+        optimizer_gb=state.optimizer / GB,
+        activations_gb=(acts.saved + acts.recompute) / GB,
         logits_gb=loss_bytes(args, shape) / GB,
         flops_per_token=training_flops_per_token(args, shape.seq_len),
         tokens_per_step=shape.micro_batch * shape.seq_len * shape.grad_accum * shape.dp,
+        total_gb=(state.weights + state.optimizer + phases[peak_phase]) / GB,
+        peak_phase=peak_phase,
     )
 
 

@@ -5,9 +5,12 @@ or dying at step 1.
 What is compared, per rank: the estimate of weights, gradients, optimizer state, activations and the loss's buffers
 for this run's model, micro-batch, sequence length, precision, strategy, tensor parallelism and activation
 checkpointing, against the free memory of this rank's GPU (the smallest over the ranks, so that every rank takes the
-same decision), or on a CPU the memory available now (psutil) shared by the ranks on this host. Allocator
-fragmentation, temporary buffers, the CUDA context and the loader's workers are not in the estimate. The refusal names
-the largest micro-batch that fits, or activation checkpointing, or sharding; `train.skip_memory_check` runs anyway.
+same decision), or on a CPU the memory available now (psutil) shared by the ranks on this host. The estimate is the
+peak of live tensors; allocator slack, the CUDA context and the loader's workers are not in it. On a CPU glibc's heaps
+keep freed blocks below its mmap threshold, so the process grows 14-46 % more than its tensors (BENCHMARKS.md,
+Memory estimate): a run within that margin of the available memory passes the check and may still swap. The refusal
+names the largest micro-batch that fits, or activation checkpointing, or sharding; `train.skip_memory_check` runs
+anyway.
 """
 
 from __future__ import annotations
