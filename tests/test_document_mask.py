@@ -79,6 +79,8 @@ def test_flex_attention_path_equals_the_sdpa_path(model, monkeypatch):
     ids = document_ids(inputs, EOS)
     sdpa = model(inputs, document_ids=ids)
     monkeypatch.setattr(document_mask_module, "uses_flex", lambda device: True)
+    # torch warns once per process: another test's uncompiled flex call may have used it up
+    monkeypatch.setattr(torch.nn.attention.flex_attention, "_WARNINGS_SHOWN", set())
     assert not isinstance(document_mask_module.document_mask(ids), torch.Tensor)  # a BlockMask
     with pytest.warns(UserWarning, match="without torch.compile"):
         flex = model(inputs, document_ids=ids)

@@ -209,6 +209,16 @@ def test_activation_checkpointing_is_named_when_no_micro_batch_fits(monkeypatch)
     assert skipped.note.startswith("train.skip_memory_check: running although")
 
 
+def test_free_memory_within_the_cpu_heap_growth_is_a_warning_not_a_refusal(monkeypatch):
+    config = tiny_config()
+    need = estimate(config, config.data.micro_batch_size).total_gb
+    growth = 1 + memory_check.CPU_HEAP_GROWTH
+    monkeypatch.setattr(memory_check.dev, "available_memory_gb", lambda: need * 1.01)
+    assert "this run may swap" in memory_check.check_memory(config, CPU, DistEnv(), "fp32").note
+    monkeypatch.setattr(memory_check.dev, "available_memory_gb", lambda: need * growth * 1.01)
+    assert memory_check.check_memory(config, CPU, DistEnv(), "fp32").note is None
+
+
 @pytest.mark.parametrize("recipe", ["demo", "debug"])
 def test_the_demo_and_debug_recipes_pass_the_check_here(recipe):
     recipe_file = Path(__file__).parent.parent / "recipes" / f"{recipe}.yaml"
