@@ -287,9 +287,10 @@ def prefer_sdpa_kernel(kernel: str | None, fallback: bool = True) -> Iterator[No
     `torch.nn.attention.sdpa_kernel` sets the process-wide flags torch.backends.cuda.enable_*_sdp read on every SDPA
     call, eager or while torch.compile traces (which is where a compiled model's kernel is fixed), and with
     set_priority puts `kernel` before math (PyTorch's own order puts math before cuDNN; a CPU looks at the flags
-    only: flash, then math). Entered outside any compiled region (inside one, set_priority breaks compilation).
-    torch 2.13's compile caches do not key on these flags, so the kernel joins torch.compiler.config.cache_key_tag:
-    a graph cached under another kernel is not reused."""
+    only: flash, then math). torch 2.13's compile caches do not key on these flags, so the kernel joins
+    torch.compiler.config.cache_key_tag: a graph cached under another kernel is not reused. Entered outside any
+    compiled region: inside one, that config patch is a graph break (Dynamo does not trace it; sdpa_kernel with
+    set_priority itself traces since pytorch#160684). tests/test_compile.py pins both."""
     if kernel not in SDPA_BACKENDS:
         yield
         return
