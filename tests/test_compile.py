@@ -8,6 +8,7 @@ keeps the aten graphs that Inductor would receive; a slow test runs Inductor its
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 import torch
@@ -26,8 +27,9 @@ from dlx.parallel.distributed import DistEnv
 from dlx.parallel.float8 import apply_float8
 from dlx.parallel.wrap import parallelize
 from dlx.train.attention import AttentionObserver
+from test_float8 import RUN as FLOAT8_RUN
 from test_float8 import SHAPE as FLOAT8_SHAPE
-from train_helpers import single_torch_thread
+from train_helpers import losses, single_torch_thread, train_quietly
 
 TORCH_COMPILE = torch.compile
 """torch.compile itself, which the fixtures below give a backend."""
@@ -152,6 +154,23 @@ def test_inductor_compiles_float8_training_on_a_cpu(recipe, monkeypatch):
     assert dict(counters["graph_break"]) == {}
     gaps = [abs(c / e - 1) for c, e in zip(compiled, eager, strict=True)]
     assert max(gaps) <= INDUCTOR_TOLERANCE, (compiled, eager)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "attention", "eval_every", "graphs"), [("tensorwise", "math", 0, 2), ("rowwise", "default", 2, 3)]
+)
+def test_a_compiled_float8_run_compiles_each_graph_once(recipe, attention, eval_every, graphs, tmp_path):
+    """`dlx pretrain` with train.compile, train.float8 and train.attention, 4 steps of 2 micro-batches: no graph
+    break, the blocks' graph and the loss's compiled at step 1 and reused after. An evaluation runs without grad,
+    which Dynamo guards: the first one compiles the blocks' no-grad graph, the later ones reuse it."""
+    overrides = ["--train.float8", "true", "--train.float8_recipe", recipe, "--train.attention", attention]
+    overrides += ["--train.compile", "true", "--train.max_steps", "4", "--checkpoint.every", "0"]
+    run = train_quietly([*FLOAT8_RUN, *overrides, "--eval.every", str(eval_every)], tmp_path)
+    assert sorted(losses(run)) == [1, 2, 3, 4]
+    evaluated = (run / "eval.jsonl").read_text().splitlines() if eval_every else []
+    assert [json.loads(line)["step"] for line in evaluated] == ([2, 4] if eval_every else [])
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 FLASH = ["_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"]
