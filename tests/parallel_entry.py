@@ -1,12 +1,18 @@
 """torchrun's entry point for tests/test_parallel.py: `dlx` without report.md's plots (seconds of matplotlib per run),
 and, when DLX_TEST_FAIL_RANK and DLX_TEST_FAIL_STEP are set, one rank that fails in a given step as a crashing rank
 would (a RuntimeError in its forward/backward); with DLX_TEST_FLOAT8_GATHER=0, FSDP2 all-gathers float8 layers' weights
-in bf16, as before torchao's float8 all-gather (tests/test_float8.py compares the two)."""
+in bf16, as before torchao's float8 all-gather (tests/test_float8.py compares the two); with DLX_TEST_COMPILE_COUNTS
+set to a folder, torch.compile uses the `eager` backend and each rank writes Dynamo's graph-break and graph counts
+there as it exits (RANK.json, for tests/test_compile.py)."""
 
 from __future__ import annotations
 
+import atexit
+import functools
+import json
 import os
 import sys
+from pathlib import Path
 
 from dlx.cli.app import main
 from dlx.train import finish, trainer
@@ -25,6 +31,19 @@ def fail_in_step(step: int, rank: str) -> None:
     trainer.accumulate_gradients = failing
 
 
+def count_compilation(folder: Path) -> None:
+    import torch
+    from torch._dynamo.utils import counters
+
+    torch.compile = functools.partial(torch.compile, backend="eager")
+
+    def write() -> None:
+        counts = {"graph_break": dict(counters["graph_break"]), "unique_graphs": counters["stats"]["unique_graphs"]}
+        (folder / f"{os.environ['RANK']}.json").write_text(json.dumps(counts))
+
+    atexit.register(write)
+
+
 if __name__ == "__main__":
     finish.write_report = lambda *args, **kwargs: None
     fail_rank = os.environ.get("DLX_TEST_FAIL_RANK")
@@ -34,5 +53,7 @@ if __name__ == "__main__":
         from dlx.train import model_build
 
         model_build.gathers_in_float8 = lambda recipe, strategy: False
+    if os.environ.get("DLX_TEST_COMPILE_COUNTS"):
+        count_compilation(Path(os.environ["DLX_TEST_COMPILE_COUNTS"]))
     sys.argv[0] = "dlx"
     main()

@@ -213,3 +213,23 @@ def test_prefer_sdpa_kernel_inside_a_compiled_region_would_break_it():
     assert torch.equal(torch.compile(with_priority, fullgraph=True)(q), with_priority(q))
     with pytest.raises(torch._dynamo.exc.Unsupported, match=r"ConfigModule\.patch"):
         torch.compile(with_dlx_kernel, fullgraph=True)(q)
+
+
+@pytest.mark.slow  # a 2-rank torchrun of 4 steps: about 16 s
+@pytest.mark.distributed
+def test_fsdp_gathering_float8_weights_compiles_each_graph_once_on_every_rank(tmp_path):
+    """The GPU run's layout: fsdp, tensorwise float8 with FSDP2 all-gathering the weights in float8, compiled blocks,
+    evaluating every 2 steps. Each rank (counting in tests/parallel_entry.py): no graph break, 3 graphs as in one
+    process (training's 2, the first evaluation's no-grad one)."""
+    from test_parallel import torchrun
+
+    (tmp_path / "counts").mkdir()
+    overrides = ["--train.float8", "true", "--train.float8_recipe", "tensorwise", "--parallel.strategy", "fsdp"]
+    overrides += ["--train.compile", "true", "--train.max_steps", "4", "--checkpoint.every", "0", "--eval.every", "2"]
+    argv = ["pretrain", *FLOAT8_RUN, *overrides, "--run-dir", str(tmp_path / "run")]
+    result, _ = torchrun(argv, tmp_path, DLX_TEST_COMPILE_COUNTS=str(tmp_path / "counts"))
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert "their weights all-gathered in float8 by FSDP2" in result.stdout
+    assert sorted(losses(tmp_path / "run")) == [1, 2, 3, 4]
+    counts = [json.loads((tmp_path / "counts" / f"{rank}.json").read_text()) for rank in (0, 1)]
+    assert counts == [{"graph_break": {}, "unique_graphs": 3}] * 2
