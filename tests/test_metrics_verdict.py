@@ -47,6 +47,15 @@ def test_compute_bound_low_mfu_suggests_bf16_only_where_it_is_native() -> None:
     assert "bf16" not in already_bf16.suggestion
 
 
+def test_a_compiled_run_is_not_advised_to_compile() -> None:
+    low_mfu = bottleneck_verdict(run(mfu=0.08), hardware=Hardware("cpu", "bf16", native_bf16=True, compiled=True))
+    assert low_mfu.suggestion == "larger matmuls (data.micro_batch_size or data.seq_len)"
+    high_mfu = bottleneck_verdict(run(), hardware=Hardware("cuda", "bf16", native_bf16=True, compiled=True))
+    assert high_mfu.suggestion == "what remains is more GPUs (parallel.strategy fsdp)"
+    overhead = bottleneck_verdict(run(opt=0.0, fwd=0.1), hardware=Hardware(compiled=True))
+    assert overhead.suggestion == "raise data.micro_batch_size for larger kernels and raise log.every"
+
+
 @pytest.mark.parametrize("kw", [{}, {"mfu": 0.08}, {"data": 0.5}, {"opt": 0.5}, {"opt": 0.0, "fwd": 0.1}])
 def test_cpu_advice_names_no_gpu_feature(kw) -> None:
     suggestion = bottleneck_verdict(run(**kw), hardware=Hardware("cpu", "fp32", native_bf16=False)).suggestion

@@ -52,12 +52,14 @@ def steady_records(records: Sequence[dict[str, Any]], skip_first: int = 1) -> li
 
 @dataclass(frozen=True)
 class Hardware:
-    """What the advice may name: the device kind, the precision trained in, and whether bf16 runs natively."""
+    """What the advice may name: the device kind, the precision trained in, whether bf16 runs natively, and whether
+    the model is already compiled (train.compile is then not advised)."""
 
     kind: str = "cuda"
     """torch device type: cuda or cpu."""
     precision: str = "bf16"
     native_bf16: bool = True
+    compiled: bool = False
 
 
 STRAGGLER_RATIO = 1.2
@@ -216,7 +218,9 @@ def _overhead(share: dict[str, float], mfu: float | None, hw: Hardware) -> tuple
     return (
         f"{share['other']:.0%} of each step is outside data, forward, backward and optimizer "
         f"(threshold {THRESHOLDS['overhead-bound']:.0%}): Python, kernel launches, logging",
-        "raise data.micro_batch_size for larger kernels, enable train.compile, and raise log.every",
+        "raise data.micro_batch_size for larger kernels and raise log.every"
+        if hw.compiled
+        else "raise data.micro_batch_size for larger kernels, enable train.compile, and raise log.every",
     )
 
 
@@ -236,7 +240,7 @@ def _compute(share: dict[str, float], mfu: float | None, hw: Hardware) -> tuple[
     more = "more GPUs (parallel.strategy fsdp)" if hw.kind == "cuda" else "more cores or a GPU"
     return (
         f"forward and backward take {math_share:.0%} of each step at {mfu:.1%} MFU: the device is doing model math",
-        f"what remains is train.compile (fused kernels) or {more}",
+        f"what remains is {more}" if hw.compiled else f"what remains is train.compile (fused kernels) or {more}",
     )
 
 
@@ -245,9 +249,10 @@ def _faster_math(hw: Hardware) -> str:
     ways = []
     if hw.precision == "fp32" and hw.native_bf16:
         ways.append("train.precision bf16 (this device runs bf16 natively)")
-    ways.append("train.compile")
+    if not hw.compiled:
+        ways.append("train.compile")
     ways.append("larger matmuls (data.micro_batch_size or data.seq_len)")
-    advice = ", ".join(ways[:-1]) + f" and {ways[-1]}"
+    advice = ", ".join(ways[:-1]) + f" and {ways[-1]}" if len(ways) > 1 else ways[0]
     if hw.kind == "cpu" and not hw.native_bf16:
         advice += "; stay in fp32: bf16 is emulated on this CPU (no AVX512-BF16 or AMX) and trains 10-30x slower"
     return advice

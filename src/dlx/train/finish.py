@@ -61,4 +61,5 @@ def report(run: Run, step: int) -> None:
 def hardware(run: Run) -> Hardware:
     from dlx.device import supports_native_bf16
 
-    return Hardware(run.device.type, run.precision.name, supports_native_bf16(run.device))
+    compiled = run.config.train.compile
+    return Hardware(run.device.type, run.precision.name, supports_native_bf16(run.device), compiled)
