@@ -145,7 +145,7 @@ INDUCTOR_TOLERANCE = 2e-4
 each float8 matmul and rounds differently (measured over these 4 steps: at most 3.8e-5 tensorwise, 2.9e-5 rowwise)."""
 
 
-@pytest.mark.slow  # Inductor's C++ compilation of the tiny model's graphs: 30-50 s, under 10 s from a warm cache
+@pytest.mark.slow  # Inductor's C++ compilation of the tiny model's graphs: 30-55 s cold, under 10 s from its cache
 @pytest.mark.parametrize("recipe", ["tensorwise"])  # the GPU run's; rowwise passes too (about 40 s more)
 def test_inductor_compiles_float8_training_on_a_cpu(recipe, monkeypatch):
     eager = train_steps(compiled_model("none", compile=False, float8=recipe), 4)
@@ -215,7 +215,7 @@ def test_prefer_sdpa_kernel_inside_a_compiled_region_would_break_it():
         torch.compile(with_dlx_kernel, fullgraph=True)(q)
 
 
-@pytest.mark.slow  # a 2-rank torchrun of 4 steps: about 16 s
+@pytest.mark.slow  # a 2-rank torchrun of 4 steps: 16-25 s
 @pytest.mark.distributed
 def test_fsdp_gathering_float8_weights_compiles_each_graph_once_on_every_rank(tmp_path):
     """The GPU run's layout: fsdp, tensorwise float8 with FSDP2 all-gathering the weights in float8, compiled blocks,
