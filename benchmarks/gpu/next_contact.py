@@ -58,6 +58,9 @@ def pretrain_args(dry: bool, seed_row: bool = False) -> list[str]:
     argv += ["--data.micro_batch_size", str(batch), "--train.precision", precision, "--train.max_steps", str(steps)]
     argv += ["--train.compile", str(compiled).lower(), "--log.every", str(every), "--log.progress", "false"]
     argv += ["--train.warmup_ratio", "0", "--checkpoint.keep_last", "1"]
+    # no evaluation: its no-grad forward is a graph of its own, compiled once at the first evaluation, which
+    # TORCH_LOGS would count as a recompile of the training step's function (tests/test_compile.py pins both)
+    argv += ["--eval.every", "0"]
     if seed_row:
         argv += ["--parallel.activation_checkpointing", "full"]
     return argv
