@@ -52,6 +52,7 @@ class Cell:
     precision: str
     micro_batch: int
     checkpointing: str
+    seq_len: int = SEQ_LEN
 
     def label(self) -> str:
         return f"{self.precision}, mb {self.micro_batch}, AC {self.checkpointing}"
@@ -74,7 +75,7 @@ def run_config(cell: Cell, steps: int):
     return build_config(
         {
             "model": dict(MODEL),
-            "data": {"path": "synthetic", "seq_len": SEQ_LEN, "micro_batch_size": cell.micro_batch},
+            "data": {"path": "synthetic", "seq_len": cell.seq_len, "micro_batch_size": cell.micro_batch},
             "train": {"max_steps": steps, "precision": cell.precision, "device": "cpu"},
             "parallel": {"activation_checkpointing": cell.checkpointing},
             "log": {"progress": False},
@@ -115,9 +116,15 @@ def high_water_bytes() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def train_steps(cell: Cell, steps: int, watch: Callable[[], AbstractContextManager] = nullcontext) -> None:
+def train_steps(
+    cell: Cell,
+    steps: int,
+    watch: Callable[[], AbstractContextManager] = nullcontext,
+    on_step: Callable[[float], None] = lambda loss: None,
+) -> None:
     """`steps` optimizer steps as `dlx pretrain` takes them (the same builders and step functions); `watch` is entered
-    once the loader is built (the synthetic loader's token-frequency table is the loader's, not the run's)."""
+    once the loader is built (the synthetic loader's token-frequency table is the loader's, not the run's); `on_step`
+    gets each step's loss once its optimizer step is done (bench_seed_row times the steps with it)."""
     import torch
 
     from dlx.metrics.timing import PhaseTimer
@@ -139,32 +146,45 @@ def train_steps(cell: Cell, steps: int, watch: Callable[[], AbstractContextManag
             timer = PhaseTimer(device)
             for _ in range(steps):
                 loss = accumulate_gradients(strategy.train_model, loader, plan.grad_accum, precision, timer, strategy)
-                loss.item()
+                value = loss.item()
                 strategy.optimizer_step()
                 timer.end_step()
+                on_step(value)
     finally:
         loader.close()
 
 
 def measure(cell: Cell, steps: int, mode: str) -> dict:
     """In this (fresh) process: `rss` (high-water growth over the baseline) or `tensors` (the profiler's peak)."""
+    return measure_run(lambda watch: train_steps(cell, steps, watch), mode)
+
+
+def measure_run(run: Callable[[Callable[[], AbstractContextManager]], None], mode: str) -> dict:
+    """`run(watch)` in this (fresh) process, measured by `mode` from the baseline `warm_runtime` leaves; `watch` is
+    the context `run` enters around the part it measures."""
     warm_runtime()
     if mode == "rss":
         baseline = rss_bytes()
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # VmHWM back to the current RSS
-        train_steps(cell, steps)
+        run(nullcontext)
         return {"baseline": baseline, "growth": high_water_bytes() - baseline}
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    train_steps(cell, steps, lambda: prof)
+    run(lambda: prof)
+    return {"peak": live_tensor_peak(prof)}
+
+
+def live_tensor_peak(prof) -> int:
+    """The largest sum of live tensor bytes in a finished `profile_memory` profile: its allocations (positive) and
+    frees (negative) in time order."""
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     live = peak = 0
     for _, nbytes in events:
         live += nbytes
         peak = max(peak, live)
-    return {"peak": peak}
+    return peak
 
 
 def estimate(cell: Cell):
@@ -174,7 +194,7 @@ def estimate(cell: Cell):
     overrides = {k: v for k, v in MODEL.items() if k != "preset"}
     args = resolve_model_args(MODEL["preset"], **overrides)
     shape = TrainingShape(
-        seq_len=SEQ_LEN,
+        seq_len=cell.seq_len,
         micro_batch=cell.micro_batch,
         precision=cell.precision,
         activation_checkpointing=cell.checkpointing,
