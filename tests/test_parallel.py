@@ -228,6 +228,28 @@ def test_a_failing_rank_ends_the_whole_job(tmp_path):
     assert not leaked_shm(shm_before)
 
 
+def test_a_failure_in_rank_0s_attention_choice_ends_every_rank(tmp_path):
+    """Not a UserError (a CUDA error while timing, say): rank 0 still broadcasts it (main_decides), and rank 1
+    raises the same error. Before, rank 0 left without answering: over gloo rank 1 then failed at once with "Connection
+    closed by peer", hiding the cause; over NCCL a peer's leaving need not end a broadcast before the timeout."""
+    started = time.monotonic()
+    result, processes = torchrun(
+        ["pretrain", *RUN, *STRATEGIES["ddp"], "--parallel.timeout_s", "600", "--run-dir", str(tmp_path / "run")],
+        tmp_path,
+        DLX_FAULT_RAISE="attention_choice",
+    )
+    assert result.returncode != 0
+    line = "MainFailed: rank 0 failed deciding for every rank: RuntimeError: injected failure at attention_choice"
+    for rank in (0, 1):  # torchrun prefixes each rank's lines
+        assert f"[rank{rank}]: dlx.parallel.distributed.{line}\n" in result.stderr, result.stderr[-6000:]
+    assert "[rank0]: RuntimeError: injected failure at attention_choice\n" in result.stderr  # the original error
+    assert "Connection closed by peer" not in result.stderr  # gloo's own error, all rank 1 said before
+    assert time.monotonic() - started < 90, "rank 1 waited for rank 0's decision until the timeout"
+    assert len(processes) >= 2, "torchrun's ranks were never seen"
+    assert not still_running(processes), "a rank outlived the job"
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_missing_engine_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # import deepspeed now raises ImportError
     config = load_recipe(None, [*RUN, *STRATEGIES["zero2"]])

@@ -14,6 +14,11 @@ The test sees the marker, sends its signal, then deletes the marker to let the p
     DLX_FAULT_SPIKE=STEP[,STEP...][xFACTOR]   the loss the trainer judges at these optimizer steps is multiplied by
                                 FACTOR (default 10), the first time the process reaches each (a rolled-back run
                                 trains the step again, cleanly): a planted loss spike for train.spike_policy's tests
+
+    DLX_FAULT_RAISE=POINT       the process raises a RuntimeError (not a UserError: an unexpected failure, as a CUDA
+                                error would be) each time it reaches POINT
+    POINT                       attention_choice (train.attention's choice, on rank 0 under torchrun, before it
+                                measures anything)
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 
 PAUSE_ENV = "DLX_FAULT_PAUSE"
 SPIKE_ENV = "DLX_FAULT_SPIKE"
+RAISE_ENV = "DLX_FAULT_RAISE"
 DIR_ENV = "DLX_FAULT_DIR"
 MAX_PAUSE_S = 120.0
 _arrivals: dict[str, int] = {}
@@ -65,3 +71,9 @@ def planted_spike(step: int) -> float:
         return 1.0
     _arrivals[point] = 1
     return float(factor or 10)
+
+
+def raise_point(point: str) -> None:
+    """Raise here if `DLX_FAULT_RAISE` names this point; otherwise return at once."""
+    if os.environ.get(RAISE_ENV) == point:
+        raise RuntimeError(f"injected failure at {point}")

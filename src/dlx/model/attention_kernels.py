@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dlx import device as dev
+from dlx import faults
 from dlx.errors import UserError
 
 KERNELS = ("cudnn", "flash", "efficient", "math", "flex")
@@ -82,6 +83,7 @@ def choose_attention(
     """train.attention `setting` for `shape` on `device`: auto's fastest, a named kernel that runs the shape, or
     PyTorch's own choice (default; auto on a CPU). `timer` times one kernel (default `kernel_timer`, 10 passes);
     a named kernel that refuses the shape is a UserError naming the fix."""
+    faults.raise_point("attention_choice")
     timer = timer or kernel_timer(shape, device, repeats=10 if setting == "auto" else 3)
     if setting == "default" or (setting == "auto" and device.type != "cuda"):
         return AttentionChoice(None, setting, {}, shape, cpu_sdpa_kernel() if device.type == "cpu" else None)

@@ -128,21 +128,35 @@ def teardown(meet: bool = True) -> None:
         dist.destroy_process_group()
 
 
+class MainFailed(RuntimeError):
+    """Rank 0 failed inside a decision it takes for every rank (`main_decides`) with an error that is not a
+    UserError (a CUDA error while timing, a bug): raised on every rank with the same message, so that the job ends at
+    once instead of the other ranks waiting for rank 0's answer until the process-group timeout. On rank 0 it is
+    raised from the original exception, whose traceback comes with it."""
+
+
 def main_decides(fn: Callable[[], T]) -> T:
     """Run `fn` on rank 0 only and give every rank its result, or raise its UserError on every rank (so that a bad
-    input stops all ranks with the same one line instead of leaving the others waiting)."""
+    input stops all ranks with the same one line instead of leaving the others waiting); any other exception of `fn`
+    becomes a `MainFailed` on every rank."""
     if not group_active() or dist.get_world_size() == 1:
         return fn()
     box: list[Any] = [None]
+    failure: Exception | None = None
     if dist.get_rank() == 0:
         try:
             box[0] = ("ok", fn())
         except UserError as e:
             box[0] = ("error", str(e))
+        except Exception as e:  # carried to every rank, then raised there (and here, from e)
+            failure = e
+            box[0] = ("failed", f"rank 0 failed deciding for every rank: {type(e).__name__}: {e}")
     dist.broadcast_object_list(box, src=0)
     kind, value = box[0]
     if kind == "error":
         raise UserError(value)
+    if kind == "failed":
+        raise MainFailed(value) from failure
     return value
 
 

@@ -108,7 +108,7 @@ def pretrain(
         every_rank_ends = True
     except RankLost:
         raise  # a peer is gone or hung: no barrier at teardown
-    except UserError:
+    except (UserError, distributed.MainFailed):
         every_rank_ends = True  # raised on every rank alike (main_decides, any_rank, the agreed loss)
         raise
     finally:
