@@ -115,6 +115,7 @@ def test_a_named_kernel_changes_what_runs_until_the_run_closes():
     choice = choose_run_attention(config(attention="math"), attention_shape(config(), 2, 1, "fp32"), CPU)
     observer = AttentionObserver(choice, False, CPU).apply(model)
     assert ran(model) == ["aten::_scaled_dot_product_attention_math"]
+    assert {layer.attention.sdpa_kernel for layer in model.layers} == {"math"}  # each layer knows (`causal_attention`)
     assert cpu_sdpa_kernel("math") == "scaled_dot_product_attention_math"  # what the header names is what ran
     assert observer.header()[0].startswith("attention: math (train.attention), fwd+bwd ") and observer.header()[
         0
@@ -186,6 +187,7 @@ def test_on_cuda_auto_times_every_contender_and_the_model_then_runs_its_pick():
     model = Transformer(config().model.args).to(cuda)
     choice = choose_run_attention(config(), attention_shape(config(), 2, 1, "bf16"), cuda)
     assert list(choice.ms) == list(CONTENDERS) and choice.kernel in CONTENDERS
+    assert choice.ms["efficient"] is not None  # grouped-query: kv heads repeated for it, not refused (enable_gqa)
     observer = AttentionObserver(choice, False, cuda).apply(model)
     try:
         with torch.no_grad(), dev.autocast(cuda, "bf16"), profile() as prof:

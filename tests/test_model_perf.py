@@ -45,21 +45,55 @@ def test_gqa_decode_with_a_kv_cache_equals_repeated_kv_heads(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("device", "dtype", "masked", "major", "expected"),
+    ("device", "dtype", "masked", "major", "kernel", "expected"),
     [
-        ("cpu", torch.float32, False, None, True),  # CPU flash and math kernels take enable_gqa
-        ("cpu", torch.float32, True, None, True),
-        ("cuda", torch.bfloat16, False, 9, True),  # H100/H200: flash
-        ("cuda", torch.float16, False, 8, True),
-        ("cuda", torch.float32, False, 9, False),  # fp32: the memory-efficient kernel, which does not take it
-        ("cuda", torch.bfloat16, True, 9, False),  # a mask: no flash
-        ("cuda", torch.float16, False, 7, False),  # V100: no flash
+        ("cpu", torch.float32, False, None, None, True),  # CPU flash and math kernels take enable_gqa
+        ("cpu", torch.float32, True, None, None, True),
+        ("cpu", torch.float32, False, None, "efficient", True),  # a CPU has no memory-efficient kernel
+        ("cuda", torch.bfloat16, False, 9, None, True),  # H100/H200: flash
+        ("cuda", torch.float16, False, 8, None, True),
+        ("cuda", torch.bfloat16, False, 9, "flash", True),  # train.attention's named kernels
+        ("cuda", torch.bfloat16, False, 9, "cudnn", True),
+        ("cuda", torch.bfloat16, False, 9, "math", True),
+        ("cuda", torch.bfloat16, False, 9, "efficient", False),  # the memory-efficient kernel refuses enable_gqa
+        ("cuda", torch.float32, False, 9, None, False),  # fp32: the memory-efficient kernel, which does not take it
+        ("cuda", torch.bfloat16, True, 9, None, False),  # a mask: no flash
+        ("cuda", torch.float16, False, 7, None, False),  # V100: no flash
     ],
 )
-def test_gqa_is_used_only_where_the_fast_kernel_keeps_it(monkeypatch, device, dtype, masked, major, expected):
+def test_gqa_is_used_only_where_the_fast_kernel_keeps_it(monkeypatch, device, dtype, masked, major, kernel, expected):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(major=major))
     q = SimpleNamespace(device=torch.device(device, 0) if device == "cuda" else torch.device(device), dtype=dtype)
-    assert llama._sdpa_shares_kv_heads(q, masked) is expected
+    assert llama._sdpa_shares_kv_heads(q, masked, kernel) is expected
+
+
+def test_each_layer_tells_sdpa_the_applied_kernel_and_repeating_kv_heads_changes_nothing(monkeypatch):
+    """`use_attention` reaches every layer's `causal_attention`; where the kernel makes it repeat kv heads (CUDA
+    efficient, here forced on a CPU) the model computes what it does sharing them inside SDPA."""
+    torch.manual_seed(0)
+    model = Transformer(resolve_model_args("debug"))
+    assert model.args.n_heads > model.args.kv_heads  # grouped-query attention
+    tokens = torch.randint(0, 512, (2, 16))
+    with torch.no_grad():
+        shared = model(tokens)
+    asked = []
+
+    def as_on_cuda_bf16(q, masked, kernel=None):
+        asked.append(kernel)
+        return kernel != "efficient"
+
+    monkeypatch.setattr(llama, "_sdpa_shares_kv_heads", as_on_cuda_bf16)
+    model.use_attention("efficient")
+    assert (model.causal_kernel, asked) == ("sdpa", [])
+    with torch.no_grad():
+        repeated = model(tokens)
+    assert asked == ["efficient"] * model.args.n_layers
+    torch.testing.assert_close(repeated, shared, atol=1e-6, rtol=0)
+    model.use_attention("flex")
+    assert model.causal_kernel == "flex"
+    assert {layer.attention.sdpa_kernel for layer in model.layers} == {None}
+    model.use_attention(None)
+    assert model.causal_kernel == "sdpa"
 
 
 class CastCounter(TorchDispatchMode):

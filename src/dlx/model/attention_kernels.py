@@ -148,14 +148,14 @@ def causal_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
 
 def _kernel(name: str) -> Callable:
     """The model's own attention call under kernel `name` alone: `causal_attention` (which shares kv heads inside
-    SDPA or repeats them, as the model does for this dtype and device) or `causal_flex`."""
+    SDPA or repeats them, as the model does for this dtype, device and kernel) or `causal_flex`."""
     if name == "flex":
         return causal_flex
     from dlx.model.llama import causal_attention
 
     def run(q, k, v):
         with dev.prefer_sdpa_kernel(name, fallback=False):
-            return causal_attention(q, k, v)
+            return causal_attention(q, k, v, name)
 
     return run
 

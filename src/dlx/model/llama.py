@@ -61,6 +61,8 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        self.sdpa_kernel: str | None = None
+        """The SDPA kernel train.attention applied (None: SDPA's own choice); set by `Transformer.use_attention`."""
 
     def forward(
         self,
@@ -82,17 +84,18 @@ class Attention(nn.Module):
         if mask is not None:  # attention inside documents only (dlx.model.document_mask), GQA in the kernel
             out = masked_attention(*(t.transpose(1, 2) for t in (q, k, v)), mask)
         else:
-            out = causal_attention(q, k, v)
+            out = causal_attention(q, k, v, self.sdpa_kernel)
         out = out.transpose(1, 2).reshape(batch, seq_len, -1)  # (B, T, dim)
         return self.wo(out)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str | None = None) -> torch.Tensor:
     """q (B, T, H, D), k and v (B, S, H_kv, D), the queries at the end of the keys -> (B, H, T, D). Grouped-query
-    attention: each kv head serves H // H_kv query heads, shared inside SDPA where its fast kernel allows it."""
+    attention: each kv head serves H // H_kv query heads, shared inside SDPA where its fast kernel allows it. `kernel`:
+    the SDPA kernel applied (`dlx.device.prefer_sdpa_kernel`), None for SDPA's own choice."""
     causal = _causal_mask_kwargs(q.shape[1], k.shape[1], q.device)
     n_rep = q.shape[2] // k.shape[2]
-    gqa = n_rep > 1 and _sdpa_shares_kv_heads(q, masked="attn_mask" in causal)
+    gqa = n_rep > 1 and _sdpa_shares_kv_heads(q, masked="attn_mask" in causal, kernel=kernel)
     if n_rep > 1 and not gqa:
         k = k.repeat_interleave(n_rep, dim=2)  # (B, S, H, D)
         v = v.repeat_interleave(n_rep, dim=2)
@@ -100,16 +103,17 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return F.scaled_dot_product_attention(q, k, v, **causal, **({"enable_gqa": True} if gqa else {}))
 
 
-def _sdpa_shares_kv_heads(q: torch.Tensor, masked: bool) -> bool:
+def _sdpa_shares_kv_heads(q: torch.Tensor, masked: bool, kernel: str | None = None) -> bool:
     """Whether SDPA's `enable_gqa` keeps its fast kernel here. It runs in the flash kernels (CPU; CUDA bf16/fp16 from
     sm80, no mask) and the math one; PyTorch's CUDA memory-efficient kernel does not take it and would fall back to
-    math, which stores the T×T scores. There k and v are repeated instead."""
+    math, which stores the T×T scores, or, chosen alone (train.attention efficient), refuse the call. There k and v
+    are repeated instead. `kernel` is passed in, not read from SDPA's flags: Dynamo cannot trace reading them."""
     if not SDPA_HAS_GQA:
         return False
     if q.device.type != "cuda":
         return True
     half = q.dtype in (torch.bfloat16, torch.float16)
-    return half and not masked and compute_capability_major(q.device) >= 8
+    return half and not masked and kernel != "efficient" and compute_capability_major(q.device) >= 8
 
 
 def _causal_mask_kwargs(n_queries: int, n_keys: int, device: torch.device) -> dict:
@@ -178,6 +182,15 @@ class Transformer(nn.Module):
         self.init_rope(self.tok_embeddings.weight.device)
         if self.tok_embeddings.weight.device.type != "meta":
             self.init_weights()
+
+    def use_attention(self, kernel: str | None) -> None:
+        """Causal attention through `kernel` (train.attention's choice: flex, an SDPA kernel, or None for SDPA's own
+        choice); the SDPA kernel itself is applied by `dlx.device.prefer_sdpa_kernel`, this tells each layer which it
+        is, so that it hands SDPA kv heads the kernel takes (`causal_attention`)."""
+        self.causal_kernel = "flex" if kernel == "flex" else "sdpa"
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.sdpa_kernel = None if kernel == "flex" else kernel
 
     def init_rope(self, device: torch.device | str) -> None:
         cos, sin = rope_tables(self.args, device)  # (max_seq_len, head_dim) each

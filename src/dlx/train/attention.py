@@ -62,7 +62,7 @@ class AttentionObserver(Observer):
 
     def apply(self, model: Transformer) -> AttentionObserver:
         """Before step 1 (and before torch.compile traces the blocks, at their first call)."""
-        model.causal_kernel = "flex" if self.choice.kernel == "flex" else "sdpa"
+        model.use_attention(self.choice.kernel)
         self._applied.enter_context(prefer_sdpa_kernel(self.choice.kernel))
         return self
 
