@@ -84,7 +84,7 @@ def pretrain(
             run = build_run(config, name, run_dir, resume, stop, env, device)
             try:
                 train(run, resume)
-            except UserError:
+            except (UserError, distributed.MainFailed):  # every rank raised it alike: no one rank to name
                 raise
             except Exception as e:  # a collective failed (name the rank behind it), or this rank failed on its own
                 lost = run.heartbeat.explain(e)
