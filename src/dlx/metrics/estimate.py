@@ -205,7 +205,7 @@ def loss_buffers(args: ModelArgs, shape: TrainingShape) -> LossBytes:
     """Without tensor parallelism: one chunk's logits (p) and, under autocast, their fp32 copy (4) and the gradient
     cast back to p bytes, per logit (in fp32 the log-softmax and the gradient are written over the logits; under
     autocast over the fp32 copy, or, on CUDA in fp16, into the fp32 tensor that log_softmax makes from the fp16 logits
-    in one kernel: the same 4 bytes), and 33 bytes of per-token scalars per chunk token; per token the final norm's
+    in one kernel: the same 4 bytes), and 37 bytes of per-token scalars per chunk token; per token the final norm's
     output (the hidden states, p·d), their gradient (p·d), the final norm's saved fp32 input (4d, and on CPU its
     composite kernel's fp32 product, 4d); and the output weight's fp32 gradient accumulator (4 · vocab · d). Backward
     starts with the gradients, the norm's input and the accumulator. With tensor parallelism the whole logits'
@@ -217,9 +217,9 @@ def loss_buffers(args: ModelArgs, shape: TrainingShape) -> LossBytes:
         return LossBytes(whole, whole)
     chunk_tokens = min(tokens, max(1, CHUNK_LOGITS // args.vocab_size))
     chunk = chunk_tokens * args.vocab_size * (4 if p == 4 else p + 4 + p)
-    # per chunk token: the clamped target (int64), the picked log-probability, the log-sum-exp, its square, the masked
-    # cross-entropy, the row scale and the target's gradient term (fp32 each), the counted mask (bool)
-    chunk += chunk_tokens * (8 + 6 * 4 + 1)
+    # per chunk token: the clamped target (int64), the target's logit, the picked log-probability, the log-sum-exp, its
+    # square, the masked cross-entropy, the row scale and the target's gradient term (fp32 each), the counted mask
+    chunk += chunk_tokens * (8 + 7 * 4 + 1)
     norm_input = tokens * args.dim * (4 + (4 if shape.device_type == "cpu" else 0))
     accumulator = 4 * args.vocab_size * args.dim
     kept = tokens * args.dim * p + norm_input + accumulator
