@@ -231,3 +231,32 @@ def test_chunks_are_as_equal_as_can_be_so_the_compiled_math_sees_one_shape():
         for most in (1, 3, 7, 64):
             chunk = balanced_chunk(n_tokens, most)
             assert chunk <= most and -(-n_tokens // chunk) == -(-n_tokens // most)  # no more chunks than needed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_chunk_gradient_is_bit_for_bit_the_out_of_place_one_and_fp32_reuses_the_logits(dtype):
+    """The log-softmax written over the fp32 logits (or over their fp32 copy under autocast) changes no bit of the
+    losses or the gradient against log_softmax(dtype=float32) out of place; in fp32 the gradient is the logits'
+    own storage, so one fp32 chunk is alive at a time, not two."""
+    from dlx.model.loss import chunk_loss_and_grad
+
+    torch.manual_seed(0)
+    logits = (torch.randn(37, 301) * 4).to(dtype)
+    targets = torch.randint(0, 301, (37,))
+    targets[:3] = IGNORE_INDEX
+    z_loss, scale = 1e-3, torch.tensor(64.0 / 34)
+    # the former out-of-place math, on a copy
+    log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    counted, safe = targets != IGNORE_INDEX, targets.clamp(min=0)[:, None]
+    picked = log_probs.gather(1, safe).squeeze(1)
+    lse = logits.gather(1, safe).squeeze(1).float() - picked
+    row_scale = torch.where(counted, scale * (1 + 2 * z_loss * lse), 0.0)
+    expected = log_probs.exp().mul_(row_scale[:, None])
+    expected.scatter_add_(1, safe, torch.where(counted, -scale, 0.0)[:, None])
+    expected_ce, expected_z = torch.where(counted, -picked, 0.0).sum(), torch.where(counted, lse.square(), 0.0).sum()
+
+    storage = logits.data_ptr()
+    ce, z, grad = chunk_loss_and_grad(logits, targets, z_loss, scale)
+    assert torch.equal(ce, expected_ce) and torch.equal(z, expected_z)
+    assert grad.dtype == dtype and torch.equal(grad, expected.to(dtype))
+    assert (grad.data_ptr() == storage) == (dtype == torch.float32)

@@ -17,13 +17,13 @@ def test_state_bytes_follow_the_documented_rule():
     assert plain.weights_gb == pytest.approx((158_016 * 4 + rope) / 1e9)
     assert plain.grads_gb == pytest.approx(158_016 * 4 / 1e9)
     assert plain.optimizer_gb == pytest.approx(158_016 * 8 / 1e9)
-    # one chunk (all 64 tokens): fp32 logits and their log-softmax; the hidden states, their gradient and the final
-    # norm's input; the output weight's gradient
-    assert plain.logits_gb == pytest.approx((64 * 512 * 8 + 64 * 33 + 64 * 64 * 12 + 4 * 512 * 64) / 1e9)
+    # one chunk (all 64 tokens): the fp32 logits, overwritten by their log-softmax then the gradient; the hidden
+    # states, their gradient and the final norm's input; the output weight's gradient
+    assert plain.logits_gb == pytest.approx((64 * 512 * 4 + 64 * 37 + 64 * 64 * 12 + 4 * 512 * 64) / 1e9)
     bf16 = plan_memory(args, TrainingShape(seq_len=32, micro_batch=2, precision="bf16"))
     assert bf16.weights_gb == pytest.approx((158_016 * 6 + rope) / 1e9)  # and autocast's bf16 copies
-    # bf16 logits, their fp32 copy made by log_softmax(dtype=float32), the fp32 log-softmax
-    assert bf16.logits_gb == pytest.approx((64 * 512 * 10 + 64 * 33 + 64 * 64 * 8 + 4 * 512 * 64) / 1e9)
+    # bf16 logits, their fp32 copy (overwritten by the log-softmax then the gradient), the gradient cast to bf16
+    assert bf16.logits_gb == pytest.approx((64 * 512 * 8 + 64 * 37 + 64 * 64 * 8 + 4 * 512 * 64) / 1e9)
     for strategy, stage in (("fsdp", 2), ("deepspeed", 3)):
         sharded = plan_memory(
             args, TrainingShape(32, 2, precision="fp32", strategy=strategy, zero_stage=stage, world_size=4)
@@ -200,7 +200,7 @@ def test_the_peak_is_the_weights_and_optimizer_plus_the_largest_phase():
     shape = TrainingShape(seq_len=32, micro_batch=2, precision="fp32")
     per_layer = (2 * (4 * d + 4) + 4 * 3 * d + 4 * d + 4 * h + 16 * f + 8 * d) * tokens
     kept = tokens * d * (4 + 4) + 4 * vocab * d  # hidden gradient, final norm input; the output weight's gradient
-    loss_forward = tokens * (vocab * 8 + 33) + tokens * d * 4 + kept  # 33: per-token scalars of the chunk
+    loss_forward = tokens * (vocab * 4 + 37) + tokens * d * 4 + kept  # fp32 logits; 37: per-token scalars
     batch, grads, residual = 16 * tokens, 158_016 * 4, 4 * d * tokens
     plan = plan_memory(args, shape)
     state = _state_bytes(args, 158_016, shape)

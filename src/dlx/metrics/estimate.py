@@ -27,9 +27,9 @@ against the tensors a block saves, on CPU):
     SwiGLU: w1 and w3 outputs, silu, product                4 · p·f
 RoPE keeps nothing (its tables are constants). Attention kernels that store the T×T score matrix (PyTorch's math
 path: an explicit mask, or `attention_matrix`) add p·H·T; flash kernels (CUDA, and CPU since PyTorch 2.2) store only
-the log-sum-exp. The loss (dlx.model.loss) keeps no logits: one chunk of at most 2²⁸ logits at a time (the logits, p;
-their fp32 log-softmax, turned into the gradient in place, 4; under autocast the fp32 copy of the logits that
-log_softmax(dtype=float32) makes first, 4, or the gradient cast back to p bytes after it, whichever is larger), plus
+the log-sum-exp. The loss (dlx.model.loss) keeps no logits: one chunk of at most 2²⁸ logits at a time (in fp32 the
+logits, 4, overwritten by their log-softmax and then by the gradient; under autocast the logits, p, their fp32 copy
+overwritten the same way, 4, and the gradient cast back to p bytes), plus
 the final hidden states and their gradient (2·p·d per token), the final norm's input (4d, and 4d more for the
 composite kernel's product on CPU), and the output weight's fp32 gradient accumulator (4 · vocab · d): `loss_buffers`.
 Full activation checkpointing keeps only each layer's fp32 input and recomputes one layer at a time; `selective`
@@ -202,24 +202,24 @@ class LossBytes:
 
 
 def loss_buffers(args: ModelArgs, shape: TrainingShape) -> LossBytes:
-    """Without tensor parallelism: one chunk's logits (p), their fp32 log-softmax turned into the gradient in place
-    (4) and, under autocast, the larger of log_softmax's fp32 copy of the logits (4) and the gradient cast back to p
-    bytes, per logit, and 33 bytes of per-token scalars per chunk token; per token the final norm's output (the
-    hidden states, p·d), their gradient (p·d), the final norm's saved fp32 input (4d, and on CPU its composite kernel's
-    fp32 product, 4d); and the output weight's fp32 gradient accumulator (4 · vocab · d). Backward starts with the
-    gradients, the norm's input and the accumulator. With tensor parallelism the whole logits' vocabulary shards."""
+    """Without tensor parallelism: one chunk's logits (p) and, under autocast, their fp32 copy (4) and the gradient
+    cast back to p bytes, per logit (in fp32 the log-softmax and the gradient are written over the logits; under
+    autocast over the fp32 copy, or, on CUDA in fp16, into the fp32 tensor that log_softmax makes from the fp16 logits
+    in one kernel: the same 4 bytes), and 37 bytes of per-token scalars per chunk token; per token the final norm's
+    output (the hidden states, p·d), their gradient (p·d), the final norm's saved fp32 input (4d, and on CPU its
+    composite kernel's fp32 product, 4d); and the output weight's fp32 gradient accumulator (4 · vocab · d). Backward
+    starts with the gradients, the norm's input and the accumulator. With tensor parallelism the whole logits'
+    vocabulary shards."""
     p = AUTOCAST_BYTES[shape.precision]
     tokens = shape.micro_batch * shape.seq_len
     if shape.tp > 1:  # vocab-parallel cross-entropy on the whole logits' shards
         whole = tokens * args.vocab_size * (p + 4 + 4) / shape.tp
         return LossBytes(whole, whole)
     chunk_tokens = min(tokens, max(1, CHUNK_LOGITS // args.vocab_size))
-    # log_softmax(dtype=float32) first casts a bf16/fp16 input to a whole fp32 copy (4), except CUDA's fused fp16 path
-    cast_copy = 4 if p < 4 and not (shape.device_type == "cuda" and shape.precision == "fp16") else 0
-    chunk = chunk_tokens * args.vocab_size * (p + 4 + max(cast_copy, p if p < 4 else 0))
-    # per chunk token: the clamped target (int64), the picked log-probability, the log-sum-exp, its square, the masked
-    # cross-entropy, the row scale and the target's gradient term (fp32 each), the counted mask (bool)
-    chunk += chunk_tokens * (8 + 6 * 4 + 1)
+    chunk = chunk_tokens * args.vocab_size * (4 if p == 4 else p + 4 + p)
+    # per chunk token: the clamped target (int64), the target's logit, the picked log-probability, the log-sum-exp, its
+    # square, the masked cross-entropy, the row scale and the target's gradient term (fp32 each), the counted mask
+    chunk += chunk_tokens * (8 + 7 * 4 + 1)
     norm_input = tokens * args.dim * (4 + (4 if shape.device_type == "cpu" else 0))
     accumulator = 4 * args.vocab_size * args.dim
     kept = tokens * args.dim * p + norm_input + accumulator

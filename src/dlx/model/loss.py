@@ -47,7 +47,8 @@ class LossParts(NamedTuple):
 
 
 def chunk_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Σ cross-entropy and Σ logsumexp² (fp32 scalars) of logits (n, V) against targets (n,)."""
+    """Σ cross-entropy and Σ logsumexp² (fp32 scalars) of logits (n, V) against targets (n,). Overwrites fp32 logits
+    (with their log-softmax, `_log_softmax_terms`)."""
     ce_sum, z_sum, _, _ = _log_softmax_terms(logits, targets)
     return ce_sum, z_sum
 
@@ -57,7 +58,8 @@ def chunk_loss_and_grad(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`chunk_loss`, and d((Σ ce + z_loss · Σ lse²) · scale) / d logits (n, V) in the logits' dtype (computed in fp32,
     one cast at the end: `scale` must keep its elements inside that dtype's range, see `gradient_lift`). The softmax
-    is made in place of the fp32 log-softmax: one fp32 chunk at a time in eager."""
+    is made in place of the fp32 log-softmax, itself made in place of the fp32 logits (`_log_softmax_terms`): one fp32
+    chunk at a time in eager; fp32 `logits` are overwritten (they become the returned gradient)."""
     ce_sum, z_sum, log_probs, lse = _log_softmax_terms(logits, targets)
     counted = targets != IGNORE_INDEX
     row_scale = torch.where(counted, scale * (1 + 2 * z_loss * lse), 0.0)  # (n,)
@@ -70,12 +72,23 @@ def _log_softmax_terms(
     logits: torch.Tensor, targets: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Σ ce, Σ lse², the fp32 log-softmax (n, V) and the log-sum-exp (n,). One fused log-softmax kernel, as
-    F.cross_entropy uses; the log-sum-exp is read off the target's column (lse = logit − log p), not recomputed."""
-    log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (n, V)
+    F.cross_entropy uses; the log-sum-exp is read off the target's column (lse = logit − log p), not recomputed.
+
+    In eager the log-softmax is written over the fp32 logits: over `logits` themselves in fp32 (which it overwrites),
+    over their fp32 copy under autocast. That copy is the one log_softmax(dtype=float32) makes anyway, a cast then the
+    same kernel, so the values are bit for bit those of the out-of-place call, with one fp32 chunk fewer alive.
+    Except CUDA's fp16, whose log_softmax reads fp16 and writes fp32 in one kernel (no copy to write over), and
+    compiled code, where inductor plans the buffers."""
     counted = targets != IGNORE_INDEX
     safe_targets = targets.clamp(min=0)[:, None]  # (n, 1)
+    target_logit = logits.gather(1, safe_targets).squeeze(1).float()  # read before the logits are overwritten
+    if torch.compiler.is_compiling() or (logits.is_cuda and logits.dtype == torch.float16):
+        log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (n, V)
+    else:
+        log_probs = logits.float()  # the logits themselves when they are fp32
+        torch.log_softmax(log_probs, dim=-1, out=log_probs)
     picked = log_probs.gather(1, safe_targets).squeeze(1)  # log p(target)
-    lse = logits.gather(1, safe_targets).squeeze(1).float() - picked  # (n,)
+    lse = target_logit - picked  # (n,)
     ce_sum = torch.where(counted, -picked, 0.0).sum()
     z_sum = torch.where(counted, lse.square(), 0.0).sum()
     return ce_sum, z_sum, log_probs, lse
