@@ -8,11 +8,19 @@ tp × dp layout resumes under any other, down to one process, and its full weigh
 Asynchronous saves (`save(..., background=True)`): DCP copies the state into host memory (the "staging" copy, so that
 training may change the weights at once), then writes it from a background thread; the ranks coordinate the write over
 a separate gloo group, so that the background collectives never interleave with the training step's.
+
+Reading is data-only: DCP's `.metadata` is a pickle, read here by `read_metadata` through an unpickler that admits only
+the checkpoint-metadata classes (DCP's own dataclasses, torch.Size, dtypes, layouts, paths); anything else is refused
+with a `UserError` before it is built. The non-tensor entries of the state (the optimizer's hyper-parameters) are read
+with torch.load(weights_only=True), not DCP's default weights_only=False (`_WeightsOnlyPlanner`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
+import pickle
+import re
 import warnings
 from concurrent.futures import Future
 from pathlib import Path
@@ -21,10 +29,128 @@ from typing import Any
 import torch
 from torch import nn
 
+from dlx.errors import UserError
 from dlx.model.llama import Transformer
 
 MODEL_KEY, OPTIMIZER_KEY = "model", "optim"
+METADATA_FILE = ".metadata"
 _background: dict[str, Any] = {}
+_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorStorageMetadata",
+        "TensorProperties",
+        "ChunkStorageMetadata",
+        "BytesStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo", "_StoragePrefix", "SerializationFormat"},
+    "torch": {"Size"},
+    "torch.serialization": {"_get_layout"},  # a lookup of torch's layouts by name
+    "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+"""What a DCP `.metadata` pickle may name, by module; torch's dtypes (torch.float32, ...) besides."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds only `_METADATA_CLASSES` and torch dtypes; any other global is refused before it is looked up."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _METADATA_CLASSES.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which is not checkpoint metadata")
+
+
+def read_metadata(folder: Path, rank: int | None = None) -> Any:
+    """A DCP checkpoint's Metadata, unpickled with only the checkpoint-metadata classes admitted; UserError naming
+    the file when it is missing, unreadable or names anything else (a planted pickle runs nothing)."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    path = Path(folder) / (METADATA_FILE if rank is None else f"__{rank}{METADATA_FILE}")
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+    except OSError as e:
+        raise UserError(f"{path} cannot be read ({e.strerror or e}); give another checkpoint") from None
+    except Exception as e:  # UnpicklingError, EOFError, or a constructor refusing its arguments
+        raise UserError(
+            f"{path} refused: {e}; a DCP checkpoint's metadata is data only (give another checkpoint)"
+        ) from None
+    if not isinstance(metadata, Metadata):
+        raise UserError(f"{path} refused: it holds a {type(metadata).__name__}, not DCP metadata")
+    return metadata
+
+
+def _reader(folder: Path) -> Any:
+    """DCP's file-system reader with `read_metadata` above; the metadata is checked here, before DCP starts."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            metadata = read_metadata(Path(self.path), kwargs.get("rank"))
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    read_metadata(folder)
+    return SafeReader(str(folder))
+
+
+def weights_only_refusal(error: Exception) -> str:
+    """What torch.load(weights_only=True) refused, in a few words ("it names builtins.exec"), from its long message."""
+    found = re.search(r"GLOBAL (\S+)", str(error))
+    return f"it names {found.group(1)}, which is not plain data" if found else str(error).strip()[:160]
+
+
+class _Refused(ValueError):
+    """A non-tensor entry that holds more than plain data."""
+
+
+def _load(state: dict[str, Any], folder: Path, no_dist: bool) -> None:
+    """dcp.load through the checked reader and planner. DCP wraps every rank's failure into a CheckpointException (a
+    BaseException): a refused entry becomes a UserError, any other failure a RuntimeError naming the first."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    reader = _reader(folder)
+    try:
+        with _one_process():
+            dcp.load(state, storage_reader=reader, planner=_planner(), no_dist=no_dist)
+    except CheckpointException as e:
+        failures = [failure[0] if isinstance(failure, tuple) else failure for failure in e.failures.values()]
+        refused = [f for f in failures if isinstance(f, _Refused)]
+        if refused:
+            raise UserError(f"{folder}: {refused[0]}; a checkpoint is data only (give another checkpoint)") from None
+        first = failures[0] if failures else e
+        raise RuntimeError(f"{type(first).__name__}: {str(first).strip().splitlines()[0][:200]}") from None
+
+
+def _planner() -> Any:
+    """DCP's default load planner, with non-tensor entries read by torch.load(weights_only=True)."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.planner import ReadItem
+
+    class WeightsOnlyPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+            try:
+                loaded = torch.load(value, weights_only=True)
+            except Exception as e:  # weights_only's UnpicklingError names the refused global
+                reason = weights_only_refusal(e)
+                raise _Refused(f"{read_item.dest_index.fqn} refused by torch.load(weights_only=True): {reason}") from e
+            fqn = read_item.dest_index.fqn
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], loaded)
+            else:
+                self.state_dict[fqn] = loaded
+
+    return WeightsOnlyPlanner()
 
 
 def background_group() -> Any:
@@ -61,33 +187,27 @@ def save(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, backg
 
 def load(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
     """Reshard on load: each rank reads what its layout holds of the saved shards."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     state = training_state(model, optimizer)
-    with _one_process():
-        dcp.load(state, checkpoint_id=folder, no_dist=not _group_active())
+    _load(state, folder, no_dist=not _group_active())
     set_state_dict(model, optimizer, model_state_dict=state[MODEL_KEY], optim_state_dict=state[OPTIMIZER_KEY])
 
 
 def load_model_weights(model: nn.Module, folder: Path) -> None:
     """Only the model weights of a DCP checkpoint (written by any layout) into `model` in any layout (whole, FSDP2 or
     tensor-parallel shards): each rank reads what it holds. Every rank of a process group calls it."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     weights = get_model_state_dict(model)
-    with _one_process():
-        dcp.load({MODEL_KEY: weights}, checkpoint_id=folder, no_dist=not _group_active())
+    _load({MODEL_KEY: weights}, folder, no_dist=not _group_active())
     set_model_state_dict(model, weights)
 
 
 def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     """The model tensors a DCP checkpoint holds and their full shapes, from its metadata (no tensor data read)."""
-    from torch.distributed.checkpoint import FileSystemReader
-
     prefix = f"{MODEL_KEY}."
-    entries = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    entries = read_metadata(folder).state_dict_metadata
     return {
         name.removeprefix(prefix): tuple(entry.size)
         for name, entry in entries.items()
@@ -98,13 +218,11 @@ def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
 def load_whole_model(model: Transformer, folder: Path) -> None:
     """Read a DCP checkpoint's model weights (not the optimizer state) into a whole, unsharded model, in one process
     and without a process group: DCP reads every rank's shards into place."""
-    import torch.distributed.checkpoint as dcp
 
     weights = model.state_dict()
     if model.args.tie_embeddings:
         weights.pop("output.weight")  # the same tensor as the embedding
-    with _one_process():
-        dcp.load({MODEL_KEY: weights}, checkpoint_id=folder, no_dist=True)
+    _load({MODEL_KEY: weights}, folder, no_dist=True)
 
 
 def _group_active() -> bool:

@@ -195,15 +195,49 @@ class DeepSpeedStrategy(Strategy):
         return None
 
     def load(self, path: Path, saved_format: str, weights: dict[str, torch.Tensor], train_state: dict) -> None:
-        loaded, _ = self.engine.load_checkpoint(
-            str(path / DEEPSPEED_FOLDER),
-            tag=DEEPSPEED_TAG,
-            load_optimizer_states=True,
-            load_lr_scheduler_states=False,
-            load_module_strict=True,
-        )
+        with deepspeed_weights_only(self.engine):
+            loaded, _ = self.engine.load_checkpoint(
+                str(path / DEEPSPEED_FOLDER),
+                tag=DEEPSPEED_TAG,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=False,
+                load_module_strict=True,
+            )
         if loaded is None:
             raise UserError(f"DeepSpeed could not load {path / DEEPSPEED_FOLDER}; the checkpoint is incomplete")
+
+
+DEEPSPEED_STATE_CLASSES = (
+    ("deepspeed.utils.tensor_fragment", "fragment_address"),
+    ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
+    ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
+    ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"),
+)
+"""The plain-data classes DeepSpeed's ZeRO state files hold besides tensors; nothing else is unpickled."""
+
+
+@contextlib.contextmanager
+def deepspeed_weights_only(engine: Any):
+    """DeepSpeed's checkpoint engine reads with torch.load(weights_only=False); here with weights_only=True, admitting
+    only `DEEPSPEED_STATE_CLASSES`. A file that names anything else is refused with a UserError, and nothing runs."""
+    import importlib
+
+    allowed = [getattr(importlib.import_module(module), name) for module, name in DEEPSPEED_STATE_CLASSES]
+    checkpoint_engine = engine.checkpoint_engine
+
+    def load(path: str, map_location: Any = None) -> Any:
+        try:
+            with torch.serialization.safe_globals(allowed):
+                return torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as e:  # weights_only's UnpicklingError names the refused global
+            reason = dcp.weights_only_refusal(e)
+            raise UserError(f"{path} refused by torch.load(weights_only=True): {reason}") from None
+
+    checkpoint_engine.load = load
+    try:
+        yield
+    finally:
+        del checkpoint_engine.load  # the class's own method again
 
 
 def _local(norm: torch.Tensor) -> torch.Tensor:

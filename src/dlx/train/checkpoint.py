@@ -366,6 +366,11 @@ def read_trainer_state(path: Path) -> TrainerState:
 def read_checkpoint(path: Path) -> LoadedCheckpoint:
     """Read and check every file of a checkpoint into memory; DamagedCheckpoint says what is wrong."""
     state = read_trainer_state(path)
+    if state.format == "dcp":
+        try:
+            dcp.read_metadata(path / DCP_FOLDER)  # checked before DCP's own reader could unpickle it
+        except UserError as e:
+            raise DamagedCheckpoint(str(e).split("; ")[0]) from None
     try:
         weights = load_file(str(path / WEIGHTS_FILE)) if state.format == "full" else {}  # else in dcp/ or deepspeed/
         train_state = torch.load(path / OPTIMIZER_STATE_FILE, map_location="cpu", weights_only=True)
