@@ -383,21 +383,42 @@ def read_checkpoint(path: Path) -> LoadedCheckpoint:
     return LoadedCheckpoint(path, state, weights, train_state)
 
 
-def find_resumable(run_dir: Path, say=print, set_aside: bool = False) -> LoadedCheckpoint | None:
+def find_resumable(
+    run_dir: Path, say=print, set_aside: bool = False, refuse_all_damaged: bool = False
+) -> LoadedCheckpoint | None:
     """The newest checkpoint that reads back completely; each damaged newer one is reported and skipped, and with
-    `set_aside` renamed to `step-N.damaged` (kept for inspection, never again taken for a checkpoint or pruned)."""
+    `set_aside` renamed to `step-N.damaged` (kept for inspection, never again taken for a checkpoint or pruned).
+    `refuse_all_damaged` (a resume): a folder that has checkpoints, none usable, is refused with one UserError naming
+    them, and nothing is renamed."""
     remove_unfinished_saves(run_dir)
+    damaged: list[tuple[Path, DamagedCheckpoint]] = []
     for path in list_checkpoints(run_dir):
         try:
-            return read_checkpoint(path)
+            loaded = read_checkpoint(path)
         except DamagedCheckpoint as e:
-            aside = path.with_name(path.name + ".damaged")
-            note = f"; moved to {aside.name}" if set_aside else ""
-            say(f"checkpoint {path} is damaged: {e}; falling back to the previous one{note}")
-            if set_aside:
-                shutil.rmtree(aside, ignore_errors=True)
-                path.rename(aside)
+            damaged.append((path, e))
+            continue
+        _report_damaged(damaged, say, set_aside)
+        return loaded
+    set_aside_before = sorted(p.name for p in (run_dir / CHECKPOINTS_DIR).glob("step-*.damaged"))
+    if refuse_all_damaged and (damaged or set_aside_before):
+        found = [f"{path.name} ({error})" for path, error in damaged] + [f"{n} (set aside)" for n in set_aside_before]
+        raise UserError(
+            f"--resume: no checkpoint in {run_dir / CHECKPOINTS_DIR} is usable: {'; '.join(found)}; nothing was "
+            "changed. Put a good copy of a checkpoint there, or start a new run without --resume (or another --run-dir)"
+        )
+    _report_damaged(damaged, say, set_aside)
     return None
+
+
+def _report_damaged(damaged: list[tuple[Path, DamagedCheckpoint]], say, set_aside: bool) -> None:
+    for path, error in damaged:
+        aside = path.with_name(path.name + ".damaged")
+        note = f"; moved to {aside.name}" if set_aside else ""
+        say(f"checkpoint {path} is damaged: {error}; falling back to the previous one{note}")
+        if set_aside:
+            shutil.rmtree(aside, ignore_errors=True)
+            path.rename(aside)
 
 
 def apply_checkpoint(

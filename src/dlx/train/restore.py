@@ -73,10 +73,15 @@ def restore(
 
 
 def find_checkpoint(run_dir: Path, console: RunConsole, env: DistEnv) -> ckpt.LoadedCheckpoint | None:
-    """Rank 0 picks the newest complete checkpoint (setting damaged ones aside); the other ranks then read it."""
+    """Rank 0 picks the newest complete checkpoint (setting damaged ones aside); the other ranks then read it. A folder
+    whose checkpoints are all damaged is refused (UserError) and left as it was."""
+
+    def find() -> ckpt.LoadedCheckpoint | None:
+        return ckpt.find_resumable(run_dir, say=console.warn, set_aside=True, refuse_all_damaged=True)
+
     if not env.is_distributed:
-        return ckpt.find_resumable(run_dir, say=console.warn, set_aside=True)
-    path = main_decides(lambda: getattr(ckpt.find_resumable(run_dir, say=console.warn, set_aside=True), "path", None))
+        return find()
+    path = main_decides(lambda: getattr(find(), "path", None))
     return ckpt.read_checkpoint(path) if path is not None else None
 
 
