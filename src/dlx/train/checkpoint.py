@@ -10,14 +10,16 @@
                               on load; `dlx export-hf` reads the whole weights from it)
         deepspeed/            DeepSpeed: the engine's own ZeRO checkpoint
         trainer_state.json    step, tokens seen, loader position, format, world size, and the size of every file
-                              above; written last
+                              above, with the SHA-256 of those dlx writes itself (checkpoint_record); written last
 
 The folder is filled under a temporary name by every rank and renamed into place by rank 0 once all have written, so
 a crash mid-save leaves the previous checkpoints untouched and at most a `.step-*.tmp` folder, which the next save or
 resume removes. With checkpoint.async the DCP shards are written in the background (`PendingSave`): the step goes on
 after the state is copied to host memory, and the folder is published only once every rank's part and DCP's metadata
 are written; the next save and the end of the run wait for it. A folder whose files are missing, shorter or longer
-than recorded, or unreadable is damaged; `find_resumable` then falls back to the one before it and says so.
+than recorded, whose SHA-256 differs from the one recorded, or unreadable, or whose trainer_state.json does not follow
+its schema, is damaged; `find_resumable` then falls back to the one before it and says so. Checkpoints recorded
+without SHA-256s (written before dlx recorded them) are checked by size.
 """
 
 from __future__ import annotations
@@ -46,11 +48,20 @@ from dlx.model.llama import Transformer
 from dlx.parallel import dcp
 from dlx.parallel.distributed import any_rank, gather_to_main, main_decides
 from dlx.parallel.strategy import DCP_FOLDER, Strategy, check_format
+from dlx.train.checkpoint_record import (
+    STATE_FILE,
+    HashingFile,
+    file_problem,
+    file_record,
+    safetensors_sha256,
+    schema_problem,
+    text_sha256,
+)
 
 CHECKPOINTS_DIR = "checkpoints"
 OPTIMIZER_STATE_FILE = "train_state.pt"
 """torch.save of the optimizer, scheduler, loss-scaler and random generator states."""
-TRAINER_STATE_FILE = "trainer_state.json"
+TRAINER_STATE_FILE = STATE_FILE
 """The `TrainerState` (step, tokens, loader position, file sizes); written last, it marks a checkpoint complete."""
 DCP_METADATA = f"{DCP_FOLDER}/.metadata"
 """Marks a checkpoint whose weights are in DCP shards (written by DCP last, once every rank's shards are)."""
@@ -79,8 +90,9 @@ class TrainerState:
     """Ranks that trained the run up to this checkpoint."""
     full_weights: bool = True
     """model.safetensors is part of this checkpoint (always in the full format; see checkpoint.full_weights)."""
-    files: dict[str, int] = field(default_factory=dict)
-    """Byte size of every other file of the checkpoint, to detect truncation."""
+    files: dict[str, Any] = field(default_factory=dict)
+    """Every other file of the checkpoint: {"size": bytes, "sha256": hex} (the SHA-256 of the files dlx writes itself;
+    shards written by DCP or DeepSpeed carry their size only). Checkpoints written before the SHA-256s: bytes only."""
 
 
 class DamagedCheckpoint(Exception):
@@ -166,12 +178,12 @@ def save_checkpoint(
     state.full_weights = full_weights
     tmp = main_decides(lambda: _start_save(run_dir, path))
     error: BaseException | None = None
-    future = None
+    future, digests = None, {}
     try:
-        future = _write_parts(tmp, strategy, scheduler, scaler, full_weights, background)
+        future, digests = _write_parts(tmp, strategy, scheduler, scaler, full_weights, background)
     except (OSError, SafetensorError, RuntimeError) as e:  # a full disk or quota (torch.save says RuntimeError)
         error = e
-    pending = PendingSave(tmp, path, replace(state), run_dir, keep_last, strategy.precision.device, future)
+    pending = PendingSave(tmp, path, replace(state), run_dir, keep_last, strategy.precision.device, future, digests)
     pending.give_up_unless_all_wrote(error)
     return pending
 
@@ -189,6 +201,8 @@ class PendingSave:
     device: torch.device
     future: Future | None = None
     """This rank's background DCP write; None when everything was written before `save_checkpoint` returned."""
+    digests: dict[str, str] = field(default_factory=dict)
+    """SHA-256 of the files rank 0 wrote, by name, computed as they were written."""
     published: bool = False
     """Rank 0 renamed the folder into place (`poll` may do so before `wait`, on rank 0 alone)."""
     settled: bool = False
@@ -199,7 +213,7 @@ class PendingSave:
         write completes only after every rank's part and DCP's metadata are written."""
         if self.published or self.future is None or not self.future.done() or self.future.exception() is not None:
             return
-        _publish(self.tmp, self.path, self.state, self.run_dir, self.keep_last)
+        _publish(self.tmp, self.path, self.state, self.run_dir, self.keep_last, self.digests)
         self.published = True
 
     def wait(self) -> Path:
@@ -213,7 +227,7 @@ class PendingSave:
                 error = e
         self.give_up_unless_all_wrote(error)
         if not main_decides(lambda: self.published):  # only rank 0 polls: it knows
-            main_decides(lambda: _publish(self.tmp, self.path, self.state, self.run_dir, self.keep_last))
+            main_decides(lambda: _publish(self.tmp, self.path, self.state, self.run_dir, self.keep_last, self.digests))
         self.published = self.settled = True
         return self.path
 
@@ -250,19 +264,23 @@ def _write_parts(
     scaler: torch.amp.GradScaler | None,
     full_weights: bool,
     background: bool,
-) -> Future | None:
-    """Every rank: its shards (DCP, DeepSpeed); rank 0: the whole weights (when asked) and train_state.pt."""
+) -> tuple[Future | None, dict[str, str]]:
+    """Every rank: its shards (DCP, DeepSpeed); rank 0: the whole weights (when asked) and train_state.pt, and the
+    SHA-256 of each file it wrote."""
     weights = strategy.full_weights() if full_weights else None  # a collective when sharded
     rng_states = gather_to_main(rng_state())  # a collective: each rank's generators (its own GPU's) are its own
     future = strategy.save_sharded(tmp, background)
     if not strategy.env.is_main:
-        return future
+        return future, {}
     args: ModelArgs = strategy.model.args
+    digests = {}
     if weights is not None:
         write_weight_dict(weights, args, tmp)
+        digests[WEIGHTS_FILE] = safetensors_sha256(tmp / WEIGHTS_FILE, weights)
     else:
         (tmp / ARGS_FILE).write_text(args.model_dump_json(indent=2) + "\n")
-    save_torch(
+    digests[ARGS_FILE] = text_sha256((tmp / ARGS_FILE).read_text())  # a few hundred bytes
+    digests[OPTIMIZER_STATE_FILE] = save_torch(
         {
             "optimizer": strategy.optimizer_state(),
             "scheduler": _scheduler_state(scheduler),
@@ -273,13 +291,15 @@ def _write_parts(
         tmp / OPTIMIZER_STATE_FILE,
     )
     pause_point("checkpoint_save")  # test-only, off by default: see dlx.faults
-    return future
+    return future, digests
 
 
-def _publish(tmp: Path, path: Path, state: TrainerState, run_dir: Path, keep_last: int) -> None:
-    """Rank 0, once every rank has written: record every file's size, write trainer_state.json last, rename."""
+def _publish(tmp: Path, path: Path, state: TrainerState, run_dir: Path, keep_last: int, digests: dict) -> None:
+    """Rank 0, once every rank has written: record every file's size and SHA-256 (where rank 0 computed it as it
+    wrote), write trainer_state.json last, rename."""
     try:
-        state.files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+        files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+        state.files = {name: file_record(size, digests.get(name)) for name, size in files.items()}
         (tmp / TRAINER_STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
         publish_dir(tmp, path, overwrite=True)
     except OSError as e:
@@ -296,34 +316,18 @@ def _save_refused(path: Path, run_dir: Path, error: BaseException | None) -> Use
     )
 
 
-class _KeepWriteError:
-    """A file for torch.save that keeps the OSError of a failed write: torch.save itself reports a full disk as
-    `enforce fail ... unexpected pos`, which names no cause."""
-
-    def __init__(self, file: Any) -> None:
-        self.file, self.error = file, None
-
-    def write(self, data: Any) -> int:
-        try:
-            return self.file.write(data)
-        except OSError as e:
-            self.error = self.error or e
-            raise
-
-    def flush(self) -> None:
-        self.file.flush()
-
-
-def save_torch(obj: Any, path: Path) -> None:
-    """torch.save to `path`; a failed write raises its OSError (ENOSPC, EDQUOT, EFBIG), not torch's RuntimeError."""
+def save_torch(obj: Any, path: Path) -> str:
+    """torch.save to `path`, returning the SHA-256 of what it wrote; a failed write raises its OSError (ENOSPC, EDQUOT,
+    EFBIG), not torch's RuntimeError."""
     with open(path, "wb") as f:
-        keep = _KeepWriteError(f)
+        keep = HashingFile(f)
         try:
             torch.save(obj, keep)
         except RuntimeError:
             if keep.error is not None:
                 raise keep.error from None
             raise
+    return keep.sha.hexdigest()
 
 
 def _scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict[str, Any]:
@@ -348,18 +352,17 @@ class LoadedCheckpoint:
 
 
 def read_trainer_state(path: Path) -> TrainerState:
-    """trainer_state.json, once every file it lists is there at its recorded size; DamagedCheckpoint otherwise."""
+    """trainer_state.json, once it follows its schema and every file it lists is there at its recorded size and
+    SHA-256 (where one was recorded); DamagedCheckpoint otherwise."""
     try:
         raw = json.loads((path / TRAINER_STATE_FILE).read_text())
         state = TrainerState(**raw)
     except (OSError, ValueError, TypeError) as e:
         raise DamagedCheckpoint(f"{TRAINER_STATE_FILE} unreadable ({type(e).__name__})") from None
-    for name, size in state.files.items():
-        file = path / name
-        if not file.is_file():
-            raise DamagedCheckpoint(f"{name} is missing")
-        if file.stat().st_size != size:
-            raise DamagedCheckpoint(f"{name} has {file.stat().st_size:,} bytes, {size:,} were written")
+    problem = schema_problem(raw, state.step, state.tokens_seen, state.world_size, state.files, state.loader)
+    problem = problem or next(filter(None, (file_problem(path, n, r) for n, r in state.files.items())), None)
+    if problem:
+        raise DamagedCheckpoint(problem)
     return state
 
 
