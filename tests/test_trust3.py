@@ -5,17 +5,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from dlx.data.loader import TokenLoader
+from dlx.data.prepare import prepare_dataset
+from dlx.data.shards import read_manifest, verify_shards
+from dlx.data.source import LoaderSettings
 from dlx.errors import UserError
 from dlx.train.checkpoint import DamagedCheckpoint, find_resumable, list_checkpoints, read_checkpoint
 from dlx.train.init_from import resolve_source
 from dlx.train.launch import launch
-from train_helpers import TINY, train_quietly
+from train_helpers import TINY, make_dataset, train_quietly
 
 pytestmark = pytest.mark.usefixtures("in_process_training")
 
@@ -125,3 +132,83 @@ def test_a_trainer_state_with_a_wrong_schema_is_damaged(run_dir, change, problem
         read_checkpoint(newest)
     notes = []
     assert find_resumable(run_dir, say=notes.append).path == previous and "is damaged" in notes[0]
+
+
+# datasets
+
+
+def loader_of(folder: Path, num_workers: int) -> TokenLoader:
+    return TokenLoader(folder, LoaderSettings(seq_len=16, micro_batch_size=2, num_workers=num_workers, prefetch=2))
+
+
+def train_shard(folder: Path) -> Path:
+    return folder / read_manifest(folder).split_shards("train")[0].name
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_shard_overwritten_in_place_after_it_was_verified_is_caught_at_the_next_checkpoint(tmp_path, num_workers):
+    folder = make_dataset(tmp_path / "data")
+    shard = train_shard(folder)
+    with loader_of(folder, num_workers) as loader:
+        for _ in range(3):
+            next(loader)
+        loader.verify_read_shards()  # every shard read so far is confirmed
+        loader.verify_read_shards()
+        tokens = np.fromfile(shard, dtype=read_manifest(folder).dtype)
+        tokens[5] = (tokens[5] + 1) % 300  # another valid id, same size
+        tokens.tofile(shard)
+        os.utime(shard, ns=(time.time_ns(), time.time_ns() + 1_000_000))  # a write always moves mtime on
+        with pytest.raises(UserError, match=f"shard {shard.name} does not match the checksum"):
+            loader.verify_read_shards()
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_shard_truncated_during_the_run_is_named_not_a_sigbus(tmp_path, num_workers):
+    folder = make_dataset(tmp_path / "data")
+    shard = train_shard(folder)
+    with loader_of(folder, num_workers) as loader:
+        next(loader)
+        os.truncate(shard, 64)
+        shrank = rf"shard {shard.name} shrank from [\d,]+ to 64 bytes while the run read it"
+        with pytest.raises(UserError, match=shrank):
+            for _ in range(50):
+                next(loader)
+
+
+def test_token_bytes_is_checksummed_by_prepare_and_checked_by_verify_and_preflight(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"document {i}: the quick brown fox jumps over the lazy dog" for i in range(40)))
+    manifest = prepare_dataset([str(corpus)], tmp_path / "ds", train_tokenizer=300, workers=1, progress=False)
+    table = tmp_path / "ds" / "token_bytes.npy"
+    assert manifest.token_bytes_sha256 == hashlib.sha256(table.read_bytes()).hexdigest()
+    assert verify_shards(tmp_path / "ds") == []
+    data = bytearray(table.read_bytes())
+    data[-1] ^= 1
+    table.write_bytes(bytes(data))
+    changed = "token_bytes.npy: checksum mismatch (the file changed after `dlx prepare` wrote it)"
+    assert verify_shards(tmp_path / "ds") == [changed]
+    overrides = [*TINY, "--data.path", str(tmp_path / "ds"), "--train.max_steps", "1"]
+    with pytest.raises(UserError, match=r"token_bytes\.npy: checksum mismatch"):
+        launch(None, overrides, tmp_path / "run", resume=False)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"eos_id": 300}, "eos_id 300 is outside the vocabulary (0 to 299)"),
+        ({"bos_id": -1}, "bos_id -1 is outside the vocabulary"),
+        ({"version": 2}, "version: 2 is not 1"),
+        ({"shard": "../outside.bin"}, "shard name '../outside.bin' is not a file name inside the dataset folder"),
+        ({"shard": "/etc/passwd"}, "shard name '/etc/passwd' is not a file name inside the dataset folder"),
+    ],
+)
+def test_manifest_fields_are_validated(tmp_path, change, problem):
+    folder = make_dataset(tmp_path / "data")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    if "shard" in change:
+        manifest["shards"][0]["name"] = change.pop("shard")
+    manifest.update(change)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match=re.escape(problem)):
+        read_manifest(folder)

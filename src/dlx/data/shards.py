@@ -4,10 +4,13 @@ A dataset folder holds:
 
     manifest.json          this format's description of every finished shard (written atomically, last)
     tokenizer.json         the Hugging Face tokenizer that produced the tokens
+    token_bytes.npy        bytes per token id, for bits per byte (byte-level BPE tokenizers only)
     train-00000.bin ...    raw little-endian token arrays (`dtype` below), documents separated by eos_id
     val-00000.bin ...      the held-out validation split, same layout
 
 A shard appears in the manifest only once it is complete and fsynced; anything else in the folder is ignored.
+Every file the manifest names carries its SHA-256 there. A manifest is validated as it is read: a known format and
+version, eos_id and bos_id inside the vocabulary, shard names that are plain file names inside the folder.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from dlx.atomic import atomic_write_text
 from dlx.errors import UserError
 
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
+TOKEN_BYTES_FILE = "token_bytes.npy"
 FORMAT_NAME = "dlx-shards"
 FORMAT_VERSION = 1
 Split = Literal["train", "val"]
@@ -57,12 +61,20 @@ class ShardInfo(BaseModel):
     sha256: str
     """Hex SHA-256 of the file's bytes."""
 
+    @field_validator("name")
+    @classmethod
+    def _inside_the_folder(cls, name: str) -> str:
+        if Path(name).name != name or name in ("", ".", "..") or "\\" in name:
+            raise ValueError(f"shard name {name!r} is not a file name inside the dataset folder")
+        return name
+
 
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: Literal["dlx-shards"] = FORMAT_NAME
-    version: int = FORMAT_VERSION
+    version: Literal[1] = FORMAT_VERSION
+    """The format's version; a manifest of another version is refused (made by a newer dlx)."""
     dtype: Literal["uint16", "uint32"]
     """Numpy dtype of the tokens, little-endian."""
     vocab_size: int
@@ -73,12 +85,21 @@ class Manifest(BaseModel):
     """The token that starts every document, when prepare was asked for one."""
     tokenizer_sha256: str
     """Hex SHA-256 of tokenizer.json."""
+    token_bytes_sha256: str | None = None
+    """Hex SHA-256 of token_bytes.npy; None when the dataset has none (or was prepared before it was recorded)."""
     shards: list[ShardInfo] = []
     """Finished shards, in order."""
     complete: bool = False
     """True once every input has been tokenized; False while prepare is still running or was interrupted."""
     source: dict = {}
     """How the dataset was made (inputs, options), for the record."""
+
+    @model_validator(mode="after")
+    def _ids_inside_the_vocabulary(self) -> Manifest:
+        for key, token in (("eos_id", self.eos_id), ("bos_id", self.bos_id)):
+            if token is not None and not 0 <= token < self.vocab_size:
+                raise ValueError(f"{key} {token} is outside the vocabulary (0 to {self.vocab_size - 1})")
+        return self
 
     def split_shards(self, split: Split) -> list[ShardInfo]:
         return [s for s in self.shards if s.split == split]
@@ -130,8 +151,19 @@ def read_manifest(folder: str | Path) -> Manifest:
         raise UserError(f"{folder} is not a prepared dataset ({MANIFEST_FILE} missing); run `dlx prepare` first")
     try:
         return Manifest.model_validate(json.loads(path.read_text()))
-    except (json.JSONDecodeError, ValidationError) as e:
-        raise UserError(f"{path} is damaged ({str(e).splitlines()[0]}); run `dlx prepare` again") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path} is damaged ({e}); run `dlx prepare` again") from None
+    except ValidationError as e:
+        raise UserError(f"{path} is refused ({_first_error(e)}); run `dlx prepare` again") from None
+
+
+def _first_error(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "literal_error":
+        message = f"{first['input']!r} is not {first['ctx']['expected']}"
+    return f"{where}: {message}" if where else message
 
 
 def write_manifest(folder: str | Path, manifest: Manifest) -> None:
@@ -171,4 +203,16 @@ def verify_shards(folder: str | Path) -> list[str]:
         problems.append(f"{TOKENIZER_FILE}: missing")
     elif sha256_file(tokenizer) != manifest.tokenizer_sha256:
         problems.append(f"{TOKENIZER_FILE}: checksum mismatch (another tokenizer was put in this folder)")
-    return problems
+    return problems + token_bytes_problems(folder, manifest)
+
+
+def token_bytes_problems(folder: Path, manifest: Manifest) -> list[str]:
+    """token_bytes.npy against the SHA-256 the manifest records (nothing to check where it records none)."""
+    if manifest.token_bytes_sha256 is None:
+        return []
+    table = folder / TOKEN_BYTES_FILE
+    if not table.is_file():
+        return [f"{TOKEN_BYTES_FILE}: missing"]
+    if sha256_file(table) != manifest.token_bytes_sha256:
+        return [f"{TOKEN_BYTES_FILE}: checksum mismatch (the file changed after `dlx prepare` wrote it)"]
+    return []

@@ -15,6 +15,7 @@ table is computed from its tokenizer.json (the same numbers).
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import json
 from pathlib import Path
@@ -22,9 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from dlx.atomic import atomic_write_bytes
-from dlx.data.shards import TOKENIZER_FILE
-
-TOKEN_BYTES_FILE = "token_bytes.npy"
+from dlx.data.shards import TOKEN_BYTES_FILE, TOKENIZER_FILE
 
 
 def token_byte_lengths(tokenizer_json: str) -> np.ndarray | None:
@@ -56,13 +55,16 @@ def _decodes_byte_level(decoder: dict | None) -> bool:
     return decoder.get("type") == "ByteLevel"
 
 
-def write_token_bytes(folder: Path, tokenizer_json: str) -> None:
-    """token_bytes.npy beside the dataset's tokenizer.json (nothing for a tokenizer that is not byte-level)."""
+def write_token_bytes(folder: Path, tokenizer_json: str) -> str | None:
+    """token_bytes.npy beside the dataset's tokenizer.json, and its SHA-256 (for the manifest); nothing, and None, for
+    a tokenizer that is not byte-level."""
     lengths = token_byte_lengths(tokenizer_json)
-    if lengths is not None:
-        buffer = io.BytesIO()
-        np.save(buffer, lengths)
-        atomic_write_bytes(folder / TOKEN_BYTES_FILE, buffer.getvalue())
+    if lengths is None:
+        return None
+    buffer = io.BytesIO()
+    np.save(buffer, lengths)
+    atomic_write_bytes(folder / TOKEN_BYTES_FILE, buffer.getvalue())
+    return hashlib.sha256(buffer.getvalue()).hexdigest()
 
 
 @functools.lru_cache(maxsize=8)

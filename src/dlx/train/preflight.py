@@ -35,7 +35,7 @@ import numpy as np
 
 from dlx.data.loader.windows import count_windows
 from dlx.data.prepare.tokenizer import dataset_bos_note
-from dlx.data.shards import TOKENIZER_FILE, Manifest, read_manifest, sha256_file
+from dlx.data.shards import TOKENIZER_FILE, Manifest, read_manifest, sha256_file, token_bytes_problems
 from dlx.data.tokenizer_identity import same_tokenizer
 from dlx.errors import UserError
 from dlx.model.stats import ParamFormula
@@ -162,6 +162,11 @@ def check_tokenizer(datasets: list[Dataset], run_dir: Path, resume: bool) -> tup
             raise UserError(
                 f"{dataset.label}: {TOKENIZER_FILE} is not the tokenizer its shards were made with (SHA-256 differs "
                 f"from the manifest); run `dlx data verify {dataset.folder}` and put the original back or prepare again"
+            )
+        for problem in token_bytes_problems(dataset.folder, dataset.manifest):
+            raise UserError(
+                f"{dataset.label}: {problem}; run `dlx data verify {dataset.folder}` and put the original back or "
+                "prepare again"
             )
     first = datasets[0]
     run_copy = run_dir / TOKENIZER_FILE

@@ -14,7 +14,14 @@ the calling thread (num_workers=0) when a batch first touches the shard. A misma
 that names the shard. A worker's background thread may not have reached a shard when a batch from it is consumed:
 `ReadShards` keeps such shards (each reply of a worker names the shards its thread confirmed since the last), and
 `ReadShards.verify` hashes what is still unconfirmed, so that a caller (the trainer, before it publishes a checkpoint
-or ends a run) knows every shard its batches came from is intact.
+or ends a run) knows every shard its batches came from is intact. `verify` also hashes again every confirmed shard
+whose size or modification time changed since it was confirmed (one stat per shard): a shard overwritten in place
+during the run is caught at the next checkpoint or at the end.
+
+Before each batch, the reader compares the size of every shard the batch reads with the size it had when first read:
+a shard truncated during the run stops it with a UserError naming the shard, instead of a SIGBUS when the memory map
+reads past the file's new end (a truncation during the copy of one batch can still raise SIGBUS: a worker's death then
+names the shards that batch was reading).
 
 This module needs numpy only (the workers import it without torch or pydantic, so they start fast).
 """
@@ -31,7 +38,7 @@ import numpy as np
 
 from dlx.data.loader.order import Cursor
 from dlx.data.loader.plan import BatchPlan
-from dlx.data.pool import WorkerPool, shared_memory
+from dlx.data.pool import WorkerError, WorkerPool, shared_memory
 from dlx.errors import UserError
 from dlx.faults import pause_point
 
@@ -89,6 +96,10 @@ class ReadShards:
         self.confirmed: set[str] = set()
         self.unconfirmed: dict[str, str] = {}
         """shard path → the manifest's SHA-256."""
+        self.checksums: dict[str, str] = {}
+        """shard path → the manifest's SHA-256, for every shard a feed of this loader may read."""
+        self._stats: dict[str, tuple[int, int]] = {}
+        """confirmed shard path → (size, mtime_ns) when it was confirmed."""
 
     def note_read(self, shards: set[str], checksums: dict[str, str]) -> None:
         for shard in shards - self.confirmed:
@@ -98,15 +109,30 @@ class ReadShards:
         self.confirmed.update(shards)
         for shard in shards:
             self.unconfirmed.pop(shard, None)
+            self._stats[shard] = _stat(shard)
+
+    def _changed_since_confirmed(self) -> list[str]:
+        return [shard for shard, stat in self._stats.items() if _stat(shard) != stat and shard in self.checksums]
 
     def verify(self) -> list[str]:
-        """Hash here every read shard not confirmed yet (UserError naming the first that does not match); returns
-        the shards hashed."""
+        """Hash here every read shard not confirmed yet, and every confirmed one whose size or modification time
+        changed since (UserError naming the first that does not match); returns the shards hashed."""
+        for shard in self._changed_since_confirmed():
+            self.confirmed.discard(shard)
+            self.unconfirmed[shard] = self.checksums[shard]
         hashed = sorted(self.unconfirmed)
         for shard in hashed:
             verify_shard(shard, self.unconfirmed[shard])
             self.confirm([shard])
         return hashed
+
+
+def _stat(shard: str) -> tuple[int, int]:
+    try:
+        stat = Path(shard).stat()
+    except OSError:
+        return (-1, -1)  # missing now: differs from any stat taken before, so `verify` names it
+    return stat.st_size, stat.st_mtime_ns
 
 
 class _BackgroundVerifier:
@@ -142,6 +168,8 @@ class BatchReader:
         self._verifier: _BackgroundVerifier | None = None
         self._reported = 0  # how many of the verifier's done shards a reply has named
         self._unchecked: dict[str, str] = {}
+        self._verified_here: list[str] = []  # verified in this thread (num_workers=0), not reported yet
+        self._sizes: dict[str, int] = {}  # each shard's size when first read
         if job.checksums and background:
             self._verifier = _BackgroundVerifier(list(job.checksums[job.worker :: job.num_workers]))
         elif job.checksums:
@@ -151,29 +179,50 @@ class BatchReader:
         plan = self.job.plan
         if self._verifier is not None and self._verifier.failure:
             raise UserError(self._verifier.failure)
+        shards = plan.shards_of(cursor)
+        self._check_sizes(shards)
         if self._unchecked:
-            for shard in sorted(plan.shards_of(cursor) & self._unchecked.keys()):
+            for shard in sorted(shards & self._unchecked.keys()):
                 verify_shard(shard, self._unchecked.pop(shard))
+                self._verified_here.append(shard)
         plan.fill(cursor, out)
         if int(out.max()) >= self.job.vocab_size:  # microseconds; a damaged shard must not reach the model
             raise UserError(plan.describe_bad_token(cursor, self.job.vocab_size))
 
+    def _check_sizes(self, shards: set[str]) -> None:
+        """UserError naming a shard that is shorter than when this reader first read it (a read through its memory
+        map past the file's new end would end the process by SIGBUS)."""
+        for shard in shards:
+            size = _stat(shard)[0]
+            first = self._sizes.setdefault(shard, size)
+            if size < first:
+                path = Path(shard)
+                raise UserError(
+                    f"dataset {path.parent}: shard {path.name} shrank from {first:,} to {max(size, 0):,} bytes while "
+                    f"the run read it (truncated or replaced); run `dlx data verify {path.parent}`, then `dlx prepare` "
+                    "again, and resume"
+                )
+
     def newly_verified(self) -> list[str]:
-        """The shards the background thread verified since the last call (for the reply to the trainer's process)."""
+        """The shards verified since the last call: by the background thread (for the reply to the trainer's process)
+        or in this thread."""
+        here, self._verified_here = self._verified_here, []
         if self._verifier is None:
-            return []
+            return here
         done = self._verifier.done[self._reported : len(self._verifier.done)]
         self._reported += len(done)
-        return done
+        return here + done
 
 
 class InProcessFeed:
     """Batches built in the calling thread, into one buffer reused by the next call."""
 
-    def __init__(self, job: ReaderJob, start: Cursor | int, loop: bool):
+    def __init__(self, job: ReaderJob, start: Cursor | int, loop: bool, read: ReadShards):
         self._reader = BatchReader(job, background=False)
         self._schedule = job.plan.schedule(start, loop)
         self._batch = np.empty((2, job.plan.micro_batch_size, job.plan.seq_len), dtype=np.int64)
+        self._read = read
+        read.checksums.update(job.checksums)
 
     @property
     def pids(self) -> list[int]:
@@ -181,6 +230,9 @@ class InProcessFeed:
 
     def next_batch(self) -> np.ndarray:
         self._reader.fill(next(self._schedule), self._batch)
+        verified = self._reader.newly_verified()
+        if verified:
+            self._read.confirm(verified)
         return self._batch
 
     def close(self) -> None:
@@ -215,6 +267,7 @@ class WorkerFeed:
         self, job: ReaderJob, start: Cursor | int, loop: bool, num_workers: int, prefetch: int, read: ReadShards
     ):
         self._plan, self._checksums, self._read = job.plan, dict(job.checksums), read
+        read.checksums.update(job.checksums)
         self._in_flight: collections.deque[Cursor | int] = collections.deque()  # cursors sent, not received yet
         self._n_slots = num_workers * prefetch
         shape = (self._n_slots, 2, job.plan.micro_batch_size, job.plan.seq_len)
@@ -245,10 +298,14 @@ class WorkerFeed:
         free = self._n_slots - (self._sent - self._received)  # the previous batch's slot is free again by now
         if free >= max(1, self._n_slots // 2) or (free and not self._pool.ready(worker)):
             self._send(free)
-        if worker in self._opening:
-            self._pool.receive(worker)
-            self._opening.discard(worker)
-        self._read.confirm(self._pool.receive(worker))
+        try:
+            if worker in self._opening:
+                self._pool.receive(worker)
+                self._opening.discard(worker)
+            self._read.confirm(self._pool.receive(worker))
+        except WorkerError as e:
+            shards = ", ".join(sorted(Path(s).name for s in self._plan.shards_of(self._in_flight[0])))
+            raise WorkerError(f"{e} (its batch reads shard {shards})", e.worker_traceback) from None
         cursor = self._in_flight.popleft()
         if self._checksums and len(self._read.confirmed) < len(self._checksums):  # microseconds; none once all are
             self._read.note_read(self._plan.shards_of(cursor), self._checksums)
@@ -266,5 +323,5 @@ def open_feed(
     """Batches of `job` from `start`: built in this thread (`num_workers=0`, which verifies a shard before its first
     batch) or by worker processes (which tell `read` what the consumed batches read and what is verified)."""
     if num_workers == 0:
-        return InProcessFeed(job, start, loop)
+        return InProcessFeed(job, start, loop, read or ReadShards())
     return WorkerFeed(job, start, loop, num_workers, prefetch, read or ReadShards())

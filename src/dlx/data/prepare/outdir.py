@@ -135,13 +135,14 @@ def start_dataset(
     """The first writes of a dataset: tokenizer.json, then a manifest without shards (`source` holds the resume)."""
     clear_fresh(out)
     atomic_write_text(out / TOKENIZER_FILE, tokenizer_json)
-    write_token_bytes(out, tokenizer_json)  # bytes per token id: bits per byte in evaluation
+    token_bytes_sha256 = write_token_bytes(out, tokenizer_json)  # bytes per token id: bits per byte in evaluation
     manifest = Manifest(
         dtype=token_dtype(vocab_size),
         vocab_size=vocab_size,
         eos_id=eos_id,
         bos_id=bos_id,
         tokenizer_sha256=tokenizer_sha256,
+        token_bytes_sha256=token_bytes_sha256,
         source=source,
     )
     write_manifest(out, manifest)
