@@ -6,7 +6,9 @@ and a 1B-sized one (a synthetic model.safetensors of --gb GB of bf16 tensors, 25
   publish   the SHA-256 is computed from the bytes handed to the writer (dlx.train.checkpoint_record): for
             model.safetensors, the header read back and every tensor hashed from memory after `save_file`
             (`safetensors_sha256`); for train_state.pt, hashed inside torch.save's writes (`save_torch`, against a
-            plain torch.save to the same file). Cost = hashing time, and as a share of the write itself.
+            plain torch.save to the same file). Cost = hashing time, and as a share of the write itself. (In a save
+            the safetensors hash runs in a thread while train_state.pt is written: on a free core it hides behind
+            that write; measured here alone, the CPU time it costs.)
   resume    every recorded file is read and hashed (`file_sha256`) before it is loaded: warm (the file in the page
             cache, as right after a save) and cold (its pages dropped with posix_fadvise(DONTNEED) first), beside
             the time safetensors' `load_file` takes to read the same file warm.

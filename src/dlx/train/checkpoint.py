@@ -28,7 +28,7 @@ import json
 import random
 import re
 import shutil
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -274,22 +274,26 @@ def _write_parts(
         return future, {}
     args: ModelArgs = strategy.model.args
     digests = {}
-    if weights is not None:
-        write_weight_dict(weights, args, tmp)
-        digests[WEIGHTS_FILE] = safetensors_sha256(tmp / WEIGHTS_FILE, weights)
-    else:
-        (tmp / ARGS_FILE).write_text(args.model_dump_json(indent=2) + "\n")
-    digests[ARGS_FILE] = text_sha256((tmp / ARGS_FILE).read_text())  # a few hundred bytes
-    digests[OPTIMIZER_STATE_FILE] = save_torch(
-        {
-            "optimizer": strategy.optimizer_state(),
-            "scheduler": _scheduler_state(scheduler),
-            "scaler": scaler.state_dict() if scaler is not None else None,
-            "rng": rng_states[0],
-            "rng_ranks": rng_states,
-        },
-        tmp / OPTIMIZER_STATE_FILE,
-    )
+    with ThreadPoolExecutor(1, thread_name_prefix="dlx-sha256") as hashing:  # hashlib releases the GIL
+        weights_sha256 = None
+        if weights is not None:
+            write_weight_dict(weights, args, tmp)
+            weights_sha256 = hashing.submit(safetensors_sha256, tmp / WEIGHTS_FILE, weights)  # beside the next write
+        else:
+            (tmp / ARGS_FILE).write_text(args.model_dump_json(indent=2) + "\n")
+        digests[ARGS_FILE] = text_sha256((tmp / ARGS_FILE).read_text())  # a few hundred bytes
+        digests[OPTIMIZER_STATE_FILE] = save_torch(
+            {
+                "optimizer": strategy.optimizer_state(),
+                "scheduler": _scheduler_state(scheduler),
+                "scaler": scaler.state_dict() if scaler is not None else None,
+                "rng": rng_states[0],
+                "rng_ranks": rng_states,
+            },
+            tmp / OPTIMIZER_STATE_FILE,
+        )
+        if weights_sha256 is not None:
+            digests[WEIGHTS_FILE] = weights_sha256.result()
     pause_point("checkpoint_save")  # test-only, off by default: see dlx.faults
     return future, digests
 
