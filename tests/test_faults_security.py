@@ -151,7 +151,7 @@ def test_planted_pickles_in_full_checkpoints_are_refused_without_running(run_dir
     assert not marker.exists(), "a planted pickle ran"
 
 
-def test_deepspeed_state_files_are_read_weights_only(tmp_path):
+def test_deepspeed_state_files_are_read_weights_only(run_dir, tmp_path):
     pytest.importorskip("deepspeed")
     from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
@@ -172,5 +172,12 @@ def test_deepspeed_state_files_are_read_weights_only(tmp_path):
         assert loaded["zero_stage"] == ZeroStageEnum.optimizer_states and torch.equal(loaded["x"], torch.ones(2))
         with pytest.raises(UserError, match=r"planted\.pt refused by torch\.load\(weights_only=True\): it names get"):
             engine.checkpoint_engine.load(str(tmp_path / "planted.pt"))
-    assert not marker.exists(), "a planted pickle ran"
     assert engine.checkpoint_engine.load.__func__ is TorchCheckpointEngine.load  # DeepSpeed's own method again
+    newest, previous = list_checkpoints(run_dir)[:2]  # as a DeepSpeed checkpoint: rank 0 checks before the ranks load
+    (newest / "deepspeed" / "state").mkdir(parents=True)
+    shutil.copy(tmp_path / "planted.pt", newest / "deepspeed" / "state" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    record(newest, format="deepspeed")
+    with pytest.raises(DamagedCheckpoint, match=r"optim_states\.pt refused by torch\.load\(weights_only=True\)"):
+        read_checkpoint(newest)
+    assert find_resumable(run_dir, say=lambda line: None).path == previous
+    assert not marker.exists(), "a planted pickle ran"

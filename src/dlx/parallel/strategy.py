@@ -220,24 +220,42 @@ DEEPSPEED_STATE_CLASSES = (
 def deepspeed_weights_only(engine: Any):
     """DeepSpeed's checkpoint engine reads with torch.load(weights_only=False); here with weights_only=True, admitting
     only `DEEPSPEED_STATE_CLASSES`. A file that names anything else is refused with a UserError, and nothing runs."""
-    import importlib
-
-    allowed = [getattr(importlib.import_module(module), name) for module, name in DEEPSPEED_STATE_CLASSES]
     checkpoint_engine = engine.checkpoint_engine
 
     def load(path: str, map_location: Any = None) -> Any:
-        try:
-            with torch.serialization.safe_globals(allowed):
-                return torch.load(path, map_location=map_location, weights_only=True)
-        except Exception as e:  # weights_only's UnpicklingError names the refused global
-            reason = dcp.weights_only_refusal(e)
-            raise UserError(f"{path} refused by torch.load(weights_only=True): {reason}") from None
+        return load_deepspeed_file(Path(path), map_location)
 
     checkpoint_engine.load = load
     try:
         yield
     finally:
         del checkpoint_engine.load  # the class's own method again
+
+
+def load_deepspeed_file(path: Path, map_location: Any = None, mmap: bool = False) -> Any:
+    """One DeepSpeed state file through torch.load(weights_only=True) admitting `DEEPSPEED_STATE_CLASSES`; UserError
+    naming the file and what it refused. `mmap`: tensor data is mapped, not read (to check a file's pickle only)."""
+    import importlib
+
+    allowed = [getattr(importlib.import_module(module), name) for module, name in DEEPSPEED_STATE_CLASSES]
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception as e:  # weights_only's UnpicklingError names the refused global
+        reason = dcp.weights_only_refusal(e)
+        raise UserError(f"{path} refused by torch.load(weights_only=True): {reason}") from None
+
+
+def check_deepspeed_files(folder: Path) -> None:
+    """Every state file of a DeepSpeed checkpoint unpickled as `load_deepspeed_file` will at load (tensor data mapped,
+    not read), so that one rank finds a refused file before the ranks enter DeepSpeed's collective load together.
+    Nothing to check where DeepSpeed is not installed: then nothing reads the files."""
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        return
+    for path in sorted(folder.rglob("*.pt")):
+        load_deepspeed_file(path, "cpu", mmap=True)
 
 
 def _local(norm: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,7 @@ from dlx.model.io import ARGS_FILE, WEIGHTS_FILE, empty_model, load_model, write
 from dlx.model.llama import Transformer
 from dlx.parallel import dcp
 from dlx.parallel.distributed import any_rank, gather_to_main, main_decides
-from dlx.parallel.strategy import DCP_FOLDER, Strategy, check_format
+from dlx.parallel.strategy import DCP_FOLDER, DEEPSPEED_FOLDER, Strategy, check_deepspeed_files, check_format
 from dlx.train.checkpoint_record import (
     STATE_FILE,
     HashingFile,
@@ -373,11 +373,13 @@ def read_trainer_state(path: Path) -> TrainerState:
 def read_checkpoint(path: Path) -> LoadedCheckpoint:
     """Read and check every file of a checkpoint into memory; DamagedCheckpoint says what is wrong."""
     state = read_trainer_state(path)
-    if state.format == "dcp":
-        try:
+    try:
+        if state.format == "dcp":
             dcp.read_metadata(path / DCP_FOLDER)  # checked before DCP's own reader could unpickle it
-        except UserError as e:
-            raise DamagedCheckpoint(str(e).split("; ")[0]) from None
+        if state.format == "deepspeed":
+            check_deepspeed_files(path / DEEPSPEED_FOLDER)  # rank 0 decides before the ranks load together
+    except UserError as e:
+        raise DamagedCheckpoint(str(e).split("; ")[0]) from None
     try:
         weights = load_file(str(path / WEIGHTS_FILE)) if state.format == "full" else {}  # else in dcp/ or deepspeed/
         train_state = torch.load(path / OPTIMIZER_STATE_FILE, map_location="cpu", weights_only=True)
