@@ -24,7 +24,7 @@ from dlx.train.checkpoint import (
     read_checkpoint,
 )
 from dlx.train.init_from import resolve_source
-from train_helpers import TINY, run_cli, train_quietly
+from train_helpers import TINY, train_quietly
 
 pytestmark = [pytest.mark.faults]
 
@@ -84,14 +84,20 @@ def test_planted_dcp_metadata_runs_nothing_on_any_load_path(run_dir, tmp_path):
     assert not marker.exists(), "a planted pickle ran"
 
 
-def test_export_hf_refuses_a_planted_dcp_metadata_in_one_line(run_dir, tmp_path):
+def test_export_hf_refuses_a_planted_dcp_metadata_in_one_line(run_dir, tmp_path, capsys, monkeypatch):
+    """Through the console command's own argument handling and error line, in this process."""
+    from dlx.cli.app import main
+
     marker = tmp_path / "ran"
     newest = list_checkpoints(run_dir)[0]
     plant_dcp_metadata(newest, marker)
-    result = run_cli(["export-hf", str(newest), str(tmp_path / "hf")], tmp_path)
-    assert result.returncode == 2, result.stderr
-    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
-    assert len(lines) == 1 and "refused" in lines[0] and "Traceback" not in result.stderr, lines
+    monkeypatch.setattr("sys.argv", ["dlx", "export-hf", str(newest), str(tmp_path / "hf")])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    out, err = capsys.readouterr()
+    lines = [line for line in (out + err).splitlines() if line.strip()]
+    assert exit_.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: ") and "refused: it names pathlib.Path.write_text" in lines[0]
     assert not marker.exists() and not (tmp_path / "hf").exists()
 
 

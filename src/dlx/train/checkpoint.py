@@ -355,24 +355,26 @@ class LoadedCheckpoint:
     train_state: dict[str, Any]
 
 
-def read_trainer_state(path: Path) -> TrainerState:
+def read_trainer_state(path: Path, checksums: bool = True) -> TrainerState:
     """trainer_state.json, once it follows its schema and every file it lists is there at its recorded size and
-    SHA-256 (where one was recorded); DamagedCheckpoint otherwise."""
+    SHA-256 (where one was recorded; `checksums=False`: sizes only, for a checkpoint already verified);
+    DamagedCheckpoint otherwise."""
     try:
         raw = json.loads((path / TRAINER_STATE_FILE).read_text())
         state = TrainerState(**raw)
     except (OSError, ValueError, TypeError) as e:
         raise DamagedCheckpoint(f"{TRAINER_STATE_FILE} unreadable ({type(e).__name__})") from None
     problem = schema_problem(raw, state.step, state.tokens_seen, state.world_size, state.files, state.loader)
-    problem = problem or next(filter(None, (file_problem(path, n, r) for n, r in state.files.items())), None)
+    problem = problem or next(filter(None, (file_problem(path, n, r, checksums) for n, r in state.files.items())), None)
     if problem:
         raise DamagedCheckpoint(problem)
     return state
 
 
-def read_checkpoint(path: Path) -> LoadedCheckpoint:
-    """Read and check every file of a checkpoint into memory; DamagedCheckpoint says what is wrong."""
-    state = read_trainer_state(path)
+def read_checkpoint(path: Path, checksums: bool = True) -> LoadedCheckpoint:
+    """Read and check every file of a checkpoint into memory; DamagedCheckpoint says what is wrong. `checksums=False`
+    skips the SHA-256s (the ranks reading a checkpoint rank 0 has just verified)."""
+    state = read_trainer_state(path, checksums)
     try:
         if state.format == "dcp":
             dcp.read_metadata(path / DCP_FOLDER)  # checked before DCP's own reader could unpickle it

@@ -116,8 +116,9 @@ def _valid_record(record: Any) -> bool:
     return sha is None or (isinstance(sha, str) and len(sha) == 64)
 
 
-def file_problem(folder: Path, name: str, record: int | dict[str, Any]) -> str | None:
-    """What is wrong with one listed file (missing, outside the folder, another size, another SHA-256), or None."""
+def file_problem(folder: Path, name: str, record: int | dict[str, Any], checksums: bool = True) -> str | None:
+    """What is wrong with one listed file (missing, outside the folder, another size, another SHA-256 unless not
+    `checksums`), or None."""
     size, sha256 = (record, None) if isinstance(record, int) else (record["size"], record.get("sha256"))
     if Path(name).is_absolute() or ".." in Path(name).parts:
         return f"{STATE_FILE} lists {name}, outside the checkpoint"
@@ -126,6 +127,6 @@ def file_problem(folder: Path, name: str, record: int | dict[str, Any]) -> str |
         return f"{name} is missing"
     if file.stat().st_size != size:
         return f"{name} has {file.stat().st_size:,} bytes, {size:,} were written"
-    if sha256 is not None and file_sha256(file) != sha256:
+    if checksums and sha256 is not None and file_sha256(file) != sha256:
         return f"{name} has the recorded size but not the recorded SHA-256 (its bytes changed since the save)"
     return None

@@ -82,7 +82,7 @@ def find_checkpoint(run_dir: Path, console: RunConsole, env: DistEnv) -> ckpt.Lo
     if not env.is_distributed:
         return find()
     path = main_decides(lambda: getattr(find(), "path", None))
-    return ckpt.read_checkpoint(path) if path is not None else None
+    return ckpt.read_checkpoint(path, checksums=False) if path is not None else None  # rank 0 verified them
 
 
 def create_run_dir(
