@@ -8,48 +8,35 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dlx.data.curate.dedup import KEPT, REASONS, find_duplicates
 from dlx.data.curate.report import render_markdown
+from dlx.data.curate.spec import CurateSpec
 from dlx.data.curate.stages import count_removed
 from dlx.errors import UserError
-
-if TYPE_CHECKING:
-    from dlx.data.prepare.scan import ScanCounts, ScanRule
 
 DROPS_FILE = "curation-drops.npy"
 REPORT_FILE = "curation.md"
 DROP_DTYPE = np.dtype([("unit", "<u4"), ("ordinal", "<u4")])
 
 
-def deduplicate(summary: ScanCounts, sigs: np.ndarray, rule: ScanRule) -> np.ndarray:
-    """The removed documents, (removed,) of DROP_DTYPE in corpus order; counts them into `summary.curation` and
-    recounts `summary`'s documents and hash statistics over the documents kept."""
-    assert rule.curate is not None and rule.curate.dedup is not None
-    reason, clusters = find_duplicates(sigs, rule.curate.dedup == "near")
-    labels = [label for label, _ in rule.curate.sources] or ["corpus"]
+def deduplicate(curation: dict, sigs: np.ndarray, spec: CurateSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(which documents are kept, (docs,) bool; the removed ones, (removed,) of DROP_DTYPE in corpus order), counting
+    the removed ones into `curation` per source and reason, with the near-duplicate cluster sizes."""
+    assert spec.dedup is not None
+    reason, clusters = find_duplicates(sigs, spec.dedup == "near")
+    labels = [label for label, _ in spec.sources] or ["corpus"]
     for i in np.flatnonzero(reason != KEPT).tolist():
         head = sigs["head"][i].decode("utf-8", errors="ignore")
-        count_removed(summary.curation, labels[sigs["source"][i]], REASONS[reason[i]], int(sigs["bytes"][i]), head)
-    if rule.curate.dedup == "near":
-        summary.curation["clusters"] = clusters
-    _recount(summary, sigs[reason == KEPT], rule)
+        count_removed(curation, labels[sigs["source"][i]], REASONS[reason[i]], int(sigs["bytes"][i]), head)
+    if spec.dedup == "near":
+        curation["clusters"] = clusters
     removed = sigs[reason != KEPT]
     drops = np.zeros(removed.size, dtype=DROP_DTYPE)
     drops["unit"], drops["ordinal"] = removed["unit"], removed["ordinal"]
-    return drops
-
-
-def _recount(summary: ScanCounts, kept: np.ndarray, rule: ScanRule) -> None:
-    hashes = kept["hash"]
-    summary.documents = int(kept.size)
-    summary.text_bytes = int(kept["bytes"].sum())
-    summary.below_fraction = int((hashes < np.uint64(rule.fraction_threshold)).sum()) if rule.fraction_threshold else 0
-    summary.min_hash = int(hashes.min()) if hashes.size else None
-    summary.smallest = np.sort(hashes)[: rule.keep_smallest].tolist()
+    return reason == KEPT, drops
 
 
 def drops_bytes(drops: np.ndarray) -> bytes:
@@ -79,9 +66,9 @@ class DropIndex:
         return self.ordinals[lo:hi] if hi > lo else None
 
 
-def report_files(summary: ScanCounts, request: dict, drops: np.ndarray | None) -> dict[str, bytes]:
+def report_files(curation: dict, request: dict, drops: np.ndarray | None) -> dict[str, bytes]:
     """The files beside a curated manifest: the report, and the removed documents when deduplicated."""
-    files = {REPORT_FILE: render_markdown(request.get("curation", {}), summary.curation).encode("utf-8")}
+    files = {REPORT_FILE: render_markdown(request.get("curation", {}), curation).encode("utf-8")}
     if drops is not None:
         files[DROPS_FILE] = drops_bytes(drops)
     return files

@@ -28,7 +28,7 @@ import numpy as np
 
 from dlx.data.curate.stages import signature_dtype
 from dlx.data.pool import InlinePool, WorkerPool, make_pool
-from dlx.data.prepare.curation import DropIndex, deduplicate, read_drops, report_files
+from dlx.data.prepare.curation import DropIndex, read_drops, report_files
 from dlx.data.prepare.encode import COMMIT_SECONDS
 from dlx.data.prepare.options import default_workers
 from dlx.data.prepare.outdir import TASKS_DIR, commit_shards, locked, remove_strays, start_dataset
@@ -122,7 +122,7 @@ def _start(out: Path, plan: dict, states: list[TaskState], ui: PrepareProgress) 
         summary.add(state.counts, val.get("documents") or 0)
     dedup = plan["request"].get("curation", {}).get("dedup")
     if dedup:
-        summary.drops = _deduplicate(out, plan, summary)
+        _deduplicate(out, plan, summary)
     finish_scan(summary, plan["request"]["files"], val.get("fraction"), val.get("documents"))
     if summary.bad:
         ui.note(f"warning: skipped {summary.bad} bad record(s) (--strict makes them fatal); the first:")
@@ -133,30 +133,30 @@ def _start(out: Path, plan: dict, states: list[TaskState], ui: PrepareProgress) 
     if hashlib.sha256(json_text.encode("utf-8")).hexdigest() != tok["sha256"]:
         raise UserError(f"{tasks_dir(out) / TOKENIZER_FILE} was changed by hand; delete {out} and run the tasks again")
     source = {"inputs": plan["inputs"], "request": plan["request"], "scan": summary.record(), "resume": MERGE_RESUME}
-    extra = report_files(summary, plan["request"], summary.drops) if "curation" in plan["request"] else None
+    extra = report_files(summary.curation, plan["request"], summary.drops) if "curation" in plan["request"] else None
     return start_dataset(out, source, json_text, tok["sha256"], tok["vocab_size"], tok["eos_id"], tok["bos_id"], extra)
 
 
-def _deduplicate(out: Path, plan: dict, summary: ScanCounts) -> np.ndarray:
+def _deduplicate(out: Path, plan: dict, summary: ScanCounts) -> None:
     """The global deduplication over the signature files of every unit, in unit order."""
     from dlx.data.curate.spec import CurateSpec
 
     request, dedup = plan["request"], plan["request"]["curation"]["dedup"]
     bands = dedup.get("bands", 0) if dedup["mode"] == "near" else 0
     parts, dtype = _PartFiles(out, plan), signature_dtype(bands)
-    sigs = [np.zeros(0, dtype)]
+    summary.signatures = [np.zeros(0, dtype)]
     for unit in range(plan["units"]):
         path = Path(parts(unit)[0]).with_suffix(".sig")
         if not path.is_file():
             task = path.parent
             raise UserError(f"{path} is missing; delete {task} and run task {int(task.name[5:])} again")
-        sigs.append(np.fromfile(path, dtype=dtype))
+        summary.signatures.append(np.fromfile(path, dtype=dtype))
     labels = request["curation"].get("sources", [])
     spec = CurateSpec(dedup=dedup["mode"], bands=bands or 1, sources=tuple((label, "") for label in labels))
     val = request["val"]
     fraction = int((val.get("fraction") or 0) * HASH_SPACE)
     rule = ScanRule(request["text_field"], False, val.get("documents") or 0, fraction, spec, True)
-    return deduplicate(summary, np.concatenate(sigs), rule)
+    summary.deduplicate(rule)
 
 
 @dataclass(frozen=True)

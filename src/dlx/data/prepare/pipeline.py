@@ -91,7 +91,7 @@ def dry_run(opts: PrepareOptions, inputs: InputList, out: Path, ui: PrepareProgr
     with make_pool(min(opts.workers, n_units)) as pool:
         scan = scan_corpus(pool, inputs, choose_unit_bytes(inputs.bytes), opts, ui)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out / REPORT_FILE, report_files(scan, opts.output_request(), None)[REPORT_FILE])
+    atomic_write_bytes(out / REPORT_FILE, report_files(scan.curation, opts.output_request(), None)[REPORT_FILE])
     ui.note(f"dry run: {scan.documents:,} documents kept of those read; the report is {out / REPORT_FILE}")
 
 
@@ -156,7 +156,7 @@ def _write_start(out: Path, opts: PrepareOptions, request: dict, scan: ScanCount
         "scan": scan.record(),
         "resume": initial_resume_state(choose_unit_bytes(request["bytes"])),
     }
-    extra = report_files(scan, request, scan.drops) if opts.curate.active else None
+    extra = report_files(scan.curation, request, scan.drops) if opts.curate.active else None
     return start_dataset(out, source, tok.json_text, tok.sha256, tok.vocab_size, tok.eos_id, tok.bos_id, extra)
 
 

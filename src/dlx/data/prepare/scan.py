@@ -111,6 +111,19 @@ class ScanCounts:
         if other.curation:
             fold(self.curation or _started(self.curation), other.curation)
 
+    def deduplicate(self, rule: ScanRule) -> None:
+        """Decide the duplicates from the signatures (`curation.deduplicate`), set `drops`, and recount the documents
+        and hash statistics over the documents kept."""
+        assert rule.curate is not None
+        sigs = np.concatenate(self.signatures)
+        kept_mask, self.drops = deduplicate(self.curation, sigs, rule.curate)
+        kept, self.signatures = sigs[kept_mask], []
+        hashes = kept["hash"]
+        self.documents, self.text_bytes = int(kept.size), int(kept["bytes"].sum())
+        self.below_fraction = int((hashes < np.uint64(rule.fraction_threshold)).sum()) if rule.fraction_threshold else 0
+        self.min_hash = int(hashes.min()) if hashes.size else None
+        self.smallest = np.sort(hashes)[: rule.keep_smallest].tolist()
+
     def record(self) -> dict:
         """For the manifest's `source.scan` (deterministic: no timings)."""
         curation = {"curation": self.curation} if self.curation else {}
@@ -231,8 +244,7 @@ def scan_corpus(
     finally:
         ui.stop()
     if rule.signatures and summary.signatures:
-        summary.drops = deduplicate(summary, np.concatenate(summary.signatures), rule)
-        summary.signatures = []
+        summary.deduplicate(rule)
     finish_scan(summary, inputs.files, opts.val_fraction, opts.val_documents)
     return summary
 
