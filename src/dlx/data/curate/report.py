@@ -27,7 +27,7 @@ def summarise(params: dict, counts: dict) -> dict:
 def summary_lines(params: dict, counts: dict) -> list[str]:
     """A few lines for `dlx data info`."""
     s = summarise(params, counts)
-    lines = [f"  curation          {', '.join(s['stages']) or 'none'}"]
+    lines = [f"  curation          {', '.join(k for k in s['stages'] if k != 'sources') or 'none'}"]
     for name, c in s["sources"].items():
         removed = ", ".join(f"{reason} {docs:,}" for reason, (docs, _) in sorted(c["removed"].items())) or "none"
         lines.append(f"    {name}: {c['in'][0]:,} in, {c['kept'][0]:,} kept; removed: {removed}")
