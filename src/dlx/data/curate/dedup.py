@@ -19,13 +19,13 @@ def find_duplicates(sigs: np.ndarray, near: bool) -> tuple[np.ndarray, dict[str,
     if not near or sigs.size == 0:
         return reason, {}
     alive = np.flatnonzero(reason == KEPT)  # (alive,) corpus positions
-    roots = _components(sigs["bands"][alive])  # (alive,) the first member of each one's cluster
+    roots = components(sigs["bands"][alive])  # (alive,) the first member of each one's cluster
     reason[alive[roots != np.arange(alive.size)]] = NEAR
     sizes = np.bincount(roots, minlength=alive.size)
     return reason, size_histogram(sizes[sizes > 1])
 
 
-def _components(bands: np.ndarray) -> np.ndarray:
+def components(bands: np.ndarray) -> np.ndarray:
     """For each document (rows of `bands`, (docs, n_bands)), the smallest index of its connected component, where
     two documents are joined when they share a band value in the same band."""
     parent = np.arange(bands.shape[0])

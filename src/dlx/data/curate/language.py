@@ -6,7 +6,7 @@ import functools
 
 from dlx.errors import UserError
 
-CHECK_CHARS = 2000  # the classifier reads the document's first characters: enough for a stable answer
+CHECK_CHARS = 400  # the classifier reads the document's first characters: enough for a stable answer
 
 
 @functools.cache
@@ -39,4 +39,10 @@ def check_languages(codes: list[str]) -> tuple[str, ...]:
 
 def detect(text: str) -> str:
     """The most likely language code of the text."""
-    return _identifier().classify(text[:CHECK_CHARS])[0]
+    identifier = _identifier()
+    features = identifier.instance2fv(text[:CHECK_CHARS])  # (features,) counts, a few dozen non-zero
+    present = features.nonzero()[0]
+    # py3langid's own scoring (nb_classprobs), over the features present only: a dense product over all 7,480
+    # features costs ten times more, and more again when BLAS threads fight for the cores
+    scores = features[present] @ identifier.nb_ptc[present] + identifier.nb_pc  # (languages,) log-probabilities
+    return identifier.nb_classes[int(scores.argmax())]

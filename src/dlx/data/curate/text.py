@@ -106,11 +106,17 @@ def ngram_hashes(ids: np.ndarray, n: int) -> np.ndarray:
     return h
 
 
+CODE_TOKENS_PER_WORD = 3
+"""Code shingles are this many times longer: code tokens are mostly punctuation, and with identifiers blinded two
+unrelated programs share many short runs (`I = I + I ;`)."""
+
+
 def shingles(text: str, n: int) -> np.ndarray:
-    """The text's shingle hashes, unique: character n-grams for CJK, word n-grams for words, code-token n-grams."""
+    """The text's shingle hashes, unique: character n-grams for CJK, word n-grams for words, code-token
+    (CODE_TOKENS_PER_WORD × n)-grams."""
     kind = kind_of(text)
     if kind == "code":
-        ids = token_ids(code_tokens(text))
+        ids, n = token_ids(code_tokens(text)), n * CODE_TOKENS_PER_WORD
     elif kind == "cjk":
         chars = _SPACES.sub("", unicodedata.normalize("NFKC", text).lower())
         ids = np.frombuffer(chars.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
