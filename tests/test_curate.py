@@ -4,6 +4,7 @@ same for any task count and after a crash."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -13,12 +14,13 @@ from dlx.data.curate.decontam import build_index
 from dlx.data.curate.dedup import find_duplicates
 from dlx.data.curate.pii import prc_id_valid, redact
 from dlx.data.curate.quality import failed_rule, load_rules
+from dlx.data.curate.report import decontamination_note
 from dlx.data.curate.spec import build_spec
 from dlx.data.curate.stages import Curator
-from dlx.data.prepare import merge_tasks, prepare_dataset, prepare_task
+from dlx.data.prepare import encode, merge_tasks, prepare_dataset, prepare_task, tasks
 from dlx.data.prepare.curation import REPORT_FILE
 from dlx.errors import UserError
-from prepare_helpers import tiny_tokenizer, write_jsonl
+from prepare_helpers import assert_one_line_error, dlx, tiny_tokenizer, write_jsonl
 
 __all__ = ["tiny_tokenizer"]
 
@@ -141,7 +143,7 @@ def test_bad_curation_options_are_user_errors():
             build_spec(**kwargs)
 
 
-def test_curated_prepare_is_identical_across_task_counts(tmp_path, corpus, tiny_tokenizer):
+def test_curated_prepare_is_identical_across_task_counts_and_crashes(tmp_path, corpus, tiny_tokenizer, monkeypatch):
     options = curated(tokenizer=tiny_tokenizer, shard_tokens=20_000, val_fraction=0.05)
     one = prepare_dataset(corpus, tmp_path / "one", workers=1, progress=False, **options)
     cur = one.source["scan"]["curation"]["sources"]["corpus"]
@@ -151,13 +153,55 @@ def test_curated_prepare_is_identical_across_task_counts(tmp_path, corpus, tiny_
     assert one.source["scan"]["documents"] == cur["in"][0] - 4
     assert one.summary()["documents"] == one.source["scan"]["documents"]
     assert "near_duplicate" in (tmp_path / "one" / REPORT_FILE).read_text()
-    for n in (2, 3):
-        out = tmp_path / f"t{n}"
+    monkeypatch.setattr(encode, "COMMIT_SECONDS", 0.0)
+    monkeypatch.setattr(tasks, "COMMIT_SECONDS", 0.0)
+    crash_at(monkeypatch, encode, "_commit", 3)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_dataset(corpus, tmp_path / "crashed", workers=1, progress=False, **options)
+    assert not json.loads((tmp_path / "crashed" / "manifest.json").read_text())["complete"]
+    crash_at(monkeypatch, tasks, "write_state", 2)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_task(corpus, tmp_path / "t2", tasks=2, task_index=1, workers=1, progress=False, **options)
+    monkeypatch.undo()
+    outs = [tmp_path / "crashed", tmp_path / "t2", tmp_path / "t3"]
+    prepare_dataset(corpus, outs[0], workers=1, progress=False, **options)
+    for out, n in zip(outs[1:], (2, 3), strict=True):
         for i in reversed(range(n)):
             prepare_task(corpus, out, tasks=n, task_index=i, workers=1, progress=False, **options)
         assert merge_tasks(out, workers=1, progress=False) == one
-        for name in ("manifest.json", REPORT_FILE, "train-00000.bin", "curation-drops.npy"):
-            assert (out / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), (n, name)
+    for out in outs:
+        for name in ("manifest.json", REPORT_FILE, "train-00000.bin", "val-00000.bin", "curation-drops.npy"):
+            assert (out / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), (out.name, name)
+
+
+def crash_at(monkeypatch, module, name: str, call: int) -> None:
+    """module.name raises KeyboardInterrupt on its `call`-th call (a kill between two commits)."""
+    real, calls = getattr(module, name), [0]
+
+    def crashing(*a, **k):
+        calls[0] += 1
+        if calls[0] == call:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(module, name, crashing)
+
+
+def test_bad_curation_options_on_the_command_line_are_one_line_and_write_nothing(tmp_path, corpus, tiny_tokenizer):
+    for flags, needle in ((["--dedup", "fuzzy"], "--dedup"), (["--languages", "zh,xx"], "'xx'")):
+        out = tmp_path / "never"
+        assert_one_line_error(
+            dlx("prepare", *corpus, "--out", str(out), "--tokenizer", str(tiny_tokenizer), *flags), needle
+        )
+        assert not out.exists()
+
+
+def test_a_run_names_the_tasks_its_data_was_not_decontaminated_against(tmp_path):
+    request = {"curation": {"decontaminate": {"tasks": ["a"]}}}
+    (tmp_path / "manifest.json").write_text(json.dumps({"source": {"request": request}}))
+    assert decontamination_note(tmp_path, ["a"]) is None
+    assert "b (their documents" in decontamination_note(tmp_path, ["a", "b"])
+    assert decontamination_note(tmp_path / "none", ["a"]) is None
 
 
 def test_dry_run_writes_only_the_report(tmp_path, corpus, tiny_tokenizer):

@@ -4,6 +4,9 @@ form (`dlx data info --json` under `curation`), `render_markdown` the curation.m
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 
 def summarise(params: dict, counts: dict) -> dict:
     """Parameters and counts, with kept documents and bytes per source and over all sources."""
@@ -58,3 +61,21 @@ def render_markdown(params: dict, counts: dict) -> str:
             out.append(f"- {reason}")
             out += ["  - `" + e.replace("`", "'") + "`" for e in examples]
     return "\n".join(out) + "\n"
+
+
+def decontamination_note(folder: Path, tasks: list[str]) -> str | None:
+    """One line naming the eval tasks the dataset in `folder` was not decontaminated against; None when it was
+    against all of them, or when `folder` holds no manifest."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    curation = manifest.get("source", {}).get("request", {}).get("curation") or {}
+    done = set(curation.get("decontaminate", {}).get("tasks", []))
+    missing = [task for task in tasks if task not in done]
+    if not missing:
+        return None
+    return (
+        f"Tasks not decontaminated from the training data {folder}: {', '.join(missing)} (their documents may be in "
+        f"it; prepare with --decontaminate {','.join(missing)})"
+    )
