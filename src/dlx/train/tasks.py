@@ -58,6 +58,8 @@ class TaskEvaluation(Observer):
         self.logger, self.console, self.progress = logger, console, progress
         self.publish: Callable[[dict[str, Any]], None] = lambda record: None
         self.last_step: int | None = None
+        self.data_note: str | None = None
+        """A header line when the training data was not decontaminated against some of the tasks."""
 
     def header(self) -> list[str]:
         import lm_eval
@@ -67,7 +69,7 @@ class TaskEvaluation(Observer):
         return [
             f"Tasks: {', '.join(self.tasks.names)} ({limit}) {when}, lm-evaluation-harness {lm_eval.__version__}, "
             "offline -> tasks.jsonl"
-        ]
+        ] + ([self.data_note] if self.data_note else [])
 
     def due(self, step: int) -> bool:
         return bool(self.every) and step % self.every == 0
@@ -120,10 +122,13 @@ def build_task_evaluation(
     weights') and precision; None without eval.tasks."""
     if tasks is None or tokenizer is None:
         return None
+    from dlx.data.curate.report import decontamination_note
     from dlx.evals.adapter import build_adapter
 
     lm = build_adapter(model, tokenizer, precision.autocast, env)
-    return TaskEvaluation(tasks, lm, every, logger, console, progress)
+    evaluation = TaskEvaluation(tasks, lm, every, logger, console, progress)
+    evaluation.data_note = decontamination_note(tokenizer.parent, tasks.names)  # the dataset's own tokenizer.json
+    return evaluation
 
 
 def evaluate_checkpoint(

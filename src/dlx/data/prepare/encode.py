@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from dlx.data.pool import InlinePool, WorkerPool
+from dlx.data.prepare.curation import DropIndex
 from dlx.data.prepare.inputs import InputList
 from dlx.data.prepare.outdir import WORK_DIR, clear_work, commit_shards, remove_strays
-from dlx.data.prepare.parts import copy_split, part_paths
+from dlx.data.prepare.parts import copy_split, part_paths, split_tokens
 from dlx.data.prepare.progress import PrepareProgress
 from dlx.data.prepare.units import plan_units
 from dlx.data.prepare.worker import EncodeSetup, UnitTokens, encode_unit, setup_encoder
@@ -41,8 +42,11 @@ def encode_corpus(
     setup: EncodeSetup,
     shard_tokens: int,
     ui: PrepareProgress,
+    drops: DropIndex | None = None,
 ) -> Manifest:
-    """Tokenize every unit not yet committed into `out`; return the completed manifest."""
+    """Tokenize every unit not yet committed into `out`, leaving out the documents in `drops`; return the completed
+    manifest."""
+    drops = drops or DropIndex(None)
     resume, threshold = manifest.source["resume"], manifest.source["scan"]["val_threshold"]
     writers = _restore_writers(out, manifest, setup, shard_tokens)
     os.makedirs(setup.spool_dir, exist_ok=True)
@@ -54,7 +58,7 @@ def encode_corpus(
     last_commit, next_unit = time.monotonic(), resume["next_unit"]
     try:
         for res in pool.imap(encode_unit, units, window=2 * pool.n_workers + 2):
-            finished = _append_part(res, writers, setup, threshold)
+            finished = _append_part(res, writers, setup, threshold, drops(res.index))
             next_unit = res.index + 1
             if finished or time.monotonic() - last_commit >= COMMIT_SECONDS:
                 manifest = _commit(out, manifest, writers, finished, next_unit)
@@ -80,16 +84,19 @@ def _restore_writers(out: Path, manifest: Manifest, setup: EncodeSetup, shard_to
 
 
 def _append_part(
-    res: UnitTokens, writers: dict[str, ShardWriter], setup: EncodeSetup, threshold: int
+    res: UnitTokens, writers: dict[str, ShardWriter], setup: EncodeSetup, threshold: int, dropped: np.ndarray | None
 ) -> list[ShardInfo]:
-    """Copy one unit's part into the shard writers, train and val apart, then delete it."""
+    """Copy one unit's part into the shard writers, train and val apart, without the `dropped` documents (ordinals),
+    then delete it."""
     finished: list[ShardInfo] = []
     paths = part_paths(setup.spool_dir, res.index)
     dtype = np.dtype(setup.dtype).newbyteorder("<")
     copied = sum(
-        copy_split(paths, threshold, s, dtype, lambda a, s=s: finished.extend(writers[s].write(a))) for s in SPLITS
+        copy_split(paths, threshold, s, dtype, lambda a, s=s: finished.extend(writers[s].write(a)), dropped=dropped)
+        for s in SPLITS
     )
-    if copied != res.tokens:
+    expected = res.tokens if dropped is None else sum(split_tokens(paths[1], threshold, dropped).values())
+    if copied != expected:
         raise RuntimeError(f"part {paths[0]} holds {copied} tokens, its worker wrote {res.tokens}")
     for path in paths:
         path.unlink()

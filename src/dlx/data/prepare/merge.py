@@ -26,14 +26,16 @@ from pathlib import Path
 
 import numpy as np
 
+from dlx.data.curate.stages import signature_dtype
 from dlx.data.pool import InlinePool, WorkerPool, make_pool
+from dlx.data.prepare.curation import DropIndex, read_drops, report_files
 from dlx.data.prepare.encode import COMMIT_SECONDS
 from dlx.data.prepare.options import default_workers
 from dlx.data.prepare.outdir import TASKS_DIR, commit_shards, locked, remove_strays, start_dataset
 from dlx.data.prepare.parts import copy_split, part_names, split_tokens
 from dlx.data.prepare.pipeline import totals
 from dlx.data.prepare.progress import PrepareProgress
-from dlx.data.prepare.scan import ScanCounts, finish_scan
+from dlx.data.prepare.scan import HASH_SPACE, ScanCounts, ScanRule, finish_scan
 from dlx.data.prepare.taskdir import TaskState, read_plan, read_state, task_folder, tasks_dir
 from dlx.data.prepare.writer import ShardWriter
 from dlx.data.shards import (
@@ -118,6 +120,9 @@ def _start(out: Path, plan: dict, states: list[TaskState], ui: PrepareProgress) 
     summary = ScanCounts()
     for state in states:
         summary.add(state.counts, val.get("documents") or 0)
+    dedup = plan["request"].get("curation", {}).get("dedup")
+    if dedup:
+        _deduplicate(out, plan, summary)
     finish_scan(summary, plan["request"]["files"], val.get("fraction"), val.get("documents"))
     if summary.bad:
         ui.note(f"warning: skipped {summary.bad} bad record(s) (--strict makes them fatal); the first:")
@@ -128,7 +133,30 @@ def _start(out: Path, plan: dict, states: list[TaskState], ui: PrepareProgress) 
     if hashlib.sha256(json_text.encode("utf-8")).hexdigest() != tok["sha256"]:
         raise UserError(f"{tasks_dir(out) / TOKENIZER_FILE} was changed by hand; delete {out} and run the tasks again")
     source = {"inputs": plan["inputs"], "request": plan["request"], "scan": summary.record(), "resume": MERGE_RESUME}
-    return start_dataset(out, source, json_text, tok["sha256"], tok["vocab_size"], tok["eos_id"], tok["bos_id"])
+    extra = report_files(summary.curation, plan["request"], summary.drops) if "curation" in plan["request"] else None
+    return start_dataset(out, source, json_text, tok["sha256"], tok["vocab_size"], tok["eos_id"], tok["bos_id"], extra)
+
+
+def _deduplicate(out: Path, plan: dict, summary: ScanCounts) -> None:
+    """The global deduplication over the signature files of every unit, in unit order."""
+    from dlx.data.curate.spec import CurateSpec
+
+    request, dedup = plan["request"], plan["request"]["curation"]["dedup"]
+    bands = dedup.get("bands", 0) if dedup["mode"] == "near" else 0
+    parts, dtype = _PartFiles(out, plan), signature_dtype(bands)
+    summary.signatures = [np.zeros(0, dtype)]
+    for unit in range(plan["units"]):
+        path = Path(parts(unit)[0]).with_suffix(".sig")
+        if not path.is_file():
+            task = path.parent
+            raise UserError(f"{path} is missing; delete {task} and run task {int(task.name[5:])} again")
+        summary.signatures.append(np.fromfile(path, dtype=dtype))
+    labels = request["curation"].get("sources", [])
+    spec = CurateSpec(dedup=dedup["mode"], bands=bands or 1, sources=tuple((label, "") for label in labels))
+    val = request["val"]
+    fraction = int((val.get("fraction") or 0) * HASH_SPACE)
+    rule = ScanRule(request["text_field"], False, val.get("documents") or 0, fraction, spec, True)
+    summary.deduplicate(rule)
 
 
 @dataclass(frozen=True)
@@ -140,15 +168,16 @@ class ShardJob:
     shard_tokens: int
     eos_id: int
     threshold: int
-    pieces: list[tuple[str, str, int, int]]
-    """(tokens file, documents file, first token of the split to take, tokens to take) per part, in order."""
+    pieces: list[tuple[str, str, int, int, np.ndarray | None]]
+    """(tokens file, documents file, first token of the split to take, tokens to take, ordinals of the documents
+    deduplication removed) per part, in order."""
 
 
-def count_part(job: tuple[str, str, int]) -> tuple[int, int]:
-    """(train, val) tokens of one part (in a worker); UserError if the part is missing."""
-    tok, doc, threshold = job
+def count_part(job: tuple[str, str, int, np.ndarray | None]) -> tuple[int, int]:
+    """(train, val) tokens of one part without its deduplicated documents (in a worker); UserError if it is missing."""
+    tok, doc, threshold, dropped = job
     try:
-        tokens = split_tokens(doc, threshold)
+        tokens = split_tokens(doc, threshold, dropped)
         os.stat(tok)
     except FileNotFoundError as e:
         task = Path(tok).parent
@@ -163,7 +192,7 @@ def write_shard(job: ShardJob) -> ShardInfo:
     writer = ShardWriter(Path(job.folder), job.split, job.dtype, job.shard_tokens, job.eos_id, index=job.index)
     dtype = np.dtype(job.dtype).newbyteorder("<")
     finished: list[ShardInfo] = []
-    for tok, doc, skip, take in job.pieces:
+    for tok, doc, skip, take, dropped in job.pieces:
         copied = copy_split(
             (tok, doc),
             job.threshold,
@@ -172,6 +201,7 @@ def write_shard(job: ShardJob) -> ShardInfo:
             lambda a: finished.extend(writer.write(a)),
             skip,
             take,
+            dropped,
         )
         if copied != take:
             raise UserError(
@@ -187,8 +217,9 @@ def _write_shards(
     """Lay out both splits from the parts' document tables, then write the shards the manifest does not list yet."""
     threshold = manifest.source["scan"]["val_threshold"]
     parts = _PartFiles(out, plan)
+    drops = DropIndex(read_drops(out) if plan["request"].get("curation", {}).get("dedup") else None)
     window = 2 * pool.n_workers + 2
-    jobs = ((*parts(u), threshold) for u in range(plan["units"]))
+    jobs = ((*parts(u), threshold, drops(u)) for u in range(plan["units"]))
     counts = np.array(list(pool.imap(count_part, jobs, window)), dtype=np.int64).reshape(-1, 2)  # (units, splits)
     remove_strays(out, {s.name for s in manifest.shards})
     itemsize = np.dtype(manifest.dtype).itemsize
@@ -200,7 +231,7 @@ def _write_shards(
     finished: list[ShardInfo] = []
     last_commit = time.monotonic()
     try:
-        for info in pool.imap(write_shard, _shard_jobs(out, plan, manifest, parts, counts, threshold), window):
+        for info in pool.imap(write_shard, _shard_jobs(out, plan, manifest, parts, counts, threshold, drops), window):
             finished.append(info)
             if time.monotonic() - last_commit >= COMMIT_SECONDS:
                 manifest, finished = commit_shards(out, manifest, finished, MERGE_RESUME), []
@@ -250,7 +281,7 @@ def _file_batches(folder: Path, size: int = 256) -> Iterator[list[str]]:
 
 
 def _shard_jobs(
-    out: Path, plan: dict, manifest: Manifest, parts: _PartFiles, counts: np.ndarray, threshold: int
+    out: Path, plan: dict, manifest: Manifest, parts: _PartFiles, counts: np.ndarray, threshold: int, drops: DropIndex
 ) -> Iterator[ShardJob]:
     """One job per shard the manifest does not list: the pieces of parts that make up its tokens."""
     shard_tokens, listed = plan["request"]["shard_tokens"], {s.name for s in manifest.shards}
@@ -265,7 +296,7 @@ def _shard_jobs(
             lo, hi = k * shard_tokens, min((k + 1) * shard_tokens, total)
             first, end = np.searchsorted(ends, lo, side="right"), np.searchsorted(starts, hi, side="left")
             pieces = [
-                (*parts(u), int(max(lo - starts[u], 0)), int(min(hi, ends[u]) - max(lo, starts[u])))
+                (*parts(u), int(max(lo - starts[u], 0)), int(min(hi, ends[u]) - max(lo, starts[u])), drops(u))
                 for u in range(first, end)
                 if per_unit[u]
             ]

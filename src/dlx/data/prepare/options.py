@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dlx.data.curate.spec import CurateSpec
 from dlx.data.prepare.inputs import InputList, stdlib_folder
 from dlx.errors import UserError
 
@@ -50,6 +51,10 @@ class PrepareOptions:
     own convention says (`dlx.data.prepare.tokenizer.bos_by_convention`), no BOS for a tokenizer dlx trains."""
     progress: bool
     """Show a progress bar on stderr."""
+    curate: CurateSpec = dataclasses.field(default_factory=CurateSpec)
+    """The curation stages (none by default: the corpus is tokenized as read)."""
+    dry_run: bool = False
+    """Run the scan and the curation stages, write only the curation report."""
 
     def with_bos(self, given: TokenizerInfo | None) -> PrepareOptions:
         """These options with add_bos decided: a given tokenizer's answer, else (a tokenizer dlx trains) --bos."""
@@ -72,6 +77,7 @@ class PrepareOptions:
         """The options that shape the output: a rerun must match them to resume or to skip the work."""
         tokenizer = {"train_vocab_size": self.train_vocab_size} if self.train_vocab_size else {"file": True}
         val = {"documents": self.val_documents} if self.val_documents is not None else {"fraction": self.val_fraction}
+        curation = {"curation": record} if (record := self.curate.record()) else {}
         return {
             "corpus": self.corpus,
             "text_field": self.text_field,
@@ -79,7 +85,7 @@ class PrepareOptions:
             "shard_tokens": self.shard_tokens,
             "add_bos": self.add_bos,
             "tokenizer": tokenizer,
-        }
+        } | curation
 
 
 def default_workers() -> int:
@@ -104,6 +110,8 @@ def build_options(
     strict: bool = False,
     add_bos: bool | None = None,
     progress: bool = True,
+    curate: CurateSpec | None = None,
+    dry_run: bool = False,
 ) -> PrepareOptions:
     """The one place `prepare`'s options get their defaults and are checked (see `dlx prepare --help`); a bad one
     raises UserError naming the option and what is allowed. `val_fraction` None: DEFAULT_VAL_FRACTION unless
@@ -142,6 +150,8 @@ def build_options(
         strict=strict,
         add_bos=add_bos,
         progress=progress,
+        curate=curate or CurateSpec(),
+        dry_run=dry_run,
     )
 
 

@@ -11,7 +11,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from dlx.atomic import atomic_write_text
+from dlx.atomic import atomic_write_bytes, atomic_write_text
 from dlx.data.shards import (
     MANIFEST_FILE,
     SPLITS,
@@ -28,7 +28,8 @@ from dlx.errors import UserError
 WORK_DIR = ".work"
 TASKS_DIR = ".tasks"
 _OURS = re.compile(
-    r"^(manifest\.json|tokenizer\.json|token_bytes\.npy|(train|val)-\d+\.bin(\.partial)?|\..+\.tmp|\.work|\.tasks)$"
+    r"^(manifest\.json|tokenizer\.json|token_bytes\.npy|(train|val)-\d+\.bin(\.partial)?|\..+\.tmp|\.work|\.tasks|"
+    r"curation\.md|curation-drops\.npy)$"
 )
 _SHARD_FILE = re.compile(r"^(train|val)-\d+\.bin(\.partial)?$")
 
@@ -131,9 +132,13 @@ def start_dataset(
     vocab_size: int,
     eos_id: int,
     bos_id: int | None,
+    extra: dict[str, bytes] | None = None,
 ) -> Manifest:
-    """The first writes of a dataset: tokenizer.json, then a manifest without shards (`source` holds the resume)."""
+    """The first writes of a dataset: tokenizer.json and the `extra` files, then a manifest without shards (`source`
+    holds the resume)."""
     clear_fresh(out)
+    for name, data in (extra or {}).items():
+        atomic_write_bytes(out / name, data)
     atomic_write_text(out / TOKENIZER_FILE, tokenizer_json)
     token_bytes_sha256 = write_token_bytes(out, tokenizer_json)  # bytes per token id: bits per byte in evaluation
     manifest = Manifest(

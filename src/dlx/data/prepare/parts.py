@@ -33,26 +33,39 @@ def part_paths(folder: str | Path, index: int) -> tuple[Path, Path]:
     return Path(folder) / tok, Path(folder) / doc
 
 
-def _doc_blocks(doc_path: str | Path) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(hashes, first token, one past the last token) of the documents of a part, a block at a time."""
-    offset = 0
+def signature_path(folder: str | Path, index: int) -> Path:
+    """Unit `index`'s deduplication signatures (`dlx.data.curate.stages.signature_dtype`), written by a task."""
+    return Path(folder) / f"{index:08d}.sig"
+
+
+def _doc_blocks(
+    doc_path: str | Path, dropped: np.ndarray | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """(hashes, first token, one past the last token, removed by deduplication) of the documents of a part, a block
+    at a time; `dropped` holds the ordinals (in the part) of the documents deduplication removed."""
+    offset = first_doc = 0
     with open(doc_path, "rb") as f:
         while (docs := np.frombuffer(f.read(DOC_BLOCK * DOC_DTYPE.itemsize), dtype=DOC_DTYPE)).size:
             ends = offset + np.cumsum(docs["tokens"], dtype=np.int64)  # (docs,)
-            yield docs["hash"], ends - docs["tokens"].astype(np.int64), ends
-            offset = int(ends[-1])
+            removed = np.zeros(docs.size, dtype=bool)
+            if dropped is not None and dropped.size:
+                removed = np.isin(np.arange(first_doc, first_doc + docs.size), dropped)
+            yield docs["hash"], ends - docs["tokens"].astype(np.int64), ends, removed
+            offset, first_doc = int(ends[-1]), first_doc + docs.size
 
 
-def _in_split(hashes: np.ndarray, threshold: int, split: str) -> np.ndarray:
-    """Which documents belong to `split`: val when hash < threshold."""
+def _in_split(hashes: np.ndarray, threshold: int, split: str, removed: np.ndarray) -> np.ndarray:
+    """Which documents belong to `split`: val when hash < threshold; neither when deduplication removed them."""
     is_val = hashes < np.uint64(threshold) if threshold < 2**64 else np.ones(hashes.size, dtype=bool)
-    return is_val if split == "val" else ~is_val
+    return (is_val if split == "val" else ~is_val) & ~removed
 
 
-def split_runs(doc_path: str | Path, threshold: int, split: str) -> Iterator[tuple[int, int]]:
+def split_runs(
+    doc_path: str | Path, threshold: int, split: str, dropped: np.ndarray | None = None
+) -> Iterator[tuple[int, int]]:
     """(first token, token count) of each run of consecutive documents of `split`, in order."""
-    for hashes, starts, ends in _doc_blocks(doc_path):
-        picked = _in_split(hashes, threshold, split)  # (docs,) bool
+    for hashes, starts, ends, removed in _doc_blocks(doc_path, dropped):
+        picked = _in_split(hashes, threshold, split, removed)  # (docs,) bool
         if picked.all():
             yield int(starts[0]), int(ends[-1] - starts[0])
         elif picked.any():
@@ -65,13 +78,13 @@ def split_runs(doc_path: str | Path, threshold: int, split: str) -> Iterator[tup
             )
 
 
-def split_tokens(doc_path: str | Path, threshold: int) -> dict[str, int]:
+def split_tokens(doc_path: str | Path, threshold: int, dropped: np.ndarray | None = None) -> dict[str, int]:
     """Tokens of each split in a part."""
-    val = total = 0
-    for hashes, starts, ends in _doc_blocks(doc_path):
-        val += int((ends - starts)[_in_split(hashes, threshold, "val")].sum())
-        total += int(ends[-1] - starts[0])
-    return {"train": total - val, "val": val}
+    val = train = 0
+    for hashes, starts, ends, removed in _doc_blocks(doc_path, dropped):
+        val += int((ends - starts)[_in_split(hashes, threshold, "val", removed)].sum())
+        train += int((ends - starts)[_in_split(hashes, threshold, "train", removed)].sum())
+    return {"train": train, "val": val}
 
 
 def copy_split(
@@ -82,13 +95,14 @@ def copy_split(
     write: Callable[[np.ndarray], object],
     skip: int = 0,
     limit: int | None = None,
+    dropped: np.ndarray | None = None,
 ) -> int:
     """Pass a part's tokens of `split` to write(array), from its skip-th such token on, at most `limit`; the count."""
     tok_path, doc_path = paths
     left = limit if limit is not None else -1
     copied = 0
     with open(tok_path, "rb") as f:
-        for first, count in split_runs(doc_path, threshold, split):
+        for first, count in split_runs(doc_path, threshold, split, dropped):
             if skip >= count:
                 skip -= count
                 continue

@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dlx.atomic import atomic_write_bytes
 from dlx.data.pool import InlinePool, WorkerPool, make_pool
+from dlx.data.prepare.curation import DROPS_FILE, REPORT_FILE, DropIndex, read_drops, report_files
 from dlx.data.prepare.encode import encode_corpus, initial_resume_state, spool_dir
 from dlx.data.prepare.encoders import choose_encoder, spread
 from dlx.data.prepare.inputs import InputList
@@ -26,7 +28,7 @@ from dlx.data.prepare.scan import CHECK_SAMPLE_CHARS, ScanCounts, ScanRule, scan
 from dlx.data.prepare.tokenizer import TokenizerInfo, describe, read_tokenizer, tokenizer_text, train_bpe
 from dlx.data.prepare.units import choose_unit_bytes, plan_units
 from dlx.data.prepare.worker import EncodeSetup
-from dlx.data.shards import TOKENIZER_FILE, Manifest
+from dlx.data.shards import MANIFEST_FILE, TOKENIZER_FILE, Manifest
 from dlx.errors import UserError
 
 
@@ -36,7 +38,7 @@ def prepare_dataset(inputs: list[str] | None, out: str | Path, **options: Any) -
     return prepare_from_options(build_options(inputs, **options), Path(out))
 
 
-def prepare_from_options(opts: PrepareOptions, out: Path) -> Manifest:
+def prepare_from_options(opts: PrepareOptions, out: Path) -> Manifest | None:
     """Tokenize a corpus into `out` (see `dlx prepare --help`); returns the finished manifest.
 
     A second call with the same inputs and options does no work; a call after an interrupted one continues it and
@@ -48,6 +50,9 @@ def prepare_from_options(opts: PrepareOptions, out: Path) -> Manifest:
     ui = PrepareProgress(opts.progress)
     started = time.monotonic()
     inputs = measure_inputs(opts, ui)
+    if opts.dry_run:
+        dry_run(opts, inputs, out, ui)
+        return None
     given = read_tokenizer(opts.tokenizer, opts.add_bos) if opts.tokenizer else None
     opts = opts.with_bos(given)
     request = opts.request(inputs)
@@ -76,6 +81,18 @@ def prepare_from_options(opts: PrepareOptions, out: Path) -> Manifest:
             raise
     ui.note(f"{out} is already prepared ({totals(manifest)}); nothing to do")
     return manifest
+
+
+def dry_run(opts: PrepareOptions, inputs: InputList, out: Path, ui: PrepareProgress) -> None:
+    """Scan and curate without tokenizing: write only `out`/curation.md (refused where a dataset already is)."""
+    if (out / MANIFEST_FILE).exists():
+        raise UserError(f"--dry-run writes a report only: --out {out} holds a dataset; choose a new --out")
+    n_units = sum(1 for _ in plan_units(inputs, choose_unit_bytes(inputs.bytes)))
+    with make_pool(min(opts.workers, n_units)) as pool:
+        scan = scan_corpus(pool, inputs, choose_unit_bytes(inputs.bytes), opts, ui)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out / REPORT_FILE, report_files(scan.curation, opts.output_request(), None)[REPORT_FILE])
+    ui.note(f"dry run: {scan.documents:,} documents kept of those read; the report is {out / REPORT_FILE}")
 
 
 def measure_inputs(opts: PrepareOptions, ui: PrepareProgress) -> InputList:
@@ -139,7 +156,8 @@ def _write_start(out: Path, opts: PrepareOptions, request: dict, scan: ScanCount
         "scan": scan.record(),
         "resume": initial_resume_state(choose_unit_bytes(request["bytes"])),
     }
-    return start_dataset(out, source, tok.json_text, tok.sha256, tok.vocab_size, tok.eos_id, tok.bos_id)
+    extra = report_files(scan.curation, request, scan.drops) if opts.curate.active else None
+    return start_dataset(out, source, tok.json_text, tok.sha256, tok.vocab_size, tok.eos_id, tok.bos_id, extra)
 
 
 def _encode(
@@ -170,7 +188,8 @@ def _encode(
         dtype=manifest.dtype,
         spool_dir=spool_dir(out),
     )
-    return encode_corpus(pool, out, inputs, manifest, setup, opts.shard_tokens, ui)
+    drops = DropIndex(read_drops(out) if (out / DROPS_FILE).exists() or opts.curate.dedup else None)
+    return encode_corpus(pool, out, inputs, manifest, setup, opts.shard_tokens, ui, drops)
 
 
 def totals(m: Manifest) -> str:

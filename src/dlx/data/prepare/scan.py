@@ -18,11 +18,16 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from dlx.data.curate.spec import CurateSpec
+from dlx.data.curate.stages import Curator, fold
 from dlx.data.pool import InlinePool, WorkerPool
+from dlx.data.prepare.curation import deduplicate
 from dlx.data.prepare.inputs import InputList
 from dlx.data.prepare.options import PrepareOptions
 from dlx.data.prepare.progress import PrepareProgress
-from dlx.data.prepare.readers import BadRecord, read_unit
+from dlx.data.prepare.readers import BadRecord, read_file, read_unit
 from dlx.data.prepare.units import WorkUnit, plan_units
 from dlx.errors import UserError
 
@@ -52,10 +57,18 @@ class ScanRule:
     """How many of the smallest hashes to keep (for an exact --val-documents)."""
     fraction_threshold: int
     """Count documents with hash below this (for --val-fraction)."""
+    curate: CurateSpec | None = None
+    """The per-document curation stages to run (None: none)."""
+    signatures: bool = False
+    """Collect each kept document's deduplication signature (`ScanCounts.signatures`)."""
 
     @classmethod
-    def of(cls, opts: PrepareOptions) -> ScanRule:
-        return cls(opts.text_field, opts.strict, opts.val_documents or 0, int((opts.val_fraction or 0.0) * HASH_SPACE))
+    def of(cls, opts: PrepareOptions, signatures: bool = False) -> ScanRule:
+        """The rule of these options; `signatures` when this pass feeds the global deduplication."""
+        curate = opts.curate if opts.curate.active else None
+        fraction = int((opts.val_fraction or 0.0) * HASH_SPACE)
+        sign = signatures and curate is not None and curate.dedup is not None
+        return cls(opts.text_field, opts.strict, opts.val_documents or 0, fraction, curate, sign)
 
 
 @dataclass
@@ -78,6 +91,12 @@ class ScanCounts:
     """Documents kept for training a tokenizer (scan pass only; never saved)."""
     val_threshold: int = 0
     """Documents whose hash is below this go to val (set once the whole corpus is counted)."""
+    curation: dict = field(default_factory=dict)
+    """What the curation stages removed and redacted, per source and reason (`dlx.data.curate.stages`)."""
+    signatures: list[np.ndarray] = field(default_factory=list)
+    """Deduplication signatures of the kept documents, per unit in order (scan pass only; never saved)."""
+    drops: np.ndarray | None = None
+    """The documents deduplication removed, (unit, ordinal) in order (`curation.deduplicate`; never saved)."""
 
     def add(self, other: ScanCounts, keep_smallest: int) -> None:
         """Fold in the counts of the units that follow."""
@@ -88,10 +107,27 @@ class ScanCounts:
             self.min_hash = other.min_hash if self.min_hash is None else min(self.min_hash, other.min_hash)
         self.smallest = list(itertools.islice(heapq.merge(self.smallest, other.smallest), keep_smallest))
         self.sample.extend(other.sample)
+        self.signatures.extend(other.signatures)
+        if other.curation:
+            fold(self.curation or _started(self.curation), other.curation)
+
+    def deduplicate(self, rule: ScanRule) -> None:
+        """Decide the duplicates from the signatures (`curation.deduplicate`), set `drops`, and recount the documents
+        and hash statistics over the documents kept."""
+        assert rule.curate is not None
+        sigs = np.concatenate(self.signatures)
+        kept_mask, self.drops = deduplicate(self.curation, sigs, rule.curate)
+        kept, self.signatures = sigs[kept_mask], []
+        hashes = kept["hash"]
+        self.documents, self.text_bytes = int(kept.size), int(kept["bytes"].sum())
+        self.below_fraction = int((hashes < np.uint64(rule.fraction_threshold)).sum()) if rule.fraction_threshold else 0
+        self.min_hash = int(hashes.min()) if hashes.size else None
+        self.smallest = np.sort(hashes)[: rule.keep_smallest].tolist()
 
     def record(self) -> dict:
         """For the manifest's `source.scan` (deterministic: no timings)."""
-        return {
+        curation = {"curation": self.curation} if self.curation else {}
+        return curation | {
             "documents": self.documents,
             "text_bytes": self.text_bytes,
             "empty_documents": self.empty,
@@ -102,20 +138,43 @@ class ScanCounts:
 
     def to_json(self) -> dict:
         """Everything but the sample, for a task's state file."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "sample"}
+        return {k: getattr(self, k) for k in (f.name for f in dataclasses.fields(self)) if k not in _UNSAVED}
 
     @classmethod
     def from_json(cls, data: dict) -> ScanCounts:
         return cls(**data)
 
 
+_UNSAVED = ("sample", "signatures", "drops")
+
+
+def _started(curation: dict) -> dict:
+    curation.update(sources={}, examples={})
+    return curation
+
+
+def _items(unit: WorkUnit, text_field: str) -> Iterator[tuple[str, str | BadRecord]]:
+    """(path of the file, document or bad record) of every item of a unit, in order."""
+    if unit.end is None:
+        for f in unit.files:
+            for item in read_file(f, text_field):
+                yield f.path, item
+    else:
+        for item in read_unit(unit, text_field):
+            yield unit.files[0].path, item
+
+
 def documents(unit: WorkUnit, rule: ScanRule, counts: ScanCounts, sample_chars: int = 0) -> Iterator[tuple[str, int]]:
-    """(text, hash) of every non-empty document of a unit, counting everything read into `counts`."""
+    """(text, hash) of every non-empty document of a unit that the curation stages keep (redacted when asked),
+    counting everything read into `counts`."""
     heap: list[int] = []  # the keep_smallest smallest hashes, negated (a max-heap)
-    chars = 0
+    chars = ordinal = 0
     counts.nbytes += unit.nbytes
     counts.files += unit.files_completed
-    for item in read_unit(unit, rule.text_field):
+    curator = Curator(rule.curate, rule.signatures) if rule.curate is not None else None
+    if curator is not None:
+        _started(counts.curation)
+    for path, item in _items(unit, rule.text_field):
         if isinstance(item, BadRecord):
             if rule.strict:
                 raise UserError(f"{item.where()}: {item.reason} (--strict stops at the first bad record)")
@@ -126,7 +185,12 @@ def documents(unit: WorkUnit, rule: ScanRule, counts: ScanCounts, sample_chars: 
         if not item:
             counts.empty += 1
             continue
+        if curator is not None and (item := curator.process(item, path, counts.curation)) is None:
+            continue
         h = document_hash(item)
+        if curator is not None:
+            curator.sign(unit.index, ordinal, item, h, path)
+        ordinal += 1
         counts.documents += 1
         counts.text_bytes += len(item.encode("utf-8"))
         counts.below_fraction += h < rule.fraction_threshold
@@ -140,6 +204,8 @@ def documents(unit: WorkUnit, rule: ScanRule, counts: ScanCounts, sample_chars: 
             chars += len(item)
         yield item, h
     counts.smallest = sorted(-h for h in heap)
+    if curator is not None and curator.signatures:
+        counts.signatures = [curator.take_signatures()]
 
 
 @dataclass(frozen=True)
@@ -161,9 +227,10 @@ def scan_unit(req: ScanRequest) -> ScanCounts:
 def scan_corpus(
     pool: InlinePool | WorkerPool, inputs: InputList, unit_bytes: int, opts: PrepareOptions, ui: PrepareProgress
 ) -> ScanCounts:
-    """Scan every unit (in parallel), then fix the validation threshold; UserError if there is nothing to train on."""
+    """Scan every unit (in parallel), deduplicate (when asked), then fix the validation threshold; UserError if there
+    is nothing to train on."""
     budget = TRAIN_SAMPLE_CHARS if opts.train_vocab_size else CHECK_SAMPLE_CHARS
-    rule = ScanRule.of(opts)
+    rule = ScanRule.of(opts, signatures=True)
     requests = (
         ScanRequest(u, rule, math.ceil(budget * u.nbytes / max(inputs.bytes, 1)))
         for u in plan_units(inputs, unit_bytes)
@@ -176,6 +243,8 @@ def scan_corpus(
             ui.advance(res.nbytes, res.files)
     finally:
         ui.stop()
+    if rule.signatures and summary.signatures:
+        summary.deduplicate(rule)
     finish_scan(summary, inputs.files, opts.val_fraction, opts.val_documents)
     return summary
 

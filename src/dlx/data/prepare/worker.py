@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from dlx.data.prepare.encoders import Encoder, make_encoder
-from dlx.data.prepare.parts import DOC_DTYPE, part_paths
+from dlx.data.prepare.parts import DOC_DTYPE, part_paths, signature_path
 from dlx.data.prepare.scan import ScanCounts, ScanRule, documents
 from dlx.data.prepare.units import WorkUnit
 
@@ -60,6 +60,14 @@ def encode_unit(unit: WorkUnit) -> UnitTokens:
     with _Part(part_paths(_setup.spool_dir, unit.index), _setup, _encoder) as part:
         for text, h in documents(unit, _setup.rule, counts):
             part.add(text, h)
+    if _setup.rule.signatures:  # a task's signatures, for the deduplication at the merge
+        with open(signature_path(_setup.spool_dir, unit.index), "wb") as f:
+            for sigs in counts.signatures:
+                sigs.tofile(f)
+            f.flush()
+            if _setup.durable:
+                os.fsync(f.fileno())
+        counts.signatures = []
     return UnitTokens(unit.index, part.tokens, counts)
 
 

@@ -1,0 +1,246 @@
+"""`dlx prepare`: its options, and the hand-off to a one-machine run, a task of a split run, or the merge."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dlx.errors import UserError
+
+CURATION = "Curation (each off unless given)"
+Inputs = Annotated[
+    list[str] | None,
+    typer.Argument(help="Files, folders and globs: .txt .jsonl .json .parquet (also .gz/.zst), source trees."),
+]
+Out = Annotated[Path, typer.Option("--out", help="Dataset folder to write (or to resume).")]
+Corpus = Annotated[str | None, typer.Option(help="Embedded corpus instead of INPUTS: 'stdlib'.")]
+Tokenizer = Annotated[Path | None, typer.Option(help="A tokenizer.json or a folder holding one.")]
+TrainTokenizer = Annotated[
+    int | None, typer.Option(metavar="VOCAB_SIZE", help="Train a byte-level BPE of this size on the corpus.")
+]
+TextField = Annotated[
+    str | None, typer.Option(help="JSON key / Parquet column of the text (WuDao: content). [default: text]")
+]
+ValFraction = Annotated[float | None, typer.Option(help="Share of documents held out for validation.")]
+ValDocuments = Annotated[int | None, typer.Option(help="Exact number of validation documents.")]
+ShardTokens = Annotated[int | None, typer.Option(help="Tokens per shard file (default: 100,000,000).")]
+Workers = Annotated[int | None, typer.Option(help="Worker processes (default: all cores).")]
+Strict = Annotated[bool, typer.Option("--strict", help="Stop at the first bad input record.")]
+Bos = Annotated[
+    bool | None,
+    typer.Option(
+        "--bos/--no-bos",
+        help="Put BOS before every document, or not (EOS always ends one). [default: as the tokenizer's own "
+        "convention: its tokenizer_config add_bos_token, else its post-processor; none for a trained tokenizer]",
+        show_default=False,
+    ),
+]
+Tasks = Annotated[
+    str | None,
+    typer.Option(
+        metavar="N|auto",
+        help="Split the work into N tasks (machines) that write parts into --out; `auto`: N from the launcher "
+        "(SLURM_ARRAY_TASK_COUNT, WORLD_SIZE). Then run --merge.",
+    ),
+]
+TaskIndex = Annotated[
+    int | None,
+    typer.Option(help="This task, 0 … N-1 (default: SLURM_ARRAY_TASK_ID, else JOB_COMPLETION_INDEX, else RANK)."),
+]
+Merge = Annotated[
+    bool, typer.Option("--merge", help="Once every task is done: write the shards and manifest into --out.")
+]
+NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
+Dedup = Annotated[
+    str | None,
+    typer.Option(
+        metavar="exact|near",
+        help="Remove duplicates: exact (NFKC, whitespace-collapsed text) or near (exact, then MinHash LSH clusters); "
+        "the first in corpus order is kept.",
+        rich_help_panel=CURATION,
+    ),
+]
+NearShingle = Annotated[
+    int, typer.Option(help="MinHash shingle: characters (CJK), words, code tokens.", rich_help_panel=CURATION)
+]
+NearBands = Annotated[int, typer.Option(help="MinHash LSH bands.", rich_help_panel=CURATION)]
+NearRows = Annotated[int, typer.Option(help="MinHash values per band.", rich_help_panel=CURATION)]
+Languages = Annotated[
+    str | None,
+    typer.Option(help="Keep documents in these languages (py3langid), e.g. zh,en.", rich_help_panel=CURATION),
+]
+Quality = Annotated[
+    str | None,
+    typer.Option(
+        metavar="default|RULES.yaml",
+        help="Quality filters: the default rules, or a YAML file of rules.",
+        rich_help_panel=CURATION,
+    ),
+]
+Pii = Annotated[
+    str | None, typer.Option(metavar="redact", help="Replace PII by placeholders.", rich_help_panel=CURATION)
+]
+Decontaminate = Annotated[
+    str | None,
+    typer.Option(
+        metavar="TASK[,TASK]",
+        help="Remove documents sharing an n-gram with these eval tasks (as eval.tasks: lm-eval names, YAML files, "
+        "dlx_stdlib_next_line).",
+        rich_help_panel=CURATION,
+    ),
+]
+DecontaminateNgram = Annotated[
+    int, typer.Option(help="Decontamination n-gram (words; CJK characters).", rich_help_panel=CURATION)
+]
+TaskDir = Annotated[str | None, typer.Option(help="A folder of lm-eval task YAML files.", rich_help_panel=CURATION)]
+DryRun = Annotated[
+    bool, typer.Option("--dry-run", help="Run the curation stages; write only curation.md.", rich_help_panel=CURATION)
+]
+
+
+def prepare(
+    inputs: Inputs = None,
+    out: Out = ...,
+    corpus: Corpus = None,
+    tokenizer: Tokenizer = None,
+    train_tokenizer: TrainTokenizer = None,
+    text_field: TextField = None,
+    val_fraction: ValFraction = None,
+    val_documents: ValDocuments = None,
+    shard_tokens: ShardTokens = None,
+    workers: Workers = None,
+    strict: Strict = False,
+    bos: Bos = None,
+    tasks: Tasks = None,
+    task_index: TaskIndex = None,
+    merge: Merge = False,
+    no_progress: NoProgress = False,
+    dedup: Dedup = None,
+    near_shingle: NearShingle = 5,
+    near_bands: NearBands = 14,
+    near_rows: NearRows = 8,
+    languages: Languages = None,
+    quality: Quality = None,
+    pii: Pii = None,
+    decontaminate: Decontaminate = None,
+    decontaminate_ngram: DecontaminateNgram = 13,
+    task_dir: TaskDir = None,
+    dry_run: DryRun = False,
+) -> None:
+    """Tokenize a corpus once into memory-mappable shards; rerun the same command to resume after a crash.
+
+    Across machines: run `--tasks N --task-index I` for every I (any order, anywhere, each resumable), then `--merge`;
+    the result is byte for byte the one-machine dataset.
+    """
+    given = dict(locals())
+    if val_fraction is not None and val_documents is not None:
+        raise UserError("give --val-fraction or --val-documents, not both")
+    if merge:
+        from dlx.data.prepare import merge_tasks
+
+        _refuse_merge_options(given)
+        merge_tasks(out, workers=workers, progress=not no_progress)
+        return
+    refuse_train_with_tasks(train_tokenizer, tasks, task_index)
+    _run(given)
+
+
+def _refuse_merge_options(given: dict[str, Any]) -> None:
+    keep = {"out", "workers", "no_progress", "merge", "near_shingle", "near_bands", "near_rows", "decontaminate_ngram"}
+    named = {("INPUTS" if k == "inputs" else k): v for k, v in given.items() if k not in keep}
+    refuse_with_merge(**named)
+
+
+def _run(given: dict[str, Any]) -> None:
+    """A one-machine run, or one task of a split run."""
+    from dlx.data.prepare.options import build_options, task_slot
+    from dlx.data.prepare.pipeline import prepare_from_options
+    from dlx.data.prepare.tasks import check_task, run_task
+
+    slot = task_slot(given["tasks"], given["task_index"], os.environ)
+    if slot is not None:
+        check_task(given["tokenizer"], slot.tasks, slot.index)
+        if given["dry_run"]:
+            raise UserError("--dry-run runs on one machine: drop --tasks/--task-index")
+    defaults = {k: given[k] for k in ("text_field", "shard_tokens") if given[k] is not None}
+    opts = build_options(
+        given["inputs"] or None,
+        corpus=given["corpus"],
+        tokenizer=given["tokenizer"],
+        train_tokenizer=given["train_tokenizer"],
+        val_fraction=given["val_fraction"],
+        val_documents=given["val_documents"],
+        workers=given["workers"],
+        strict=given["strict"],
+        add_bos=given["bos"],
+        progress=not given["no_progress"],
+        curate=curate_spec(given),
+        dry_run=given["dry_run"],
+        **defaults,
+    )
+    if slot is None:
+        prepare_from_options(opts, given["out"])
+    else:
+        run_task(opts, given["out"], slot.tasks, slot.index, slot.source)
+
+
+def curate_spec(given: dict[str, Any]) -> Any:
+    """The CurateSpec of the curation options (the eval tasks resolved and rendered here, above the data layer)."""
+    from dlx.data.curate.spec import build_spec
+
+    task_texts = None
+    if given["decontaminate"]:
+        from dlx.evals.task_documents import task_documents
+
+        names = [n.strip() for n in given["decontaminate"].split(",") if n.strip()]
+        task_texts = task_documents(names, given["task_dir"])
+    quality = given["quality"]
+    return build_spec(
+        dedup=given["dedup"],
+        shingle=given["near_shingle"],
+        bands=given["near_bands"],
+        rows=given["near_rows"],
+        languages=[c.strip() for c in given["languages"].split(",") if c.strip()] if given["languages"] else None,
+        quality=True if quality == "default" else quality,
+        pii=given["pii"],
+        task_texts=task_texts,
+        decontaminate_ngram=given["decontaminate_ngram"],
+        sources=source_labels(given["inputs"] or [], given["corpus"]),
+    )
+
+
+def source_labels(inputs: list[str], corpus: str | None) -> list[tuple[str, str]]:
+    """(label, absolute path prefix) per input: a glob's prefix is the folder before its first wildcard."""
+    if corpus:
+        return [(corpus, "/")]
+    labels = []
+    for given in inputs:
+        static = given.split("*")[0].split("?")[0].split("[")[0]
+        prefix = os.path.abspath(static if static == given else os.path.dirname(static) or ".")
+        labels.append((given, prefix))
+    return labels
+
+
+def refuse_train_with_tasks(train_tokenizer: int | None, tasks: str | None, task_index: int | None) -> None:
+    if train_tokenizer is not None and (tasks is not None or task_index is not None):
+        raise UserError(
+            "--train-tokenizer runs on one machine: train it first (`dlx prepare SAMPLE --train-tokenizer "
+            f"{train_tokenizer} --out tok`), then give every task --tokenizer tok"
+        )
+
+
+def refuse_with_merge(**given: object) -> None:
+    """--merge reads the inputs and options from the tasks' plan: any of them given is a mistake."""
+    named = [
+        name if name == "INPUTS" else "--" + name.replace("_", "-")
+        for name, value in given.items()
+        if value not in (None, False, []) or (name == "bos" and value is False)
+    ]
+    if named:
+        raise UserError(
+            f"--merge takes the inputs and options from the tasks' plan in --out: drop {', '.join(named)} "
+            "(only --out, --workers and --no-progress go with --merge)"
+        )

@@ -1,0 +1,74 @@
+"""The global deduplication step of a curated prepare, on signatures only: after the scan of a one-machine run, or at
+the merge of a run split into tasks (from the signature files the tasks wrote). It decides which documents are
+duplicates, counts them into the scan record, recounts the validation statistics over the documents kept, and
+hands on the removed documents as (unit, ordinal) pairs, written beside the manifest (DROPS_FILE) before the first
+manifest so a resumed run routes the very same documents."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+
+from dlx.data.curate.dedup import KEPT, REASONS, find_duplicates
+from dlx.data.curate.report import render_markdown
+from dlx.data.curate.spec import CurateSpec
+from dlx.data.curate.stages import count_removed
+from dlx.errors import UserError
+
+DROPS_FILE = "curation-drops.npy"
+REPORT_FILE = "curation.md"
+DROP_DTYPE = np.dtype([("unit", "<u4"), ("ordinal", "<u4")])
+
+
+def deduplicate(curation: dict, sigs: np.ndarray, spec: CurateSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(which documents are kept, (docs,) bool; the removed ones, (removed,) of DROP_DTYPE in corpus order), counting
+    the removed ones into `curation` per source and reason, with the near-duplicate cluster sizes."""
+    assert spec.dedup is not None
+    reason, clusters = find_duplicates(sigs, spec.dedup == "near")
+    labels = [label for label, _ in spec.sources] or ["corpus"]
+    for i in np.flatnonzero(reason != KEPT).tolist():
+        head = sigs["head"][i].decode("utf-8", errors="ignore")
+        count_removed(curation, labels[sigs["source"][i]], REASONS[reason[i]], int(sigs["bytes"][i]), head)
+    if spec.dedup == "near":
+        curation["clusters"] = clusters
+    removed = sigs[reason != KEPT]
+    drops = np.zeros(removed.size, dtype=DROP_DTYPE)
+    drops["unit"], drops["ordinal"] = removed["unit"], removed["ordinal"]
+    return reason == KEPT, drops
+
+
+def drops_bytes(drops: np.ndarray) -> bytes:
+    """DROPS_FILE's content: a plain .npy array (read back without pickle)."""
+    buffer = io.BytesIO()
+    np.save(buffer, drops, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def read_drops(out: Path) -> np.ndarray:
+    """The removed documents of a curated dataset being written; UserError when the file is gone."""
+    try:
+        return np.load(out / DROPS_FILE, allow_pickle=False)
+    except (FileNotFoundError, ValueError) as e:
+        raise UserError(f"{out / DROPS_FILE} is missing or damaged ({e}); delete {out} and run prepare again") from None
+
+
+class DropIndex:
+    """The ordinals removed from each unit's part."""
+
+    def __init__(self, drops: np.ndarray | None):
+        self.units = drops["unit"] if drops is not None else np.zeros(0, dtype=np.uint32)
+        self.ordinals = drops["ordinal"] if drops is not None else np.zeros(0, dtype=np.uint32)
+
+    def __call__(self, unit: int) -> np.ndarray | None:
+        lo, hi = np.searchsorted(self.units, unit, side="left"), np.searchsorted(self.units, unit, side="right")
+        return self.ordinals[lo:hi] if hi > lo else None
+
+
+def report_files(curation: dict, request: dict, drops: np.ndarray | None) -> dict[str, bytes]:
+    """The files beside a curated manifest: the report, and the removed documents when deduplicated."""
+    files = {REPORT_FILE: render_markdown(request.get("curation", {}), curation).encode("utf-8")}
+    if drops is not None:
+        files[DROPS_FILE] = drops_bytes(drops)
+    return files
