@@ -35,6 +35,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -43,7 +45,7 @@ import offline_deps  # noqa: E402
 import run_gpu_bench  # noqa: E402  (puts src/ and benchmarks/ on sys.path)
 
 ROOT = run_gpu_bench.ROOT
-TARGETS = {"mfu": 0.60, "bare": 0.98, "hf": 1.15, "float8": 1.10, "float8_loss": 0.02, "plan": 0.15}
+TARGETS = {"mfu": 0.60, "bare": 0.98, "hf": 1.15, "float8": 1.10, "float8_loss": 0.02, "plan": 0.15, "titan": 1.05}
 TORCH_LOGS = "graph_breaks,recompiles"
 SEED_ROW = "the seed's row (its A100: HF Trainer 8.9 s/it, 42.73 GB)"
 
@@ -70,23 +72,56 @@ DRY_STEP_S = 180
 """A dry run's limit per step: a CPU shared with other work starts a Python with torch in seconds to a minute."""
 
 
+@dataclass(frozen=True)
+class Row:
+    """One comparison added to the table: the step that measures it (its argv, its time limit) and how the table
+    judges what it wrote to WORK/<step>.json. Adding a comparison is one entry of ROWS."""
+
+    step: str
+    argv: Callable[[Path, bool], list[str]]
+    """(work folder, dry run) -> the command; it writes work / f"{step}.json"."""
+    seconds: float
+    judge: Callable[[dict], tuple[str, str, str, str]]
+    """The step's figures ({} when it failed) -> (measure, value, target, verdict)."""
+
+
+def side_by_side_argv(work: Path, dry: bool) -> list[str]:
+    """peers/side_by_side.py: dlx then torchtitan at dlx's best measured shape (the debug model when dry)."""
+    argv = [sys.executable, str(ROOT / "benchmarks" / "peers" / "side_by_side.py"), "dry" if dry else "llama3.2-1b"]
+    argv += ["--steps", "2" if dry else "8", "--warmup", "1" if dry else "3"]
+    return [*argv, "--out", str(work / f"{TITAN}.json")]
+
+
+def titan_row(figures: dict) -> tuple[str, str, str, str]:
+    value = figures.get("dlx_over_titan")
+    shown = "—" if value is None else f"{value:.3f}"
+    measure = "dlx ÷ torchtitan, tokens/s (llama3.2-1b bf16 compiled, seq 2048, micro-batch 24)"
+    return (measure, shown, f"≥ {TARGETS['titan']:.2f}", verdict(value, (value or 0) >= TARGETS["titan"]))
+
+
+TITAN = "torchtitan"
+ROWS = [Row(TITAN, side_by_side_argv, 100, titan_row)]
+"""The comparisons run after the eight fixed steps, in this order."""
+
+
 def steps(work: Path, dry: bool) -> list[tuple[str, list[str], float]]:
-    """(name, argv, seconds allowed) in the order they run; the most wanted figures first."""
+    """(name, argv, seconds allowed) in the order they run; the most wanted figures first, then ROWS."""
     python, shape = sys.executable, "dry" if dry else "gpu"
     worker = [python, str(HERE / "next_steps.py")]
     pretrain = [python, "-m", "dlx", "pretrain", "--run-dir"]
     plan = [python, "-m", "dlx", "plan", "debug" if dry else "llama3.2-1b", "--seq-len", "32" if dry else "1024"]
     plan += ["--micro-batch", "16", "--precision", "fp32", "--activation-checkpointing", "full", "--json"]
     chosen = [
-        ("ceilings", [*worker, "ceilings", shape, str(work / "ceilings.json")], 45),
-        ("pretrain-bf16", [*pretrain, str(work / "bf16"), *pretrain_args(dry)], 135),
-        ("bare", [*worker, "bare", shape, str(work / "bare.json")], 65),
-        ("pretrain-float8", [*pretrain, str(work / "float8"), *pretrain_args(dry), "--train.float8", "true"], 110),
-        ("hf-compiled", [*worker, "hf-compiled", shape, str(work / "hf-compiled.json")], 80),
-        ("seed-dlx", [*pretrain, str(work / "seed-dlx"), *pretrain_args(dry, seed_row=True)], 70),
-        ("seed-hf", [*worker, "seed-hf", shape, str(work / "seed-hf.json")], 55),
+        ("ceilings", [*worker, "ceilings", shape, str(work / "ceilings.json")], 40),
+        ("pretrain-bf16", [*pretrain, str(work / "bf16"), *pretrain_args(dry)], 120),
+        ("bare", [*worker, "bare", shape, str(work / "bare.json")], 55),
+        ("pretrain-float8", [*pretrain, str(work / "float8"), *pretrain_args(dry), "--train.float8", "true"], 95),
+        ("hf-compiled", [*worker, "hf-compiled", shape, str(work / "hf-compiled.json")], 65),
+        ("seed-dlx", [*pretrain, str(work / "seed-dlx"), *pretrain_args(dry, seed_row=True)], 45),
+        ("seed-hf", [*worker, "seed-hf", shape, str(work / "seed-hf.json")], 40),
         ("plan", plan, 10),
     ]
+    chosen += [(row.step, row.argv(work, dry), row.seconds) for row in ROWS]
     return [(name, argv, DRY_STEP_S if dry else seconds) for name, argv, seconds in chosen]
 
 
@@ -188,6 +223,7 @@ def target_rows(results: dict) -> list[tuple[str, str, str, str]]:
             "within 15 %",
             verdict(plan_gap, plan_gap is not None and plan_gap <= 0.15),
         ),
+        *(row.judge(figure.get(row.step, {})) for row in ROWS),
     ]
 
 

@@ -1,0 +1,397 @@
+"""torchtitan as a contender: its Llama-3 model at a dlx shape, built and stepped by torchtitan's own `Trainer` from
+config objects the harness writes, holding dlx's initial weights and fed dlx's synthetic batches.
+
+What the harness sets, and why:
+
+- **Model**: `Llama3Model.Config` built by torchtitan's own layer builder (`_build_llama3_layers`, as its `1B` flavour
+  is) from dlx's `ModelArgs`: dim, layers, heads, kv heads, FFN width, vocabulary, norm eps, tied embeddings, RoPE theta
+  and Llama-3 scaling with dlx's factors (torchtitan's `1B` flavour has the 3.1 factor 8; Llama 3.2 has 32). Attention
+  is `ScaledDotProductAttention` with `is_causal`, the kernel dlx runs on undivided sequences; torchtitan's default
+  for language models is FlexAttention with per-document masks, which synthetic rows without document ends do not
+  need.
+- **Trainer**: `Trainer.Config` with AdamW (lr, betas 0.9/0.95, weight decay 0.1, eps 1e-8, `fused`) as dlx's,
+  gradient clipping at 1.0, no activation checkpointing, compile of model and loss when asked, checkpoints,
+  validation, profiling and TensorBoard off. Precision: `training.mixed_precision_param` bf16 (torchtitan applies it
+  through FSDP2's `MixedPrecisionPolicy`, even on one device: bf16 compute, fp32 master weights and gradients) or
+  float32. The loss is torchtitan's `ChunkedLossWrapper(CrossEntropyLoss)`, as its Llama-3 configs use.
+- **Data**: `SyntheticBatches`, a `BaseDataLoader` that yields dlx's `SyntheticLoader` batches (`{"input": inputs}`,
+  targets): the same tokens in the same order as `dlx pretrain --data.path synthetic`.
+- **Weights**: dlx's initial model (`build_model`, from train.seed) → Hugging Face names (`dlx.model.hf`) →
+  torchtitan's own `Llama3StateDictAdapter.from_hf` (which un-permutes q/k for its complex RoPE) → `load_state_dict`.
+
+`prepare_imports` must run before the first torchtitan import. On a machine without CUDA it points torchtitan at the
+CPU (`torchtitan.tools.utils.device_type` is "cuda" whenever no accelerator is found, so `Trainer.__init__` calls
+`torch.cuda.set_device`), and it stands in for three imports the dense Llama path never calls, where they are missing:
+`triton` (imported by torchtitan's MoE expert-parallel kernels at module level), `datasets` (Hugging Face Datasets,
+imported by its text-dataset module, which `trainer.py` imports) and `tensorboard` (imported by its metrics module).
+Each stand-in raises on use with a line naming what is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.machinery
+import importlib.util
+import os
+import socket
+import sys
+import time
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+TITAN = "torchtitan"
+EP_KERNELS = (
+    *("copy_full_counts_to_peers_kernel", "copy_rows_to_peers_kernel", "expand_topk_grad_kernel"),
+    *("fill_combine_metadata_kernel", "fill_dispatch_metadata_kernel", "invert_flat_indices_kernel"),
+    *("reduce_topk_slots_kernel", "topk_scores_grad_kernel"),
+)
+"""What torchtitan.distributed.minimal_async_ep.api imports from its Triton kernels module."""
+
+
+def _missing(what: str, why: str):
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"{what} is not installed here ({why}); the torchtitan harness does not use it")
+
+    return refuse
+
+
+def _stand_in(name: str, why: str, **attributes) -> types.ModuleType:
+    """A module registered under `name` whose attributes raise when called."""
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    for attribute, value in attributes.items():
+        setattr(module, attribute, value if value is not None else _missing(f"{name}.{attribute}", why))
+    sys.modules[name] = module
+    return module
+
+
+def prepare_imports() -> list[str]:
+    """Make torchtitan importable for a dense Llama run on this machine; returns what was stood in or patched."""
+    done = []
+    if importlib.util.find_spec("triton") is None:
+        why = "torchtitan's MoE expert-parallel kernels need Triton"
+        _stand_in("torchtitan.distributed.minimal_async_ep.kernels", why, **dict.fromkeys(EP_KERNELS))
+        done.append("triton (MoE expert-parallel kernels)")
+    if importlib.util.find_spec("datasets") is None:
+        why = "Hugging Face Datasets, for torchtitan's text datasets"
+        _stand_in("datasets", why, Dataset=type("Dataset", (), {}), load_dataset=None)
+        _stand_in("datasets.distributed", why, split_dataset_by_node=None)
+        done.append("datasets (Hugging Face Datasets loader)")
+    if importlib.util.find_spec("tensorboard") is None:
+        _stand_in("torch.utils.tensorboard", "TensorBoard, for torchtitan's metrics", SummaryWriter=None)
+        done.append("tensorboard (metrics writer)")
+    if not torch.cuda.is_available():
+        from torchtitan.tools import utils
+
+        utils.device_type, utils.device_module = "cpu", torch.cpu
+        from torchtitan.components import metrics
+
+        metrics.build_device_memory_monitor = lambda: HostMemoryMonitor(metrics.DeviceMemStats)
+        done.append('device_type "cuda" -> "cpu", and a host memory monitor for its CUDA one')
+    return done
+
+
+class HostMemoryMonitor:
+    """What torchtitan's metrics read from its `DeviceMemoryMonitor` (CUDA allocator statistics), on the host: the
+    process's resident-set high-water mark as both the active and the reserved peak."""
+
+    def __init__(self, stats_type: type) -> None:
+        import psutil
+
+        self.stats_type, self.device_name = stats_type, "cpu"
+        self.device_capacity = psutil.virtual_memory().total
+        self.device_capacity_gib = self.device_capacity / 2**30
+
+    def get_peak_stats(self):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+        gib, pct = peak / 2**30, 100 * peak / self.device_capacity
+        return self.stats_type(gib, pct, gib, pct, 0, 0)
+
+    def reset_peak_stats(self) -> None:
+        pass  # the kernel's high-water mark cannot be reset
+
+
+def single_process_env() -> None:
+    """The rendezvous variables torchrun would set for one process (torchtitan initializes a process group)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    for key, value in {**defaults, "MASTER_PORT": str(port)}.items():
+        os.environ.setdefault(key, value)
+
+
+def model_config(args):
+    """torchtitan's Llama3Model.Config for dlx's ModelArgs, built by the builder of its own flavours."""
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import (
+        _EMBEDDING_INIT,
+        _EMBEDDING_SKIP_INIT,
+        _NORM_INIT,
+        _build_llama3_layers,
+        _output_linear_init,
+    )
+    from torchtitan.models.llama3.model import Llama3Model
+
+    scaling = args.rope_scaling
+    rope = ComplexRoPE.Config(dim=args.head_dim, max_seq_len=args.max_seq_len, theta=args.rope_theta)
+    if scaling is not None:
+        rope.scaling, rope.scaling_factor = "llama", scaling.factor
+        rope.low_freq_factor, rope.high_freq_factor = scaling.low_freq_factor, scaling.high_freq_factor
+        rope.original_max_position_embeddings = scaling.original_max_seq_len
+    layers = _build_llama3_layers(
+        n_layers=args.n_layers,
+        dim=args.dim,
+        n_heads=args.n_heads,
+        n_kv_heads=args.kv_heads,
+        hidden_dim=args.ffn_hidden_dim,
+        rope=rope,
+        attn_backend="flex",  # replaced below
+    )
+    for layer in layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+        layer.attention_norm.eps = layer.ffn_norm.eps = args.norm_eps
+    vocab, dim = args.vocab_size, args.dim
+    return Llama3Model.Config(
+        dim=dim,
+        vocab_size=vocab,
+        enable_weight_tying=args.tie_embeddings,
+        tok_embeddings=Embedding.Config(
+            num_embeddings=vocab,
+            embedding_dim=dim,
+            param_init=_EMBEDDING_SKIP_INIT if args.tie_embeddings else _EMBEDDING_INIT,
+        ),
+        norm=RMSNorm.Config(normalized_shape=dim, eps=args.norm_eps, param_init=_NORM_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=_output_linear_init(dim)),
+        layers=layers,
+    )
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What both contenders train with."""
+
+    model_argv: tuple[str, ...]
+    """dlx `--model.*` overrides naming the shape."""
+    seq_len: int
+    micro_batch: int
+    precision: str
+    """bf16 or fp32."""
+    compile: bool
+    lr: float = 3e-4
+
+    def dlx_argv(self, max_steps: int = 1_000_000) -> list[str]:
+        """The `dlx pretrain` overrides of this setting (synthetic data, no evaluation, constant lr after no
+        warm-up, so that both schedules are flat)."""
+        argv = [*self.model_argv, "--model.max_seq_len", str(self.seq_len), "--data.path", "synthetic"]
+        argv += ["--data.seq_len", str(self.seq_len), "--data.micro_batch_size", str(self.micro_batch)]
+        argv += ["--train.precision", self.precision, "--train.compile", str(self.compile).lower()]
+        argv += ["--train.lr", str(self.lr), "--train.schedule", "constant", "--train.warmup_ratio", "0"]
+        argv += ["--train.max_steps", str(max_steps), "--eval.every", "0", "--log.every", "10"]
+        return [*argv, "--log.progress", "false"]
+
+
+def dlx_config(setting: Setting):
+    from dlx.train.recipe import load_recipe
+
+    return load_recipe(None, setting.dlx_argv())
+
+
+def synthetic_loader(setting: Setting, vocab_size: int):
+    """dlx's synthetic stream for this setting, as `dlx pretrain --data.path synthetic` builds it."""
+    from dlx.data.source import LoaderSettings
+    from dlx.data.synthetic import SyntheticLoader
+
+    return SyntheticLoader(vocab_size, LoaderSettings(seq_len=setting.seq_len, micro_batch_size=setting.micro_batch))
+
+
+def trainer_config(setting: Setting, args, dump_folder: Path):
+    """torchtitan's Trainer.Config for this setting, written field by field."""
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+    from torchtitan.components.metrics import MetricsProcessor
+    from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
+    from torchtitan.components.validate import Validator
+    from torchtitan.config import CompileConfig, TrainingConfig
+    from torchtitan.models.llama3 import Llama3StateDictAdapter, parallelize_llama
+    from torchtitan.protocols.model_spec import ModelSpec
+    from torchtitan.trainer import Trainer
+
+    spec = ModelSpec(
+        name="llama3",
+        flavor="dlx-shape",
+        model=model_config(args),
+        parallelize_fn=parallelize_llama,
+        pipelining_fn=None,
+        post_optimizer_build_fn=None,
+        state_dict_adapter=Llama3StateDictAdapter,
+    )
+    batches, no_tokenizer = components()
+    precision = "bfloat16" if setting.precision == "bf16" else "float32"
+    return Trainer.Config(
+        model_spec=spec,
+        dump_folder=str(dump_folder),
+        tokenizer=no_tokenizer.Config(),
+        dataloader=batches.Config(vocab_size=args.vocab_size, setting=setting),
+        loss=ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=args.vocab_size)),
+        optimizer=default_adamw(lr=setting.lr, fused=True),
+        lr_scheduler=LRSchedulersContainer.Config(warmup_steps=0, decay_ratio=None),
+        training=TrainingConfig(
+            local_batch_size=setting.micro_batch,
+            seq_len=setting.seq_len,
+            steps=1_000_000,
+            max_norm=1.0,
+            mixed_precision_param=precision,
+            disable_cuda_graphs=True,
+        ),
+        metrics=MetricsProcessor.Config(log_freq=10, enable_tensorboard=False),
+        checkpoint=CheckpointManager.Config(enable=False),
+        activation_checkpoint=None,
+        compile=CompileConfig(enable=setting.compile, components=["model", "loss"]),
+        validator=Validator.Config(enable=False),
+    )
+
+
+@functools.cache
+def components() -> tuple[type, type]:
+    """(SyntheticBatches, NoTokenizer): the harness's data loader and tokenizer, torchtitan Configurables defined once
+    torchtitan is importable."""
+    from torchtitan.components.dataloader import BaseDataLoader
+    from torchtitan.components.tokenizer import BaseTokenizer
+
+    class SyntheticBatches(BaseDataLoader):
+        """dlx's synthetic batches as torchtitan's trainer takes them: ({"input": inputs}, labels) on the host."""
+
+        @dataclass(kw_only=True, slots=True)
+        class Config(BaseDataLoader.Config):
+            vocab_size: int = 0
+            setting: Setting | None = None
+
+        def __init__(self, config: Config, **runtime) -> None:
+            if runtime["local_batch_size"] != config.setting.micro_batch or runtime["dp_world_size"] != 1:
+                raise ValueError("SyntheticBatches serves one process at the setting's micro-batch")
+            self.loader = synthetic_loader(config.setting, config.vocab_size)
+
+        def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+            while True:
+                inputs, targets = next(self.loader)[:2]
+                yield {"input": inputs}, targets
+
+        def state_dict(self) -> dict:
+            return {}
+
+        def load_state_dict(self, state_dict: dict) -> None:
+            pass
+
+    class NoTokenizer(BaseTokenizer):
+        """The trainer builds a tokenizer; synthetic token ids need none, so every use is refused."""
+
+        @dataclass(kw_only=True, slots=True)
+        class Config(BaseTokenizer.Config):
+            pass
+
+        def __init__(self, config: Config, **runtime) -> None:
+            super().__init__()
+
+        def encode(self, *args, **kwargs) -> list[int]:
+            raise RuntimeError("the harness feeds token ids; nothing is encoded")
+
+        decode = get_vocab_size = encode
+
+    return SyntheticBatches, NoTokenizer
+
+
+def dlx_initial_model(setting: Setting, device: torch.device = torch.device("cpu")):
+    """dlx's model with the weights `dlx pretrain` starts from (drawn from train.seed), on `device`."""
+    from dlx.train.model_build import build_model
+
+    return build_model(dlx_config(setting), device)
+
+
+def titan_state_dict(model, trainer) -> dict[str, torch.Tensor]:
+    """dlx's weights in torchtitan's names and layout: dlx → Hugging Face names → torchtitan's own adapter."""
+    from dlx.model.hf import dlx_to_hf_name
+    from dlx.model.io import unique_state_dict
+
+    hf = {dlx_to_hf_name(name): tensor for name, tensor in unique_state_dict(model).items()}
+    adapter = trainer.config.model_spec.state_dict_adapter(trainer.model_config, None)
+    return adapter.from_hf(hf)
+
+
+def load_weights(trainer, state: dict[str, torch.Tensor]) -> None:
+    """Copy `state` (full tensors, torchtitan's stock wq/wk/wv names) into the trainer's FSDP2-wrapped parameters:
+    each tensor is distributed as the model's own state dict entry is, then the model's load hooks fuse q/k/v."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    model = trainer.model_parts[0]
+    own = model.state_dict()
+    if set(own) != set(state):
+        raise RuntimeError(f"torchtitan's model and dlx's weights differ in names: {sorted(set(own) ^ set(state))[:4]}")
+    placed = {}
+    for name, tensor in state.items():
+        target = own[name]
+        tensor = tensor.to(device=target.device, dtype=target.dtype)
+        placed[name] = (
+            distribute_tensor(tensor, target.device_mesh, target.placements) if isinstance(target, DTensor) else tensor
+        )
+    model.load_state_dict(placed, strict=True)
+
+
+class Titan:
+    """torchtitan's Trainer at one setting, advanced `steps` steps at a time as `Trainer.train` advances it."""
+
+    def __init__(self, setting: Setting, dump_folder: Path) -> None:
+        self.stood_in = prepare_imports()
+        single_process_env()
+        from torchtitan.trainer import Trainer
+
+        self.setting, self.name = setting, f"{TITAN} {setting.precision}"
+        args = dlx_config(setting).model.args
+        self.trainer = Trainer(trainer_config(setting, args, dump_folder))
+        initial = dlx_initial_model(setting, self.trainer.device)
+        load_weights(self.trainer, titan_state_dict(initial, self.trainer))
+        del initial
+        self.batches = self.trainer.batch_generator(self.trainer.dataloader)
+
+    def first_loss(self, rows: int) -> float:
+        """The loss of the model as loaded on the first `rows` rows of the stream's first batch (no step taken; the
+        stream is rewound)."""
+        trainer = self.trainer
+        inputs, labels = next(iter(trainer.dataloader))
+        inputs, labels = {"input": inputs["input"][:rows]}, labels[:rows].to(trainer.device)
+        with torch.no_grad():
+            hidden = trainer.model_parts[0](inputs["input"].to(trainer.device))  # (B, T, dim): lm_head is the loss's
+            loss, _ = trainer.loss_fn(hidden, labels, torch.tensor(labels.numel(), device=trainer.device))
+        trainer.dataloader.loader = synthetic_loader(self.setting, trainer.model_config.vocab_size)
+        self.batches = trainer.batch_generator(trainer.dataloader)
+        return loss.item()
+
+    def run(self, steps: int) -> float:
+        """Seconds for `steps` optimizer steps of `Trainer.train_step` (its loop's body without checkpoint and
+        validation, both off)."""
+        trainer = self.trainer
+        synchronize(trainer.device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            trainer.step += 1
+            trainer.gc_handler.run(trainer.step)
+            trainer.train_step(self.batches)
+        synchronize(trainer.device)
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        self.trainer.close()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
