@@ -3,10 +3,13 @@ run on one GPU: the ceilings (a large bf16 matmul, every GEMM of one llama3.2-1b
 kernels, the AdamW floor), `dlx pretrain` llama3.2-1b bf16 seq 2048 micro-batch 8 compiled for 30 steps with
 TORCH_LOGS=graph_breaks,recompiles, a bare PyTorch loop on the same model and batch, the same run in float8
 (torchao, tensorwise), HF LlamaForCausalLM compiled on the same shape, and the seed's table row (fp32, micro-batch 16,
-seq 1024, activation checkpointing) for HF Trainer and dlx with `dlx plan`'s estimate. It prints a table against the
-targets and writes it into --out ($OUT). The pretrain runs keep train.attention auto: each times the attention kernels
-at its own shape before step 1 and applies the fastest; the table quotes the bf16 run's header line beside the
-ceilings' own timing. The bare loop applies the kernel auto picks too, so dlx ÷ bare is the rest of the step.
+seq 1024, activation checkpointing) for HF Trainer and dlx with `dlx plan`'s estimate, then the comparisons of ROWS:
+dlx against torchtitan (peers/side_by_side.py: a `dlx pretrain` run's `train_loop`, then torchtitan's own Trainer
+holding the same initial weights, first losses checked equal, llama3.2-1b bf16 compiled at seq 2048, micro-batch 24,
+3 warm-up + 8 timed steps each). It prints a table against the targets and writes it into --out ($OUT). The pretrain
+runs keep train.attention auto: each times the attention kernels at its own shape before step 1 and applies the
+fastest; the table quotes the bf16 run's header line beside the ceilings' own timing. The bare loop applies the kernel
+auto picks too, so dlx ÷ bare is the rest of the step.
 
 On a lent device machine (its own torch, no network, only what is under $OUT comes back), from the repository root:
 
@@ -15,14 +18,17 @@ On a lent device machine (its own torch, no network, only what is under $OUT com
 
 benchmarks/gpu/wheels must then hold what `offline_deps.py download` fetches: dlx's own dependencies and torchao
 (the `float8` extra, 3.4 MB, one abi3 wheel whose kernels are torch's and Triton's; the H200 image of 2026-12-04 had
-torch 2.11, transformers 5.17 and accelerate 1.15, no torchao; torchao 0.18 needs torch >= 2.11). A step whose
-imports fail says so in its last line and the others run. Each step has its own time limit (STEPS, 570 s in all), so
-that one that hangs cannot eat the others'. Files brought back (at most 8): results.json (every step's status and
-figures), table.md, steps.log, summary.txt, the two pretrain runs' metrics.jsonl.
+torch 2.11, transformers 5.17 and accelerate 1.15, no torchao; torchao 0.18 needs torch >= 2.11) and torchtitan 0.3.0
+with the four dependencies its trainer imports (1.7 MB; 62.0 MB in all, of the 67.1 MB the carry takes). A step
+whose imports fail says so in its last line and the others run. Each step has its own time limit (`steps`, 570 s in
+all), so that one that hangs cannot eat the others'; the eight fixed steps' limits were trimmed from 570 s to 470 s
+to make room for the torchtitan row's 100 s. None has run on a GPU yet: the limits are estimates from first_contact's
+timings, and the first run shows which are tight. Files brought back (at most 8): results.json (every step's status
+and figures), table.md, steps.log, summary.txt, the two pretrain runs' metrics.jsonl.
 
-`--dry-run` runs every step on the CPU with the debug model, no compile, in seconds: the same code paths, float8
-included (torch >= 2.11 runs float8 matmuls on a CPU with oneDNN's reference kernel, about a second a step here;
-without torchao that step is refused in one line and the others run). `--only a,b` reruns chosen steps.
+`--dry-run` runs every step on the CPU with the debug model, no compile, in seconds: the same code paths, float8 and
+torchtitan included (torch >= 2.11 runs float8 matmuls on a CPU with oneDNN's reference kernel, about a second a step
+here; without torchao that step is refused in one line and the others run). `--only a,b` reruns chosen steps.
 """
 
 from __future__ import annotations

@@ -92,6 +92,7 @@ def loss_lines(all_results: dict[str, list[dict[str, dict]]]) -> list[str]:
 
 def main() -> None:
     from peers.installs import install_lines
+    from peers.side_by_side import SETTINGS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settings", default="demo,1b-scaled", help="comma-separated side_by_side.py SETTINGS")
@@ -115,9 +116,13 @@ def main() -> None:
         *header,
         "",
         "demo: dim 256, 4 layers, 4/2 heads, vocab 8192; 1b-scaled: llama3.2-1b at dim 512, 4 layers, 8/2 heads, vocab "
-        "16,384, tied; both seq 256, micro-batch 8, fp32, fused AdamW lr 3e-4 (betas 0.9/0.95, weight decay 0.1), clip "
-        f"1.0, no compile, dlx's synthetic tokens; {args.rounds} rounds, each contender in a fresh process per round, "
-        f"{args.warmup} warm-up + {args.steps} timed steps:",
+        "16,384, tied; both seq 256, micro-batch 8, fused AdamW lr 3e-4 (betas 0.9/0.95, weight decay 0.1), clip 1.0, "
+        "no compile, dlx's synthetic tokens, SDPA causal attention in both; precision "
+        + ", ".join(f"{name} {SETTINGS[name].precision}" for name in results)
+        + " (bf16: dlx's autocast over fp32 weights, torchtitan's FSDP2 MixedPrecisionPolicy over fp32 master "
+        "weights); "
+        f"{args.rounds} rounds, each contender in a fresh process per round, {args.warmup} warm-up + {args.steps} "
+        "timed steps:",
         "",
         *table,
         "",

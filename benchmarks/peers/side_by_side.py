@@ -30,13 +30,15 @@ SCALED_1B += ("--model.n_kv_heads", "2", "--model.vocab_size", "16384")
 SETTINGS = {
     "demo": Setting(("--model.preset", "demo"), 256, 8, "fp32", False),
     "1b-scaled": Setting(SCALED_1B, 256, 8, "fp32", False),
+    "demo-bf16": Setting(("--model.preset", "demo"), 256, 8, "bf16", False),
+    "1b-scaled-bf16": Setting(SCALED_1B, 256, 8, "bf16", False),
     "llama3.2-1b": Setting(("--model.preset", "llama3.2-1b"), 2048, 24, "bf16", True),
     "dry": Setting(("--model.preset", "debug"), 32, 2, "bf16", False),
 }
-"""demo: the embedded demo preset; 1b-scaled: llama3.2-1b's ratios at dim 512, 4 layers, 8/2 heads, a 16,384 vocabulary
-(bench_memory_estimate's shape); llama3.2-1b: dlx's best measured GPU shape at grad accum 1 (seq 2048, micro-batch
-24, compiled: 57.3 % MFU on the H200; 57.6 % at grad accum 4, for 4× the step time); dry: the debug model on the CPU
-in bf16, next_contact.py's dry run."""
+"""demo: the embedded demo preset; 1b-scaled: llama3.2-1b's ratios at dim 512, 4 layers, 8/2 heads, a 16,384
+vocabulary (bench_memory_estimate's shape); both in fp32 and (`-bf16`) in bf16; llama3.2-1b: dlx's best measured GPU
+shape at grad accum 1 (seq 2048, micro-batch 24, compiled: 57.3 % MFU on the H200; 57.6 % at grad accum 4, for 4× the
+step time); dry: the debug model on the CPU in bf16, next_contact.py's dry run."""
 CONTENDERS = ("dlx", TITAN)
 LOSS_TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2}
 """Most the first losses may differ: fp32 sums in another order (absolute); bf16 compute, where torchtitan casts every

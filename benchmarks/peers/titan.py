@@ -29,6 +29,7 @@ Each stand-in raises on use with a line naming what is missing.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.machinery
 import importlib.util
@@ -117,14 +118,22 @@ class HostMemoryMonitor:
         pass  # the kernel's high-water mark cannot be reset
 
 
-def single_process_env() -> None:
-    """The rendezvous variables torchrun would set for one process (torchtitan initializes a process group)."""
+@contextlib.contextmanager
+def single_process_env() -> Iterator[None]:
+    """The rendezvous variables torchrun would set for one process, while torchtitan initializes its process group;
+    the environment as it was afterwards."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-    for key, value in {**defaults, "MASTER_PORT": str(port)}.items():
-        os.environ.setdefault(key, value)
+    wanted = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    saved = {key: os.environ.get(key) for key in wanted}
+    os.environ.update({key: value for key, value in wanted.items() if saved[key] is None})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
 
 
 def model_config(args):
@@ -326,22 +335,25 @@ def titan_state_dict(model, trainer) -> dict[str, torch.Tensor]:
 
 
 def load_weights(trainer, state: dict[str, torch.Tensor]) -> None:
-    """Copy `state` (full tensors, torchtitan's stock wq/wk/wv names) into the trainer's FSDP2-wrapped parameters:
-    each tensor is distributed as the model's own state dict entry is, then the model's load hooks fuse q/k/v."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    """Write `state` (full tensors, torchtitan's stock wq/wk/wv names) into the trainer's parameters in place: q, k
+    and v fused as the attention modules' own load hook fuses them, each tensor then copied into the parameter's local
+    shard, which is what FSDP2 all-gathers and the optimizer updates (`load_state_dict` on the module would write the
+    unsharded views, which the first optimizer step never sees). One process: a shard is the whole tensor."""
+    from torch.distributed.tensor import DTensor
 
-    model = trainer.model_parts[0]
-    own = model.state_dict()
-    if set(own) != set(state):
-        raise RuntimeError(f"torchtitan's model and dlx's weights differ in names: {sorted(set(own) ^ set(state))[:4]}")
-    placed = {}
-    for name, tensor in state.items():
-        target = own[name]
-        tensor = tensor.to(device=target.device, dtype=target.dtype)
-        placed[name] = (
-            distribute_tensor(tensor, target.device_mesh, target.placements) if isinstance(target, DTensor) else tensor
-        )
-    model.load_state_dict(placed, strict=True)
+    model, state = trainer.model_parts[0], dict(state)
+    for prefix, module in model.named_modules():
+        if hasattr(module, "_merge_qkv_on_load"):
+            module._merge_qkv_on_load(module, state, f"{prefix}.")
+    parameters = dict(model.named_parameters())
+    if set(parameters) - set(state):
+        raise RuntimeError(f"dlx's weights lack torchtitan's {sorted(set(parameters) - set(state))[:4]}")
+    with torch.no_grad():
+        for name, parameter in parameters.items():
+            local = parameter.to_local() if isinstance(parameter, DTensor) else parameter
+            if local.shape != state[name].shape:
+                raise RuntimeError(f"{name}: torchtitan's shard {tuple(local.shape)}, dlx's {tuple(state[name].shape)}")
+            local.copy_(state[name])
 
 
 class Titan:
@@ -349,28 +361,26 @@ class Titan:
 
     def __init__(self, setting: Setting, dump_folder: Path) -> None:
         self.stood_in = prepare_imports()
-        single_process_env()
         from torchtitan.trainer import Trainer
 
         self.setting, self.name = setting, f"{TITAN} {setting.precision}"
         args = dlx_config(setting).model.args
-        self.trainer = Trainer(trainer_config(setting, args, dump_folder))
+        with single_process_env():
+            self.trainer = Trainer(trainer_config(setting, args, dump_folder))
         initial = dlx_initial_model(setting, self.trainer.device)
         load_weights(self.trainer, titan_state_dict(initial, self.trainer))
         del initial
         self.batches = self.trainer.batch_generator(self.trainer.dataloader)
 
     def first_loss(self, rows: int) -> float:
-        """The loss of the model as loaded on the first `rows` rows of the stream's first batch (no step taken; the
-        stream is rewound)."""
+        """The model's loss, as it stands, on the first `rows` rows of the stream's first batch (read from a fresh
+        stream: the trainer's own is left where it is)."""
         trainer = self.trainer
-        inputs, labels = next(iter(trainer.dataloader))
-        inputs, labels = {"input": inputs["input"][:rows]}, labels[:rows].to(trainer.device)
+        inputs, labels = next(synthetic_loader(self.setting, trainer.model_config.vocab_size))[:2]
+        inputs, labels = inputs[:rows].to(trainer.device), labels[:rows].to(trainer.device)
         with torch.no_grad():
-            hidden = trainer.model_parts[0](inputs["input"].to(trainer.device))  # (B, T, dim): lm_head is the loss's
+            hidden = trainer.model_parts[0](inputs)  # (B, T, dim): the loss applies lm_head
             loss, _ = trainer.loss_fn(hidden, labels, torch.tensor(labels.numel(), device=trainer.device))
-        trainer.dataloader.loader = synthetic_loader(self.setting, trainer.model_config.vocab_size)
-        self.batches = trainer.batch_generator(trainer.dataloader)
         return loss.item()
 
     def run(self, steps: int) -> float:
