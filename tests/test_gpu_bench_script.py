@@ -297,6 +297,16 @@ def test_next_contact_judges_each_target_from_the_figures():
     ) in lines
     assert "| ceilings | ok | 40 |" in lines
     assert "- dlx pretrain bf16, its header: attention: cudnn, the fastest fwd+bwd at ..." in lines
+    contenders = {"dlx": {"tokens_per_s": 70000.0, "peak_mem_gb": 84.8}}
+    contenders["torchtitan"] = {"tokens_per_s": 65000.0, "peak_mem_gb": 90.1, "first_loss": 11.9}
+    titan = {"dlx_over_titan": 70 / 65, "dlx_first_loss": 11.91, "contenders": contenders}
+    lines = next_contact.table({"torchtitan": {"status": "ok", "seconds": 90.0, "figures": titan}})
+    assert (
+        "- dlx against torchtitan: dlx 70,000 tokens/s, peak 84.8 GB; torchtitan 65,000 tokens/s, peak 90.1 GB; "
+        "first losses dlx 11.91000, torchtitan 11.90000"
+    ) in lines
+    measure = "dlx ÷ torchtitan, tokens/s (llama3.2-1b bf16 compiled, seq 2048, micro-batch 24)"
+    assert f"| {measure} | 1.077 | ≥ 1.05 | met |" in lines
 
 
 @pytest.mark.slow

@@ -89,6 +89,8 @@ class Row:
     seconds: float
     judge: Callable[[dict], tuple[str, str, str, str]]
     """The step's figures ({} when it failed) -> (measure, value, target, verdict)."""
+    detail: Callable[[dict], list[str]] = lambda figures: []
+    """The step's figures -> lines shown below the table (the figures behind the verdict)."""
 
 
 def side_by_side_argv(work: Path, dry: bool) -> list[str]:
@@ -105,8 +107,22 @@ def titan_row(figures: dict) -> tuple[str, str, str, str]:
     return (measure, shown, f"≥ {TARGETS['titan']:.2f}", verdict(value, (value or 0) >= TARGETS["titan"]))
 
 
+def titan_detail(figures: dict) -> list[str]:
+    """Each contender's tokens/s and peak memory (CUDA: the allocator's; CPU: the process's resident set), and the
+    first losses the run checked before timing."""
+    contenders = figures.get("contenders") or {}
+    if not contenders:
+        return []
+    peak = {kind: c["peak_mem_gb"] if "peak_mem_gb" in c else c["rss_peak_gb"] for kind, c in contenders.items()}
+    speeds = "; ".join(
+        f"{kind} {c['tokens_per_s']:,.0f} tokens/s, peak {peak[kind]:.1f} GB" for kind, c in contenders.items()
+    )
+    losses = f"first losses dlx {figures['dlx_first_loss']:.5f}, torchtitan {contenders[TITAN]['first_loss']:.5f}"
+    return [f"- dlx against torchtitan: {speeds}; {losses}"]
+
+
 TITAN = "torchtitan"
-ROWS = [Row(TITAN, side_by_side_argv, 100, titan_row)]
+ROWS = [Row(TITAN, side_by_side_argv, 100, titan_row, titan_detail)]
 """The comparisons run after the eight fixed steps, in this order."""
 
 
@@ -258,6 +274,9 @@ def table(results: dict) -> list[str]:
             "|---|---|---|---|---|",
         ]
         lines += [f"| {g['gemm']} | {g['m']} | {g['n']} | {g['k']} | {g['tflops']:.4g} |" for g in ceilings["gemms"]]
+    for row in ROWS:
+        details = row.detail(results.get(row.step, {}).get("figures", {}))
+        lines += ["", *details] if details else []
     attention = results.get("pretrain-bf16", {}).get("figures", {}).get("attention")
     if attention:
         lines += ["", f"- dlx pretrain bf16, its header: {attention}"]
