@@ -12,6 +12,7 @@ contender was built, so bench_titan.py runs each contender in a process of its o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import resource
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per contender")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per contender first (compilation)")
     parser.add_argument("--out", type=Path, required=True, help="the JSON file written")
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="turn torchtitan's CUDA graphs off")
     args = parser.parse_args(argv)
     kinds = [kind.strip() for kind in args.contenders.split(",")]
     if not set(kinds) <= set(CONTENDERS):
@@ -143,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             "error: torchtitan is not installed: pip install 'dlx[bench]' (a device machine: the wheels "
             "of benchmarks/gpu/offline_deps.py download)"
         )
-    result = side_by_side(SETTINGS[args.setting], kinds, args.steps, args.warmup)
+    setting = dataclasses.replace(SETTINGS[args.setting], cuda_graphs=not args.no_cuda_graphs)
+    result = side_by_side(setting, kinds, args.steps, args.warmup)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     return 0

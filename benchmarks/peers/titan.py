@@ -10,10 +10,14 @@ What the harness sets, and why:
   for language models is FlexAttention with per-document masks, which synthetic rows without document ends do not
   need.
 - **Trainer**: `Trainer.Config` with AdamW (lr, betas 0.9/0.95, weight decay 0.1, eps 1e-8, `fused`) as dlx's,
-  gradient clipping at 1.0, no activation checkpointing, compile of model and loss when asked, checkpoints,
-  validation, profiling and TensorBoard off. Precision: `training.mixed_precision_param` bf16 (torchtitan applies it
-  through FSDP2's `MixedPrecisionPolicy`, even on one device: bf16 compute, fp32 master weights and gradients) or
-  float32. The loss is torchtitan's `ChunkedLossWrapper(CrossEntropyLoss)`, as its Llama-3 configs use.
+  gradient clipping at 1.0, no activation checkpointing, compile of model and loss when asked, CUDA graphs of the
+  forward and backward as torchtitan's default has them (on CUDA; `Setting.cuda_graphs` off, or side_by_side.py
+  `--no-cuda-graphs`, turns them off), checkpoints, validation, profiling and TensorBoard off. Precision:
+  `training.mixed_precision_param` bf16 (torchtitan applies it through FSDP2's `MixedPrecisionPolicy`, even on one
+  device: bf16 compute, fp32 master weights and gradients) or float32. The loss is
+  torchtitan's `ChunkedLossWrapper(CrossEntropyLoss)`, as its Llama-3 configs use. One difference is left: dlx
+  keeps norm weights out of weight decay, torchtitan's `default_adamw` decays every parameter (tests/test_titan_peer.py:
+  after three steps the two losses agree within 1e-4).
 - **Data**: `SyntheticBatches`, a `BaseDataLoader` that yields dlx's `SyntheticLoader` batches (`{"input": inputs}`,
   targets): the same tokens in the same order as `dlx pretrain --data.path synthetic`.
 - **Weights**: dlx's initial model (`build_model`, from train.seed) → Hugging Face names (`dlx.model.hf`) →
@@ -195,6 +199,8 @@ class Setting:
     """bf16 or fp32."""
     compile: bool
     lr: float = 3e-4
+    cuda_graphs: bool = True
+    """torchtitan's CUDA graphs of forward and backward (its default; CUDA only; dlx has none)."""
 
     def dlx_argv(self, max_steps: int = 1_000_000) -> list[str]:
         """The `dlx pretrain` overrides of this setting (synthetic data, no evaluation, constant lr after no
@@ -258,7 +264,7 @@ def trainer_config(setting: Setting, args, dump_folder: Path):
             steps=1_000_000,
             max_norm=1.0,
             mixed_precision_param=precision,
-            disable_cuda_graphs=True,
+            disable_cuda_graphs=not (setting.cuda_graphs and torch.cuda.is_available()),
         ),
         metrics=MetricsProcessor.Config(log_freq=10, enable_tensorboard=False),
         checkpoint=CheckpointManager.Config(enable=False),
