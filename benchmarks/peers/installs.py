@@ -17,7 +17,7 @@ PROBES = {
     "dlx": "import dlx.train.run, dlx.train.trainer",
     "torchtitan": (
         "import sys; sys.path.insert(0, 'benchmarks'); sys.modules['datasets'] = sys.modules['tensorboard'] = None; "
-        "from peers.titan import prepare_imports; prepare_imports(); "
+        "from peers.titan_setup import prepare_imports; prepare_imports(); "
         "import torchtitan.trainer, torchtitan.models.llama3"
     ),
 }
