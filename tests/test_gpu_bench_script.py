@@ -310,6 +310,7 @@ def test_next_contact_judges_each_target_from_the_figures():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # nine steps, each a fresh Python with torch: minutes on a CPU shared with other work
 def test_next_contact_dry_run_measures_every_step_on_the_cpu(tmp_path):
     """The whole script on the CPU with the debug model: every step runs, float8 too (torchao is in the test extra,
     and torch's CPU float8 matmul runs it), and the files come back."""
