@@ -5,6 +5,7 @@ decay, torchtitan decays every weight: 3 steps × lr 3e-4 × 0.1 move them by ab
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,3 +43,21 @@ def test_torchtitan_starts_from_dlx_weights_and_trains_as_dlx(tmp_path):
         dlx.close()
     assert dlx_after < dlx_start - 0.05  # both trained
     assert abs(titan_after - dlx_after) <= 1e-4
+
+
+def test_without_hf_datasets_torchtitan_imports_and_the_stand_in_refuses_in_one_line():
+    """The device machine's case (no Hugging Face Datasets, no TensorBoard): torchtitan's trainer imports, and a call
+    into what was stood in for names what is missing."""
+    probe = (
+        "import sys; sys.path.insert(0, 'benchmarks'); sys.modules['datasets'] = sys.modules['tensorboard'] = None\n"
+        "from peers.titan_setup import prepare_imports; done = prepare_imports()\n"
+        "import torchtitan.trainer, datasets\n"
+        "assert 'datasets (Hugging Face Datasets loader)' in done, done\n"
+        "datasets.load_dataset('c4')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "RuntimeError: datasets.load_dataset is not installed here (Hugging Face Datasets, for torchtitan's text "
+        "datasets); the torchtitan harness does not use it"
+    )
