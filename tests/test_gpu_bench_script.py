@@ -135,6 +135,13 @@ def test_the_download_covers_what_dlx_bench_imports_and_nothing_else():
     assert imported & (all_core - {"torch"}) == core
 
 
+def test_torchtitan_travels_as_its_wheel_and_the_four_dependencies_its_trainer_imports(tmp_path):
+    requirements = deps.pinned(deps.peer_requirements())
+    assert [deps.requirement_name(r) for r in requirements] == list(deps.PEER_DISTRIBUTIONS)
+    _, alone = deps.download_commands(tmp_path, ["numpy==2.4.6", *requirements], "3.12")
+    assert alone[alone.index("--no-deps") + 1 :] == requirements
+
+
 def test_the_pip_download_lines_target_the_device_python(tmp_path):
     with_deps, alone = deps.download_commands(tmp_path, ["numpy==2.4.6", "tokenizers==0.23.3"], "3.12")
     assert with_deps[1:4] == ["-m", "pip", "download"]
@@ -238,9 +245,12 @@ def test_next_contact_fits_one_device_call():
     listed = next_contact.steps(work, dry=False)
     assert [name for name, _, _ in listed] == [
         *("ceilings", "pretrain-bf16", "bare", "pretrain-float8", "hf-compiled", "seed-dlx", "seed-hf", "plan"),
+        "torchtitan",
     ]
     assert sum(seconds for _, _, seconds in listed) <= 570
     argv = dict((name, argv) for name, argv, _ in listed)
+    assert argv["torchtitan"][1].endswith("benchmarks/peers/side_by_side.py") and argv["torchtitan"][2] == "llama3.2-1b"
+    assert argv["torchtitan"][-2:] == ["--out", str(work / "torchtitan.json")]
     assert "--train.compile true" in " ".join(argv["pretrain-bf16"]) and "llama3.2-1b" in argv["pretrain-bf16"]
     assert argv["pretrain-float8"][-2:] == ["--train.float8", "true"]
     assert "--parallel.activation_checkpointing full" in " ".join(argv["seed-dlx"])
@@ -258,8 +268,11 @@ def test_next_contact_judges_each_target_from_the_figures():
         "seed-dlx": {"figures": {"peak_mem_gb": 30.0, "it_per_s": 0.5}},
         "seed-hf": {"figures": {"peak_mem_gb": 40.0, "it_per_s": 0.25}},
         "plan": {"figures": {"total_gb": 27.0}},
+        "torchtitan": {"figures": {"dlx_over_titan": 1.04}},
     }
     rows = {row[0]: row[1:] for row in next_contact.target_rows(results)}
+    titan = "dlx ÷ torchtitan, tokens/s (llama3.2-1b bf16 compiled, seq 2048, micro-batch 24)"
+    assert rows[titan] == ("1.040", "≥ 1.05", "MISSED")
     assert rows["dlx pretrain MFU, lowest 10-step window after the first"] == ("58.0%", "≥ 60 %", "MISSED")
     assert rows["graph breaks / recompiles logged"] == ("0 / 1", "0 / 0 after step 1", "MISSED")
     assert rows["dlx ÷ bare loop, tokens/s"] == ("0.990", "≥ 0.98", "met")
@@ -284,9 +297,20 @@ def test_next_contact_judges_each_target_from_the_figures():
     ) in lines
     assert "| ceilings | ok | 40 |" in lines
     assert "- dlx pretrain bf16, its header: attention: cudnn, the fastest fwd+bwd at ..." in lines
+    contenders = {"dlx": {"tokens_per_s": 70000.0, "peak_mem_gb": 84.8}}
+    contenders["torchtitan"] = {"tokens_per_s": 65000.0, "peak_mem_gb": 90.1, "first_loss": 11.9}
+    titan = {"dlx_over_titan": 70 / 65, "dlx_first_loss": 11.91, "contenders": contenders}
+    lines = next_contact.table({"torchtitan": {"status": "ok", "seconds": 90.0, "figures": titan}})
+    assert (
+        "- dlx against torchtitan: dlx 70,000 tokens/s, peak 84.8 GB; torchtitan 65,000 tokens/s, peak 90.1 GB; "
+        "first losses dlx 11.91000, torchtitan 11.90000"
+    ) in lines
+    measure = "dlx ÷ torchtitan, tokens/s (llama3.2-1b bf16 compiled, seq 2048, micro-batch 24)"
+    assert f"| {measure} | 1.077 | ≥ 1.05 | met |" in lines
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # nine steps, each a fresh Python with torch: minutes on a CPU shared with other work
 def test_next_contact_dry_run_measures_every_step_on_the_cpu(tmp_path):
     """The whole script on the CPU with the debug model: every step runs, float8 too (torchao is in the test extra,
     and torch's CPU float8 matmul runs it), and the files come back."""
@@ -296,9 +320,15 @@ def test_next_contact_dry_run_measures_every_step_on_the_cpu(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert {name: step["status"] for name, step in results.items()} == dict.fromkeys(
+    statuses = {name: step["status"] for name, step in results.items()}
+    titan = statuses.pop("torchtitan")
+    assert statuses == dict.fromkeys(
         ("ceilings", "pretrain-bf16", "bare", "pretrain-float8", "hf-compiled", "seed-dlx", "seed-hf", "plan"), "ok"
     )
+    if importlib.util.find_spec("torchtitan") is None:  # the bench extra's: the step fails in one line, the rest run
+        assert titan == "exit 1" and "torchtitan" in results["torchtitan"]["last_line"]
+    else:  # first losses checked equal (else exit 1), then both timed
+        assert titan == "ok" and results["torchtitan"]["figures"]["dlx_over_titan"] > 0
     assert results["pretrain-bf16"]["figures"]["step"] == 3 and results["plan"]["figures"]["params"] == 158016
     bf16_loss, float8_loss = (results[f"pretrain-{run}"]["figures"]["loss"] for run in ("bf16", "float8"))
     assert results["pretrain-float8"]["figures"]["step"] == 3 and abs(float8_loss / bf16_loss - 1) <= 0.02

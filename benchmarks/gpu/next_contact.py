@@ -3,10 +3,13 @@ run on one GPU: the ceilings (a large bf16 matmul, every GEMM of one llama3.2-1b
 kernels, the AdamW floor), `dlx pretrain` llama3.2-1b bf16 seq 2048 micro-batch 8 compiled for 30 steps with
 TORCH_LOGS=graph_breaks,recompiles, a bare PyTorch loop on the same model and batch, the same run in float8
 (torchao, tensorwise), HF LlamaForCausalLM compiled on the same shape, and the seed's table row (fp32, micro-batch 16,
-seq 1024, activation checkpointing) for HF Trainer and dlx with `dlx plan`'s estimate. It prints a table against the
-targets and writes it into --out ($OUT). The pretrain runs keep train.attention auto: each times the attention kernels
-at its own shape before step 1 and applies the fastest; the table quotes the bf16 run's header line beside the
-ceilings' own timing. The bare loop applies the kernel auto picks too, so dlx ÷ bare is the rest of the step.
+seq 1024, activation checkpointing) for HF Trainer and dlx with `dlx plan`'s estimate, then the comparisons of ROWS:
+dlx against torchtitan (peers/side_by_side.py: a `dlx pretrain` run's `train_loop`, then torchtitan's own Trainer
+holding the same initial weights, first losses checked equal, llama3.2-1b bf16 compiled at seq 2048, micro-batch 24,
+3 warm-up + 8 timed steps each). It prints a table against the targets and writes it into --out ($OUT). The pretrain
+runs keep train.attention auto: each times the attention kernels at its own shape before step 1 and applies the
+fastest; the table quotes the bf16 run's header line beside the ceilings' own timing. The bare loop applies the kernel
+auto picks too, so dlx ÷ bare is the rest of the step.
 
 On a lent device machine (its own torch, no network, only what is under $OUT comes back), from the repository root:
 
@@ -15,14 +18,17 @@ On a lent device machine (its own torch, no network, only what is under $OUT com
 
 benchmarks/gpu/wheels must then hold what `offline_deps.py download` fetches: dlx's own dependencies and torchao
 (the `float8` extra, 3.4 MB, one abi3 wheel whose kernels are torch's and Triton's; the H200 image of 2026-12-04 had
-torch 2.11, transformers 5.17 and accelerate 1.15, no torchao; torchao 0.18 needs torch >= 2.11). A step whose
-imports fail says so in its last line and the others run. Each step has its own time limit (STEPS, 570 s in all), so
-that one that hangs cannot eat the others'. Files brought back (at most 8): results.json (every step's status and
-figures), table.md, steps.log, summary.txt, the two pretrain runs' metrics.jsonl.
+torch 2.11, transformers 5.17 and accelerate 1.15, no torchao; torchao 0.18 needs torch >= 2.11) and torchtitan 0.3.0
+with the four dependencies its trainer imports (1.7 MB; 62.0 MB in all, of the 67.1 MB the carry takes). A step
+whose imports fail says so in its last line and the others run. Each step has its own time limit (`steps`, 570 s in
+all), so that one that hangs cannot eat the others'; the eight fixed steps' limits were trimmed from 570 s to 470 s
+to make room for the torchtitan row's 100 s. None has run on a GPU yet: the limits are estimates from first_contact's
+timings, and the first run shows which are tight. Files brought back (at most 8): results.json (every step's status
+and figures), table.md, steps.log, summary.txt, the two pretrain runs' metrics.jsonl.
 
-`--dry-run` runs every step on the CPU with the debug model, no compile, in seconds: the same code paths, float8
-included (torch >= 2.11 runs float8 matmuls on a CPU with oneDNN's reference kernel, about a second a step here;
-without torchao that step is refused in one line and the others run). `--only a,b` reruns chosen steps.
+`--dry-run` runs every step on the CPU with the debug model, no compile, in seconds: the same code paths, float8 and
+torchtitan included (torch >= 2.11 runs float8 matmuls on a CPU with oneDNN's reference kernel, about a second a step
+here; without torchao that step is refused in one line and the others run). `--only a,b` reruns chosen steps.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -43,7 +51,7 @@ import offline_deps  # noqa: E402
 import run_gpu_bench  # noqa: E402  (puts src/ and benchmarks/ on sys.path)
 
 ROOT = run_gpu_bench.ROOT
-TARGETS = {"mfu": 0.60, "bare": 0.98, "hf": 1.15, "float8": 1.10, "float8_loss": 0.02, "plan": 0.15}
+TARGETS = {"mfu": 0.60, "bare": 0.98, "hf": 1.15, "float8": 1.10, "float8_loss": 0.02, "plan": 0.15, "titan": 1.05}
 TORCH_LOGS = "graph_breaks,recompiles"
 SEED_ROW = "the seed's row (its A100: HF Trainer 8.9 s/it, 42.73 GB)"
 
@@ -70,23 +78,72 @@ DRY_STEP_S = 180
 """A dry run's limit per step: a CPU shared with other work starts a Python with torch in seconds to a minute."""
 
 
+@dataclass(frozen=True)
+class Row:
+    """One comparison added to the table: the step that measures it (its argv, its time limit) and how the table
+    judges what it wrote to WORK/<step>.json. Adding a comparison is one entry of ROWS."""
+
+    step: str
+    argv: Callable[[Path, bool], list[str]]
+    """(work folder, dry run) -> the command; it writes work / f"{step}.json"."""
+    seconds: float
+    judge: Callable[[dict], tuple[str, str, str, str]]
+    """The step's figures ({} when it failed) -> (measure, value, target, verdict)."""
+    detail: Callable[[dict], list[str]] = lambda figures: []
+    """The step's figures -> lines shown below the table (the figures behind the verdict)."""
+
+
+def side_by_side_argv(work: Path, dry: bool) -> list[str]:
+    """peers/side_by_side.py: dlx then torchtitan at dlx's best measured shape (the debug model when dry)."""
+    argv = [sys.executable, str(ROOT / "benchmarks" / "peers" / "side_by_side.py"), "dry" if dry else "llama3.2-1b"]
+    argv += ["--steps", "2" if dry else "8", "--warmup", "1" if dry else "3"]
+    return [*argv, "--out", str(work / f"{TITAN}.json")]
+
+
+def titan_row(figures: dict) -> tuple[str, str, str, str]:
+    value = figures.get("dlx_over_titan")
+    shown = "—" if value is None else f"{value:.3f}"
+    measure = "dlx ÷ torchtitan, tokens/s (llama3.2-1b bf16 compiled, seq 2048, micro-batch 24)"
+    return (measure, shown, f"≥ {TARGETS['titan']:.2f}", verdict(value, (value or 0) >= TARGETS["titan"]))
+
+
+def titan_detail(figures: dict) -> list[str]:
+    """Each contender's tokens/s and peak memory (CUDA: the allocator's; CPU: the process's resident set), and the
+    first losses the run checked before timing."""
+    contenders = figures.get("contenders") or {}
+    if not contenders:
+        return []
+    peak = {kind: c["peak_mem_gb"] if "peak_mem_gb" in c else c["rss_peak_gb"] for kind, c in contenders.items()}
+    speeds = "; ".join(
+        f"{kind} {c['tokens_per_s']:,.0f} tokens/s, peak {peak[kind]:.1f} GB" for kind, c in contenders.items()
+    )
+    losses = f"first losses dlx {figures['dlx_first_loss']:.5f}, torchtitan {contenders[TITAN]['first_loss']:.5f}"
+    return [f"- dlx against torchtitan: {speeds}; {losses}"]
+
+
+TITAN = "torchtitan"
+ROWS = [Row(TITAN, side_by_side_argv, 100, titan_row, titan_detail)]
+"""The comparisons run after the eight fixed steps, in this order."""
+
+
 def steps(work: Path, dry: bool) -> list[tuple[str, list[str], float]]:
-    """(name, argv, seconds allowed) in the order they run; the most wanted figures first."""
+    """(name, argv, seconds allowed) in the order they run; the most wanted figures first, then ROWS."""
     python, shape = sys.executable, "dry" if dry else "gpu"
     worker = [python, str(HERE / "next_steps.py")]
     pretrain = [python, "-m", "dlx", "pretrain", "--run-dir"]
     plan = [python, "-m", "dlx", "plan", "debug" if dry else "llama3.2-1b", "--seq-len", "32" if dry else "1024"]
     plan += ["--micro-batch", "16", "--precision", "fp32", "--activation-checkpointing", "full", "--json"]
     chosen = [
-        ("ceilings", [*worker, "ceilings", shape, str(work / "ceilings.json")], 45),
-        ("pretrain-bf16", [*pretrain, str(work / "bf16"), *pretrain_args(dry)], 135),
-        ("bare", [*worker, "bare", shape, str(work / "bare.json")], 65),
-        ("pretrain-float8", [*pretrain, str(work / "float8"), *pretrain_args(dry), "--train.float8", "true"], 110),
-        ("hf-compiled", [*worker, "hf-compiled", shape, str(work / "hf-compiled.json")], 80),
-        ("seed-dlx", [*pretrain, str(work / "seed-dlx"), *pretrain_args(dry, seed_row=True)], 70),
-        ("seed-hf", [*worker, "seed-hf", shape, str(work / "seed-hf.json")], 55),
+        ("ceilings", [*worker, "ceilings", shape, str(work / "ceilings.json")], 40),
+        ("pretrain-bf16", [*pretrain, str(work / "bf16"), *pretrain_args(dry)], 120),
+        ("bare", [*worker, "bare", shape, str(work / "bare.json")], 55),
+        ("pretrain-float8", [*pretrain, str(work / "float8"), *pretrain_args(dry), "--train.float8", "true"], 95),
+        ("hf-compiled", [*worker, "hf-compiled", shape, str(work / "hf-compiled.json")], 65),
+        ("seed-dlx", [*pretrain, str(work / "seed-dlx"), *pretrain_args(dry, seed_row=True)], 45),
+        ("seed-hf", [*worker, "seed-hf", shape, str(work / "seed-hf.json")], 40),
         ("plan", plan, 10),
     ]
+    chosen += [(row.step, row.argv(work, dry), row.seconds) for row in ROWS]
     return [(name, argv, DRY_STEP_S if dry else seconds) for name, argv, seconds in chosen]
 
 
@@ -188,6 +245,7 @@ def target_rows(results: dict) -> list[tuple[str, str, str, str]]:
             "within 15 %",
             verdict(plan_gap, plan_gap is not None and plan_gap <= 0.15),
         ),
+        *(row.judge(figure.get(row.step, {})) for row in ROWS),
     ]
 
 
@@ -216,6 +274,9 @@ def table(results: dict) -> list[str]:
             "|---|---|---|---|---|",
         ]
         lines += [f"| {g['gemm']} | {g['m']} | {g['n']} | {g['k']} | {g['tflops']:.4g} |" for g in ceilings["gemms"]]
+    for row in ROWS:
+        details = row.detail(results.get(row.step, {}).get("figures", {}))
+        lines += ["", *details] if details else []
     attention = results.get("pretrain-bf16", {}).get("figures", {}).get("attention")
     if attention:
         lines += ["", f"- dlx pretrain bf16, its header: {attention}"]

@@ -10,12 +10,17 @@ runs (the versions pinned to the ones installed in this environment, which the t
     pip download --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 \\
         --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --dest benchmarks/gpu/wheels \\
         numpy==V safetensors==V pydantic==V pyyaml==V typer==V rich==V psutil==V matplotlib==V ijson==V zstandard==V
-    pip download (the same options) --no-deps tokenizers==V torchao==V
+    pip download (the same options) --no-deps tokenizers==V torchao==V \\
+        torchtitan==V spmd-types==V tyro==V docstring-parser==V torchdata==V
 
-and prints the folder's size: about 57 MB, under the 64 MiB the device tool carries for git-ignored paths
-(`benchmarks/gpu/wheels/` is ignored). Only what `dlx bench` imports: tiktoken and pyarrow (used by `dlx prepare`
-alone) are left out, and so are tokenizers' own dependencies (huggingface_hub and what it needs: 8 MB), which serve
-`Tokenizer.from_pretrained` alone, a call dlx never makes.
+and prints the folder's size, under the 64 MiB (67.1 MB) the device tool carries for git-ignored paths
+(`benchmarks/gpu/wheels/` is ignored): dlx's wheels with torchao 60.3 MB, torchtitan's five 1.7 MB (torchtitan 1.27,
+tyro 0.22, spmd-types 0.12, torchdata 0.06, docstring-parser 0.02), 62.0 MB in all. Only what `dlx bench` imports:
+tiktoken and pyarrow (used by `dlx prepare` alone) are left out, and so are tokenizers' own dependencies
+(huggingface_hub and what it needs: 8 MB), which serve `Tokenizer.from_pretrained` alone, a call dlx never makes.
+torchtitan's declared dependencies (Hugging Face Datasets with pyarrow and pandas, TensorBoard with grpcio, wandb,
+pillow, einops, torch_checkpointing: about 490 MB installed) are left out but for the four its trainer imports on the
+dense Llama path; benchmarks/peers/titan.py stands in for the imports of the rest, which that path never calls.
 
 On the device machine `unpack_missing` extracts each wheel whose distribution that Python lacks into a folder that is
 put on PYTHONPATH; what the image already has (numpy, typing-extensions, ...) is kept. A wheel is a zip of the files
@@ -42,7 +47,10 @@ BENCH_DISTRIBUTIONS = (
 """dlx's core dependencies that `python -m dlx bench` imports (checked by tests/test_gpu_bench_script.py)."""
 DEVICE_EXTRAS = ("float8",)
 """dlx extras a device run needs beside them: torchao for next_contact's float8 step (the image has none)."""
-NO_DEPS = ("tokenizers", "torchao")
+PEER_DISTRIBUTIONS = ("torchtitan", "spmd-types", "tyro", "docstring-parser", "torchdata")
+"""next_contact's torchtitan row: torchtitan's wheel and the four of its dependencies its dense Llama trainer imports
+(benchmarks/peers/titan.py stands in for the rest: Hugging Face Datasets, TensorBoard; the image has Triton)."""
+NO_DEPS = ("tokenizers", "torchao", *PEER_DISTRIBUTIONS)
 """Downloaded without their dependencies (see the module docstring)."""
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
 CARRY_LIMIT_MB = 64 * 1.048576
@@ -69,6 +77,11 @@ def extra_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
 
     extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
     return [req for extra in DEVICE_EXTRAS for req in extras[extra]]
+
+
+def peer_requirements() -> list[str]:
+    """PEER_DISTRIBUTIONS, at the versions installed here (pinned() pins them; the bench extra names torchtitan)."""
+    return list(PEER_DISTRIBUTIONS)
 
 
 def pinned(requirements: list[str]) -> list[str]:
@@ -160,7 +173,7 @@ def main() -> None:
             print(f"{wheel.name}: {'present (' + present + ')' if present else 'unpack'}")
         return
     for command in download_commands(
-        args.dest, pinned(bench_requirements() + extra_requirements()), args.python_version
+        args.dest, pinned(bench_requirements() + extra_requirements() + peer_requirements()), args.python_version
     ):
         print("$ " + " ".join(command), flush=True)
         subprocess.run(command, check=True)

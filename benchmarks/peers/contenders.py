@@ -101,10 +101,13 @@ class Bare:
 class Dlx:
     """A real run's step loop, advanced `steps` at a time."""
 
-    def __init__(self, precision: str, run_dir: Path) -> None:
+    def __init__(
+        self, precision: str, run_dir: Path, argv: list[str] | None = None, device: torch.device = torch.device("cpu")
+    ) -> None:
+        """`argv`: the run's `dlx pretrain` overrides (default: `recipe(precision)`)."""
         self.name, self.precision = f"{DLX} {precision}", precision
-        config = load_recipe(None, recipe(precision))
-        self.session = build_run(config, "bench", run_dir, False, GracefulStop(), DistEnv(), torch.device("cpu"))
+        config = load_recipe(None, recipe(precision) if argv is None else argv)
+        self.session = build_run(config, "bench", run_dir, False, GracefulStop(), DistEnv(), device)
         self.session.console.console.file = io.StringIO()  # the log lines are still formatted and written, not shown
 
     def run(self, steps: int) -> float:
