@@ -1,0 +1,117 @@
+"""Context parallelism (`parallel.cp`) on gloo CPU ranks: every step's loss and gradients equal one process's within
+1e-5 in fp32, with and without document masks; `dlx pretrain` with cp 2 trains like one process and its checkpoint
+resumes on cp 1 and on DDP; the balanced split; bad layouts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlx.parallel.context import (
+    ContextParallel,
+    gathered_positions,
+    held_positions,
+    layout_problem,
+    sequence_problem,
+)
+from dlx.train.launch import launch
+from test_parallel import (
+    LOSS_TOLERANCE,
+    PARAM_TOLERANCE,
+    RUN,
+    TESTS,
+    final_weights,
+    max_difference,
+    resumable_copy,
+    torchrun,
+)
+from train_helpers import losses, train_quietly
+
+TOLERANCE = 1e-5
+
+
+def test_balanced_split_holds_chunk_i_and_its_mirror():
+    assert held_positions(0, 2, 8, torch.device("cpu")).tolist() == [0, 1, 6, 7]
+    assert held_positions(1, 2, 8, torch.device("cpu")).tolist() == [2, 3, 4, 5]
+    assert sorted(gathered_positions(4, 32, torch.device("cpu")).tolist()) == list(range(32))
+    # every rank's queries see the same number of keys under the causal mask
+    seen = [int((held_positions(r, 4, 32, torch.device("cpu")) + 1).sum()) for r in range(4)]
+    assert len(set(seen)) == 1
+
+
+def test_degree_one_shard_is_the_whole_sequence_with_plain_causal_attention():
+    inputs = torch.arange(16).reshape(2, 8)
+    local, targets, kwargs, weight = ContextParallel(1, 0, None).shard(inputs, inputs + 1, {})
+    assert torch.equal(local, inputs) and torch.equal(targets, inputs + 1)
+    assert kwargs["attention_mask"] is None and kwargs["positions"].tolist() == list(range(8))
+    assert weight.item() == 1.0
+
+
+def test_bad_layouts_are_one_line():
+    assert "parallel.strategy ddp, fsdp or hsdp" in layout_problem("none", 2, 1, 1, 2)
+    assert "does not divide the 6 ranks" in layout_problem("ddp", 4, 1, 1, 6)
+    assert "parallel.dp_replicate 3" in layout_problem("hsdp", 1, 1, 3, 4)
+    assert "hsdp runs without tensor parallelism" in layout_problem("hsdp", 1, 2, 1, 4)
+    assert layout_problem("fsdp", 2, 2, 1, 8) is None
+    assert "divisible by 8" in sequence_problem(4, False, 36, "default")
+    assert "train.attention flash" in sequence_problem(2, False, 32, "flash")
+    assert "train.attention flex" in sequence_problem(1, True, 32, "flex")
+    assert sequence_problem(1, False, 33, "flash") is None
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("degree", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_context_parallel_equals_one_process(tmp_path, degree):
+    """cp ranks (DDP averaging their gradients) against one process on the same whole sequences, 3 SGD steps."""
+    out = tmp_path / "result.json"
+    result, _ = torchrun([str(out), str(degree)], tmp_path, TESTS / "context_entry.py", nproc=degree)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(out.read_text())
+    for name in ("causal", "documents"):
+        assert found[name]["loss"] < TOLERANCE, (name, found[name])
+        assert found[name]["grads"] < TOLERANCE, (name, found[name])
+    assert found["causal"]["losses"] != found["documents"]["losses"]  # the document mask changed the attention
+    # per step and layer, k and v (B=2, T=32, 2 kv heads × 16, fp32) gathered whole, their gradients scattered back
+    assert found["causal"]["bytes_per_step"] == {"all_gather": 2 * 2 * 2 * 32 * 32 * 4, "reduce_scatter": 32768}
+
+
+CP2 = ["--parallel.strategy", "ddp", "--parallel.cp", "2", "--train.attention", "default"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """`dlx pretrain` in one process and on 2 ranks with parallel.cp 2 (one replica, DDP over the cp ranks)."""
+    root = tmp_path_factory.mktemp("cp")
+    reference = train_quietly(RUN, root / "reference")
+    result, _ = torchrun(["pretrain", *RUN, *CP2, "--run-dir", str(root / "cp2")], root)
+    assert result.returncode == 0, result.stderr[-6000:]
+    return {"reference": reference, "cp2": root / "cp2"}
+
+
+@pytest.mark.distributed
+def test_pretrain_with_cp2_trains_like_one_process(runs):
+    expected, got = losses(runs["reference"]), losses(runs["cp2"])
+    assert sorted(got) == [1, 2, 3]
+    assert max(abs(got[step] - expected[step]) for step in expected) <= LOSS_TOLERANCE, (got, expected)
+    assert max_difference(final_weights(runs["cp2"]), final_weights(runs["reference"])) <= PARAM_TOLERANCE
+
+
+@pytest.mark.distributed
+@pytest.mark.usefixtures("in_process_training")
+@pytest.mark.parametrize("resume_with", ["cp1", "ddp"])
+def test_cp2_checkpoint_resumes_on_another_layout(runs, resume_with, tmp_path):
+    """The cp 2 run's step-2 checkpoint, resumed in one process (cp 1) and on 2 DDP ranks (cp 1): step 3 as the
+    one-process run's."""
+    run_dir = resumable_copy(runs["cp2"], tmp_path)
+    layout = ["--parallel.cp", "1", "--train.attention", "auto"]
+    if resume_with == "cp1":
+        assert launch(None, ["--parallel.strategy", "none", *layout], run_dir, resume=True) == 0
+    else:
+        result, _ = torchrun(["pretrain", "--resume", "--run-dir", str(run_dir), *layout], tmp_path)
+        assert result.returncode == 0, result.stderr[-6000:]
+        assert "written by 2 rank(s)" in result.stdout
+    assert abs(losses(run_dir)[3] - losses(runs["reference"])[3]) <= LOSS_TOLERANCE
+    assert max_difference(final_weights(run_dir), final_weights(runs["reference"])) <= PARAM_TOLERANCE
