@@ -5,11 +5,15 @@ resumes on cp 1 and on DDP; the balanced split; bad layouts."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from dlx.metrics.communication import communication_bytes, cp_communication_bytes
+from dlx.metrics.estimate import TrainingShape, gathered_kv_bytes, plan_memory
+from dlx.model.presets import resolve_model_args
 from dlx.parallel.context import (
     ContextParallel,
     gathered_positions,
@@ -74,8 +78,28 @@ def test_context_parallel_equals_one_process(tmp_path, degree):
         assert found[name]["loss"] < TOLERANCE, (name, found[name])
         assert found[name]["grads"] < TOLERANCE, (name, found[name])
     assert found["causal"]["losses"] != found["documents"]["losses"]  # the document mask changed the attention
-    # per step and layer, k and v (B=2, T=32, 2 kv heads × 16, fp32) gathered whole, their gradients scattered back
-    assert found["causal"]["bytes_per_step"] == {"all_gather": 2 * 2 * 2 * 32 * 32 * 4, "reduce_scatter": 32768}
+    # per step and layer, k and v (B=2, T=32, 2 kv heads × 16, fp32) gathered whole, their gradients scattered back;
+    # each rank sends (cp − 1)/cp of both: `dlx plan`'s formula
+    counted = found["causal"]["bytes_per_step"]
+    assert counted == {"all_gather": 2 * 2 * 2 * 32 * 32 * 4, "reduce_scatter": 2 * 2 * 2 * 32 * 32 * 4}
+    shape = TrainingShape(seq_len=32, micro_batch=2, precision="fp32", strategy="ddp", world_size=degree, cp=degree)
+    sent = (counted["all_gather"] + counted["reduce_scatter"]) * (degree - 1) / degree
+    assert cp_communication_bytes(resolve_model_args("debug"), shape) == sent
+
+
+def test_plan_divides_activations_by_cp_and_adds_the_gathered_keys_and_values():
+    args = resolve_model_args("llama3.2-1b")
+    one = TrainingShape(seq_len=65536, micro_batch=1, strategy="fsdp", world_size=8, activation_checkpointing="full")
+    eight = replace(one, cp=8)
+    split = plan_memory(args, eight)
+    kv = gathered_kv_bytes(args, eight)
+    # full checkpointing: 16 layer inputs of 8,192 tokens plus one recomputed layer; its gathered k and v (repeated to
+    # dim on CUDA) for the other 57,344 tokens, in bf16
+    assert kv.saved == 2 * 2 * args.dim * 57344
+    assert kv.mask == 8192 * 65536
+    assert split.activations_gb < plan_memory(args, one).activations_gb / 4
+    assert split.tokens_per_step == 65536  # one replica of 8 cp ranks
+    assert communication_bytes(args, eight).context_parallel == cp_communication_bytes(args, eight) > 0
 
 
 CP2 = ["--parallel.strategy", "ddp", "--parallel.cp", "2", "--train.attention", "default"]
