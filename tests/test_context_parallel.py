@@ -13,6 +13,7 @@ import torch
 
 from dlx.metrics.communication import communication_bytes, cp_communication_bytes
 from dlx.metrics.estimate import TrainingShape, gathered_kv_bytes, plan_memory
+from dlx.model.llama import Transformer, causal_attention
 from dlx.model.presets import resolve_model_args
 from dlx.parallel.context import (
     ContextParallel,
@@ -110,13 +111,20 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     """`dlx pretrain` in one process and on 2 ranks with parallel.cp 2 (one replica, DDP over the cp ranks)."""
     root = tmp_path_factory.mktemp("cp")
     reference = train_quietly(RUN, root / "reference")
-    result, _ = torchrun(["pretrain", *RUN, *CP2, "--run-dir", str(root / "cp2")], root)
+    counts = root / "counts"  # Dynamo's graph breaks and graphs per rank (parallel_entry.py, the eager backend)
+    counts.mkdir()
+    compiled = ["--train.compile", "true", "--run-dir", str(root / "cp2")]
+    result, _ = torchrun(["pretrain", *RUN, *CP2, *compiled], root, DLX_TEST_COMPILE_COUNTS=str(counts))
     assert result.returncode == 0, result.stderr[-6000:]
-    return {"reference": reference, "cp2": root / "cp2"}
+    return {"reference": reference, "cp2": root / "cp2", "counts": counts}
 
 
 @pytest.mark.distributed
 def test_pretrain_with_cp2_trains_like_one_process(runs):
+    """Compiled blocks (train.compile) with the cp attention inside: no graph break, the same losses and weights."""
+    for rank in (0, 1):
+        found = json.loads((runs["counts"] / f"{rank}.json").read_text())
+        assert found["graph_break"] == {}, found
     expected, got = losses(runs["reference"]), losses(runs["cp2"])
     assert sorted(got) == [1, 2, 3]
     assert max(abs(got[step] - expected[step]) for step in expected) <= LOSS_TOLERANCE, (got, expected)
@@ -139,3 +147,31 @@ def test_cp2_checkpoint_resumes_on_another_layout(runs, resume_with, tmp_path):
         assert "written by 2 rank(s)" in result.stdout
     assert abs(losses(run_dir)[3] - losses(runs["reference"])[3]) <= LOSS_TOLERANCE
     assert max_difference(final_weights(run_dir), final_weights(runs["reference"])) <= PARAM_TOLERANCE
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_fsdp_tp2_cp2_trains_like_one_process(runs, tmp_path):
+    """A dp 1 × cp 2 × tp 2 grid on 4 ranks: FSDP2 over the cp ranks, tensor parallelism within each."""
+    layout = ["--parallel.strategy", "fsdp", "--parallel.tp", "2", "--parallel.cp", "2", "--train.attention", "default"]
+    result, _ = torchrun(["pretrain", *RUN, *layout, "--run-dir", str(tmp_path / "run")], tmp_path, nproc=4)
+    assert result.returncode == 0, result.stderr[-6000:]
+    expected, got = losses(runs["reference"]), losses(tmp_path / "run")
+    assert max(abs(got[step] - expected[step]) for step in expected) <= LOSS_TOLERANCE, (got, expected)
+
+
+def test_the_attention_function_serves_only_forwards_over_slices():
+    """Generation and lm-eval requests call the model without positions: they attend as the model alone does."""
+    model = Transformer(resolve_model_args("debug"))
+    tokens = torch.randint(0, 512, (1, 8))
+    plain = model(tokens)
+    calls = []
+
+    def attend(q, k, v, mask):
+        calls.append(q.shape)
+        return causal_attention(q, k, v)
+
+    model.use_attention_fn(attend)
+    assert torch.equal(model(tokens), plain) and not calls
+    sliced = model(tokens, positions=torch.arange(8))
+    assert len(calls) == model.args.n_layers and torch.allclose(sliced, plain, atol=1e-6)

@@ -69,7 +69,8 @@ class Attention(nn.Module):
         self.sdpa_kernel: str | None = None
         """The SDPA kernel train.attention applied (None: SDPA's own choice); set by `Transformer.use_attention`."""
         self.attend: AttentionFn | None = None
-        """Attention from outside (context parallelism); set by `Transformer.use_attention_fn`."""
+        """Attention from outside for forwards over a slice of a sequence (context parallelism); set by
+        `Transformer.use_attention_fn`."""
 
     def forward(
         self,
@@ -79,6 +80,7 @@ class Attention(nn.Module):
         cache: KVCache | None = None,
         start_pos: int = 0,
         mask: DocumentMask | None = None,
+        sliced: bool = False,
     ) -> torch.Tensor:
         batch, seq_len, _ = x.shape
         # Head counts come from the shapes: under tensor parallelism each rank holds a slice of the heads.
@@ -88,7 +90,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, start_pos)  # (B, start_pos + T, n_kv_heads, head_dim)
-        if self.attend is not None:
+        if sliced and self.attend is not None:
             out = self.attend(q, k, v, mask)
         elif mask is not None:  # attention inside documents only (dlx.model.document_mask), GQA in the kernel
             out = masked_attention(*(t.transpose(1, 2) for t in (q, k, v)), mask)
@@ -165,8 +167,9 @@ class TransformerBlock(nn.Module):
         cache: KVCache | None = None,
         start_pos: int = 0,
         mask: DocumentMask | None = None,
+        sliced: bool = False,
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, cache, start_pos, mask)
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache, start_pos, mask, sliced)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -202,8 +205,9 @@ class Transformer(nn.Module):
                 module.sdpa_kernel = None if kernel == "flex" else kernel
 
     def use_attention_fn(self, attend: AttentionFn | None) -> None:
-        """Every layer's attention through `attend` (None: the model's own). Context parallelism gives one that
-        gathers keys and values across ranks (dlx.parallel.context); the model does not know it is split."""
+        """Every layer's attention through `attend` (None: the model's own) in forwards given `positions`, the slices
+        of longer sequences; any other forward (generation, lm-eval requests) attends as the model alone does.
+        Context parallelism gives one that gathers keys and values across ranks (dlx.parallel.context)."""
         for module in self.modules():
             if isinstance(module, Attention):
                 module.attend = attend
@@ -269,8 +273,9 @@ class Transformer(nn.Module):
         if torch.is_autocast_enabled(h.device.type):
             h = h.float()  # the residual stream in fp32, also where FSDP2 gathered the embedding in bf16
         cos, sin = cos.to(compute_dtype(h)), sin.to(compute_dtype(h))  # cast once per forward, not per layer
+        sliced = positions is not None  # the layers attend through `use_attention_fn`'s function
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, caches[i] if caches is not None else None, start_pos, mask)
+            h = layer(h, cos, sin, caches[i] if caches is not None else None, start_pos, mask, sliced)
         h = self.norm(h)  # (B, T, dim) in the compute dtype
         if targets is None:
             return self.output(h)  # (B, T, vocab_size)

@@ -8,6 +8,7 @@ The step loop calls the same things whatever the strategy: `gradient_sync(last)`
     none       -                                           "full": model.safetensors + optimizer in train_state.pt
     ddp        off (DDP.no_sync)                           "full" as well: every rank holds everything
     fsdp       off (FSDPModule.set_requires_gradient_sync) "dcp": DCP, model and optimizer sharded
+    hsdp       as fsdp (2-D mesh: replicate × shard)       "dcp" as well
     deepspeed  DeepSpeed's own (gradient_accumulation)     "deepspeed": DeepSpeed's save_checkpoint
     any, tp>1  as above (ddp: FSDP2 hybrid replication)    "dcp"; the loss is vocab-parallel (`loss_parallel`)
 

@@ -380,10 +380,11 @@ class RunConfig(BaseModel):
         problem = divisibility_problem(self.model.args, tp)
         if problem:
             raise ValueError(problem)
-        if self.data.seq_len % tp:
+        cp = self.parallel.cp
+        if self.data.seq_len % (tp * cp):
             raise ValueError(
-                f"data.seq_len ({self.data.seq_len}) must be a multiple of parallel.tp ({tp}): sequence parallelism "
-                "gives each tensor-parallel rank seq_len / tp tokens of every sequence"
+                f"data.seq_len ({self.data.seq_len}) must be a multiple of parallel.tp × parallel.cp ({tp * cp}): "
+                "sequence parallelism gives each tensor-parallel rank seq_len / cp / tp tokens of every sequence"
             )
         if self.train.precision == "fp16":
             raise ValueError(f"parallel.tp {tp} trains in bf16 or fp32; set train.precision bf16 (or fp32)")
