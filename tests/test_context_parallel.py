@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dlx.errors import UserError
 from dlx.metrics.communication import communication_bytes, cp_communication_bytes
 from dlx.metrics.estimate import TrainingShape, gathered_kv_bytes, plan_memory
 from dlx.model.llama import Transformer, causal_attention
@@ -23,6 +24,7 @@ from dlx.parallel.context import (
     sequence_problem,
 )
 from dlx.train.launch import launch
+from dlx.train.recipe import load_recipe
 from test_parallel import (
     LOSS_TOLERANCE,
     PARAM_TOLERANCE,
@@ -33,7 +35,7 @@ from test_parallel import (
     resumable_copy,
     torchrun,
 )
-from train_helpers import losses, train_quietly
+from train_helpers import losses, run_cli, train_quietly
 
 TOLERANCE = 1e-5
 
@@ -175,3 +177,24 @@ def test_the_attention_function_serves_only_forwards_over_slices():
     assert torch.equal(model(tokens), plain) and not calls
     sliced = model(tokens, positions=torch.arange(8))
     assert len(calls) == model.args.n_layers and torch.allclose(sliced, plain, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("layout", "line"),
+    [
+        (["--data.seq_len", "30"], "data.seq_len 30 does not split into 2 × parallel.cp = 4"),
+        (["--train.attention", "flash"], "train.attention flash cannot run context parallelism's attention"),
+        (["--train.attention", "auto"], "train.attention auto cannot run"),
+    ],
+)
+def test_bad_cp_recipe_is_one_line(layout, line):
+    with pytest.raises(UserError, match=line):
+        load_recipe(None, [*RUN, *CP2, *layout])
+
+
+def test_cp_without_a_strategy_that_averages_its_gradients_is_one_line_before_step_1(tmp_path):
+    layout = ["--parallel.strategy", "none", "--parallel.cp", "2", "--train.attention", "math"]
+    result = run_cli(["pretrain", *RUN, *layout, "--run-dir", str(tmp_path / "run")], tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "parallel.cp 2 needs parallel.strategy ddp, fsdp or hsdp" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
