@@ -67,6 +67,8 @@ def test_bad_layouts_are_one_line():
     assert "train.attention flash" in sequence_problem(2, False, 32, "flash")
     assert "train.attention flex" in sequence_problem(1, True, 32, "flex")
     assert sequence_problem(1, False, 33, "flash") is None
+    assert sequence_problem(1, True, 32, "flash") is None  # the cp path at degree 1: plain causal SDPA
+    assert "train.attention flash" in sequence_problem(1, True, 32, "flash", document_mask=True)
 
 
 @pytest.mark.distributed
@@ -169,9 +171,9 @@ def test_the_attention_function_serves_only_forwards_over_slices():
     plain = model(tokens)
     calls = []
 
-    def attend(q, k, v, mask):
+    def attend(q, k, v, mask, kernel):
         calls.append(q.shape)
-        return causal_attention(q, k, v)
+        return causal_attention(q, k, v, kernel)
 
     model.use_attention_fn(attend)
     assert torch.equal(model(tokens), plain) and not calls

@@ -32,8 +32,9 @@ from dlx.model.kv_cache import KVCache
 from dlx.model.loss import LossParts, OutputLoss
 from dlx.model.rope import apply_rope, rope_tables
 
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "DocumentMask | None"], torch.Tensor]
-"""q (B, T, H, D), k and v (B, T, H_kv, D) after RoPE, the forward's `attention_mask` -> (B, H, T, D)."""
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "DocumentMask | None", "str | None"], torch.Tensor]
+"""q (B, T, H, D), k and v (B, T, H_kv, D) after RoPE, the forward's `attention_mask`, the SDPA kernel applied
+(`Attention.sdpa_kernel`) -> (B, H, T, D)."""
 
 SDPA_HAS_GQA = torch.__version__ >= "2.5"
 """`F.scaled_dot_product_attention(enable_gqa=True)`: kv heads shared by query heads without copying them."""
@@ -91,7 +92,7 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v, start_pos)  # (B, start_pos + T, n_kv_heads, head_dim)
         if sliced and self.attend is not None:
-            out = self.attend(q, k, v, mask)
+            out = self.attend(q, k, v, mask, self.sdpa_kernel)
         elif mask is not None:  # attention inside documents only (dlx.model.document_mask), GQA in the kernel
             out = masked_attention(*(t.transpose(1, 2) for t in (q, k, v)), mask)
         else:

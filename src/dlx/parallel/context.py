@@ -111,12 +111,15 @@ class ContextParallel:
         model_kwargs = {"positions": positions, "attention_mask": mask}
         return inputs[:, mine], local_targets, model_kwargs, weight
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, kernel: str | None = None
+    ) -> torch.Tensor:
         """q (B, T_local, H, D) against the keys and values of the whole sequence, gathered from the cp group ->
-        (B, H, T_local, D). Without a mask (degree 1, no document boundary) plain causal attention."""
+        (B, H, T_local, D). Without a mask (degree 1, no document boundary) plain causal attention through the
+        applied SDPA `kernel`, as the model's own."""
         k, v = gather_sequence(k, self.group, self.degree), gather_sequence(v, self.group, self.degree)  # (B, T, ...)
         if mask is None:
-            return causal_attention(q, k, v)
+            return causal_attention(q, k, v, kernel)
         n_rep = q.shape[2] // k.shape[2]
         gqa = n_rep > 1 and q.device.type != "cuda"  # CUDA's masked kernels (efficient, math) take no enable_gqa
         if n_rep > 1 and not gqa:
@@ -167,8 +170,9 @@ def layout_problem(strategy: str, cp: int, tp: int, dp_replicate: int, world_siz
     return None
 
 
-def sequence_problem(cp: int, cp_path: bool, seq_len: int, attention: str) -> str | None:
-    """What parallel.cp cannot take in data.seq_len and train.attention, as one line; None if nothing."""
+def sequence_problem(cp: int, cp_path: bool, seq_len: int, attention: str, document_mask: bool = False) -> str | None:
+    """What parallel.cp cannot take in data.seq_len and train.attention, as one line; None if nothing. A mask is
+    always made at cp > 1, and with document masks at cp 1 (parallel.cp_path)."""
     if cp == 1 and not cp_path:
         return None
     if seq_len % (2 * cp):
@@ -176,7 +180,7 @@ def sequence_problem(cp: int, cp_path: bool, seq_len: int, attention: str) -> st
             f"data.seq_len {seq_len} does not split into 2 × parallel.cp = {2 * cp} equal chunks; pick a seq_len "
             f"divisible by {2 * cp}"
         )
-    if attention == "flex" or (cp > 1 and attention not in CP_KERNELS):
+    if attention == "flex" or ((cp > 1 or document_mask) and attention not in CP_KERNELS):
         return (
             f"train.attention {attention} cannot run context parallelism's attention (SDPA with a boolean mask, "
             f"which the flash and cuDNN kernels refuse; flex is not wired for it): set train.attention "

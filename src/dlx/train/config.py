@@ -363,7 +363,9 @@ class RunConfig(BaseModel):
         if not strategy.skips_nan_steps and train.spike_policy != "off":
             raise ValueError(f"train.spike_policy is not available with parallel.strategy {strategy.name}; use off")
         parallel = self.parallel
-        problem = sequence_problem(parallel.cp, parallel.cp_path, self.data.seq_len, train.attention)
+        problem = sequence_problem(
+            parallel.cp, parallel.cp_path, self.data.seq_len, train.attention, self.data.document_mask
+        )
         if problem:
             raise ValueError(problem)
         self._check_tensor_parallel()
