@@ -137,7 +137,7 @@ def test_pretrain_with_cp2_trains_like_one_process(runs):
 
 @pytest.mark.distributed
 @pytest.mark.usefixtures("in_process_training")
-@pytest.mark.parametrize("resume_with", ["cp1", "ddp"])
+@pytest.mark.parametrize("resume_with", ["cp1", pytest.param("ddp", marks=pytest.mark.slow)])
 def test_cp2_checkpoint_resumes_on_another_layout(runs, resume_with, tmp_path):
     """The cp 2 run's step-2 checkpoint, resumed in one process (cp 1) and on 2 DDP ranks (cp 1): step 3 as the
     one-process run's."""

@@ -155,7 +155,7 @@ def layout_problem(strategy: str, cp: int, tp: int, dp_replicate: int, world_siz
             f"parallel.cp {cp} needs parallel.strategy ddp, fsdp or hsdp (the cp ranks average their gradients "
             f"through it), not {strategy}"
         )
-    if world_size % (cp * tp):
+    if cp > 1 and world_size % (cp * tp):
         return (
             f"parallel.cp {cp} × parallel.tp {tp} = {cp * tp} ranks per replica does not divide the {world_size} "
             f"ranks of this run; start a multiple of {cp * tp} ranks or change parallel.cp"

@@ -384,9 +384,10 @@ class RunConfig(BaseModel):
             raise ValueError(problem)
         cp = self.parallel.cp
         if self.data.seq_len % (tp * cp):
+            of = f"parallel.tp ({tp})" if cp == 1 else f"parallel.tp × parallel.cp ({tp * cp})"
             raise ValueError(
-                f"data.seq_len ({self.data.seq_len}) must be a multiple of parallel.tp × parallel.cp ({tp * cp}): "
-                "sequence parallelism gives each tensor-parallel rank seq_len / cp / tp tokens of every sequence"
+                f"data.seq_len ({self.data.seq_len}) must be a multiple of {of}: sequence parallelism gives each "
+                "tensor-parallel rank seq_len / cp / tp tokens of every sequence"
             )
         if self.train.precision == "fp16":
             raise ValueError(f"parallel.tp {tp} trains in bf16 or fp32; set train.precision bf16 (or fp32)")
