@@ -128,7 +128,7 @@ def test_every_strategy_has_one_row_of_traits():
     assert {name: cls.name for name, cls in STRATEGIES.items()} | {"deepspeed": DeepSpeedStrategy.name} == {
         name: name for name in choices
     }
-    assert resumed_by("full") == ("none", "ddp") and resumed_by("dcp") == ("none", "ddp", "fsdp")
+    assert resumed_by("full") == ("none", "ddp") and resumed_by("dcp") == ("none", "ddp", "fsdp", "hsdp")
     assert resumed_by("deepspeed") == ("deepspeed",) and resumed_by("other") == ()
     assert [STRATEGY_TRAITS[name].checkpoint_format_for(2) for name in ("none", "ddp", "fsdp")] == ["dcp"] * 3
 

@@ -56,7 +56,7 @@ def ranks_share_the_sweep(setup: BenchSetup, out_dir: Path) -> Iterator[Path]:
     if setup.world_size == 1:
         yield out_dir
         return
-    distributed.init_distributed(setup.device, False, timeout_s=600.0, tp=setup.tp)
+    distributed.init_distributed(setup.device, False, timeout_s=600.0, tp=setup.tp, cp=setup.cp)
     try:
         rows = distributed.main_decides(lambda: read_rows(out_dir / CSV_NAME))
         if distributed.env_from_torchrun().is_main:

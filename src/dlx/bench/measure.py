@@ -50,6 +50,7 @@ def point_config(setup: BenchSetup, point: BenchPoint) -> RunConfig:
         "precision": point.precision,
         "device": str(setup.device),
         "compile": setup.compile,
+        **({"attention": "default"} if setup.cp > 1 else {}),  # SDPA with a mask: what cp attends through
     }
     data = {
         "path": setup.data,
@@ -57,7 +58,13 @@ def point_config(setup: BenchSetup, point: BenchPoint) -> RunConfig:
         "micro_batch_size": point.micro_batch,
         "document_mask": setup.document_mask,
     }
-    parallel = {"strategy": setup.strategy, "tp": setup.tp}
+    parallel = {
+        "strategy": setup.strategy,
+        "tp": setup.tp,
+        "cp": setup.cp,
+        "cp_path": setup.cp_path,
+        "dp_replicate": setup.dp_replicate,
+    }
     log = {"progress": False}
     return build_config({"model": model, "data": data, "train": train, "log": log, "parallel": parallel})
 
@@ -67,7 +74,7 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
     config = point_config(setup, point)
     if setup.compile:  # a fresh start: Dynamo would otherwise turn dynamic after the previous point's shape
         torch._dynamo.reset()
-    device, env = setup.device, replace(env_from_torchrun(), tp=setup.tp)  # the group: `dlx bench` set it up
+    device, env = setup.device, replace(env_from_torchrun(), tp=setup.tp, cp=setup.cp)  # `dlx bench` set up the group
     precision = build_precision(point.precision, device)
     loader = build_train_loader(config, device, env.dp_rank, env.dp_size)
     attention: AttentionObserver | None = None

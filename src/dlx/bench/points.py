@@ -50,13 +50,20 @@ class BenchSetup:
     warmup: int = 2
     """Untimed optimizer steps before them."""
     strategy: str = "none"
-    """parallel.strategy of every point (under torchrun): none (one process, or pure tensor parallelism), ddp, fsdp."""
+    """parallel.strategy of every point (under torchrun): none (one process, or pure tensor parallelism), ddp, fsdp,
+    hsdp."""
     tp: int = 1
     """parallel.tp of every point: tensor-parallel ranks per model replica."""
     world_size: int = 1
     """Ranks torchrun started (1 without torchrun)."""
     document_mask: bool = False
     """data.document_mask of every point: attention stays inside each document of the data (eos_id boundaries)."""
+    cp: int = 1
+    """parallel.cp of every point: context-parallel ranks per model replica."""
+    cp_path: bool = False
+    """parallel.cp_path: the context-parallel code path also at cp 1."""
+    dp_replicate: int = 1
+    """parallel.dp_replicate (strategy hsdp): replicas, each sharded over the others."""
 
 
 def parse_positive_ints(option: str, text: str) -> list[int]:

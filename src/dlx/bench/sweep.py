@@ -46,6 +46,8 @@ def estimate_gb(args: ModelArgs, point: BenchPoint, setup: BenchSetup) -> float:
         strategy=setup.strategy,
         world_size=setup.world_size,
         tp=setup.tp,
+        cp=setup.cp,
+        dp_replicate=setup.dp_replicate,
         device_type="cpu" if setup.device.type == "cpu" else "cuda",
     )
     return plan_memory(args, shape).total_gb

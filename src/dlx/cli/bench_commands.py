@@ -3,6 +3,7 @@ measured point beside `dlx plan`'s estimate."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -37,8 +38,15 @@ def bench(
     find_max_batch: Annotated[
         bool, typer.Option("--find-max-batch", help="Only find the largest micro-batch per seq len and precision.")
     ] = False,
-    strategy: Annotated[str, typer.Option(help="Under torchrun: none, ddp or fsdp (parallel.strategy).")] = "none",
+    strategy: Annotated[
+        str, typer.Option(help="Under torchrun: none, ddp, fsdp or hsdp (parallel.strategy).")
+    ] = "none",
     tp: Annotated[int, typer.Option(help="Under torchrun: tensor-parallel ranks per replica (parallel.tp).")] = 1,
+    cp: Annotated[int, typer.Option(help="Under torchrun: context-parallel ranks per replica (parallel.cp).")] = 1,
+    cp_path: Annotated[
+        bool, typer.Option("--cp-path", help="The context-parallel code path also at cp 1 (parallel.cp_path).")
+    ] = False,
+    dp_replicate: Annotated[int, typer.Option(help="hsdp: replicas, each sharded (parallel.dp_replicate).")] = 1,
     document_mask: Annotated[
         bool,
         typer.Option(
@@ -70,6 +78,7 @@ def bench(
     setup = BenchSetup(
         model, torch_device, data, compile_blocks, steps, warmup, strategy, tp, world_size, document_mask
     )
+    setup = replace(setup, cp=cp, cp_path=cp_path, dp_replicate=dp_replicate)
     points = expand_points(
         seq_lens,
         parse_positive_ints("--micro-batch", micro_batch),

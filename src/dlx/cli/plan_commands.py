@@ -19,14 +19,16 @@ def plan(
     micro_batch: Annotated[int, typer.Option(help="Sequences per micro-batch per rank.")] = 1,
     grad_accum: Annotated[int, typer.Option(help="Micro-batches per optimizer step.")] = 1,
     precision: Annotated[str, typer.Option(help="bf16, fp16 or fp32.")] = "bf16",
-    strategy: Annotated[str, typer.Option(help="none, ddp, fsdp or deepspeed (as the recipe's parallel.strategy).")] = (
-        "none"
-    ),
+    strategy: Annotated[
+        str, typer.Option(help="none, ddp, fsdp, hsdp or deepspeed (as the recipe's parallel.strategy).")
+    ] = "none",
     zero_stage: Annotated[int, typer.Option(help="DeepSpeed ZeRO stage 1, 2 or 3 (strategy deepspeed).")] = 2,
     world_size: Annotated[
         int | None, typer.Option(help="Ranks (GPUs) in all: tp × data-parallel ranks (default: tp).")
     ] = None,
     tp: Annotated[int, typer.Option(help="Tensor-parallel ranks per model replica (parallel.tp).")] = 1,
+    cp: Annotated[int, typer.Option(help="Context-parallel ranks per model replica (parallel.cp).")] = 1,
+    dp_replicate: Annotated[int, typer.Option(help="hsdp: replicas, each sharded (parallel.dp_replicate).")] = 1,
     activation_checkpointing: Annotated[str, typer.Option(help="none, full or selective.")] = "none",
     gpu: Annotated[
         str,
@@ -54,6 +56,8 @@ def plan(
         strategy=strategy,
         world_size=world_size,
         tp=tp,
+        cp=cp,
+        dp_replicate=dp_replicate,
         zero_stage=zero_stage,
         activation_checkpointing=activation_checkpointing,
     )
@@ -67,7 +71,8 @@ def plan(
 def plan_summary(model: str, shape: Any, gpu: str, mfu: float, memory_gb: float) -> dict[str, Any]:
     """Every figure `dlx plan` prints, as one flat mapping (the --json output)."""
     from dlx.errors import UserError
-    from dlx.metrics.estimate import max_micro_batch, plan_memory
+    from dlx.metrics.communication import communication_bytes
+    from dlx.metrics.estimate import GB, max_micro_batch, plan_memory
     from dlx.metrics.peak import gpu_peak
     from dlx.model.presets import resolve_model_args
     from dlx.parallel.tensor import divisibility_problem
@@ -77,6 +82,7 @@ def plan_summary(model: str, shape: Any, gpu: str, mfu: float, memory_gb: float)
     if problem:
         raise UserError(problem.replace("model.", "the model's "))
     result = plan_memory(args, shape)
+    communication = communication_bytes(args, shape)
     peak = gpu_peak(gpu, shape.precision)
     return {
         "params": result.params,
@@ -94,6 +100,9 @@ def plan_summary(model: str, shape: Any, gpu: str, mfu: float, memory_gb: float)
         "peak_tflops": peak.tflops,
         "peak_source": peak.source,
         "max_micro_batch": max_micro_batch(args, shape, memory_gb),
+        "comm_cp_gb": communication.context_parallel / GB,
+        "comm_sharding_gb": communication.sharding / GB,
+        "comm_replication_gb": communication.replication / GB,
     }
 
 
@@ -124,6 +133,10 @@ def print_plan(model: str, summary: dict[str, Any], gpu: str, mfu: float, world_
     fits = summary["max_micro_batch"]
     note = "" if fits else " (not even micro-batch 1 fits: shard with --strategy, checkpoint activations, or shorten)"
     console.print(f"largest micro-batch within {memory_gb:g} GB: {fits}{note}")
+    sent = {"context parallel": "comm_cp_gb", "sharding": "comm_sharding_gb", "replication": "comm_replication_gb"}
+    parts = " · ".join(f"{name} {summary[key]:.3f}" for name, key in sent.items() if summary[key])
+    if parts:
+        console.print(f"communication per rank and step, GB sent (ring collectives): {parts}")
 
 
 def register(app: typer.Typer) -> None:

@@ -82,11 +82,21 @@ class TrainingShape:
     device_type: str = "cuda"
     """Whose kernels: `cuda` (fused rms_norm; k and v repeated in fp32, where SDPA's GQA kernel does not run) or `cpu`
     (composite rms_norm; GQA in the flash kernel)."""
+    cp: int = 1
+    """Context-parallel ranks per model replica: each holds seq_len / cp tokens of every sequence."""
+    dp_replicate: int = 1
+    """strategy hsdp: replicas, each sharded over dp / dp_replicate ranks."""
 
     @property
     def dp(self) -> int:
-        """Data-parallel ranks: model replicas reading different batches."""
+        """Data-parallel ranks, over which gradients are averaged and state sharded: world_size / tp (the
+        context-parallel ranks among them)."""
         return self.world_size // self.tp
+
+    @property
+    def replicas(self) -> int:
+        """Model replicas reading different batches: dp / cp."""
+        return self.dp // self.cp
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "micro_batch", "grad_accum", "world_size", "tp"):
@@ -94,6 +104,7 @@ class TrainingShape:
                 raise UserError(f"{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
         if self.world_size % self.tp:
             raise UserError(f"--world-size {self.world_size} must be a multiple of --tp {self.tp} (ranks = dp × tp)")
+        _check_context_and_replicas(self)
         _check_choice("precision", self.precision, tuple(AUTOCAST_BYTES))
         _check_choice("strategy", self.strategy, STRATEGIES)
         if self.tp > 1 and not STRATEGY_TRAITS[self.strategy].supports_tp:
@@ -166,7 +177,7 @@ def _state_bytes(args: ModelArgs, n_params: float, shape: TrainingShape) -> Stat
     grads = n_params * 4
     buckets = grads if STRATEGY_TRAITS[shape.strategy].gradient_buckets and shape.tp == 1 else 0.0
     optimizer = n_params * 8
-    world = shape.dp
+    world = shard_ranks(shape)
     if sharding_stage(shape) >= 1:
         optimizer /= world
     if sharding_stage(shape) >= 2:
@@ -290,18 +301,19 @@ def phase_peaks(args: ModelArgs, shape: TrainingShape, state: StateBytes) -> dic
 def plan_memory(args: ModelArgs, shape: TrainingShape) -> MemoryPlan:
     n_params = ParamFormula(args).total
     state = _state_bytes(args, ParamFormula(args).per_tensor_parallel_rank(shape.tp), shape)
-    phases = phase_peaks(args, shape, state)
+    local = rank_shape(shape)  # under context parallelism: the seq_len / cp tokens this rank holds
+    phases = add_context_parallel_bytes(args, shape, phase_peaks(args, local, state))
     peak_phase = max(phases, key=phases.get)
-    acts = activation_bytes(args, shape)
+    acts = activation_bytes(args, local)
     return MemoryPlan(
         params=n_params,
         weights_gb=(state.weights + state.copies) / GB,
         grads_gb=(state.grads + state.buckets) / GB,
         optimizer_gb=state.optimizer / GB,
-        activations_gb=(acts.saved + acts.recompute) / GB,
-        logits_gb=loss_bytes(args, shape) / GB,
+        activations_gb=(acts.saved + acts.recompute + gathered_kv_bytes(args, shape).saved) / GB,
+        logits_gb=loss_bytes(args, local) / GB,
         flops_per_token=training_flops_per_token(args, shape.seq_len),
-        tokens_per_step=shape.micro_batch * shape.seq_len * shape.grad_accum * shape.dp,
+        tokens_per_step=shape.micro_batch * shape.seq_len * shape.grad_accum * shape.replicas,
         total_gb=(state.weights + state.optimizer + phases[peak_phase]) / GB,
         peak_phase=peak_phase,
     )
@@ -316,3 +328,60 @@ def max_micro_batch(args: ModelArgs, shape: TrainingShape, budget_gb: float, lim
         fits = plan_memory(args, replace(shape, micro_batch=mid)).total_gb <= budget_gb
         best, low, high = (mid, mid + 1, high) if fits else (best, low, mid - 1)
     return best
+
+
+def _check_context_and_replicas(shape: TrainingShape) -> None:
+    if shape.cp < 1 or shape.dp % shape.cp:
+        raise UserError(f"--cp {shape.cp} must divide the {shape.dp} data-parallel ranks (world size ÷ tp)")
+    if shape.seq_len % (2 * shape.cp):
+        raise UserError(f"--seq-len {shape.seq_len} must split into 2 × cp = {2 * shape.cp} equal chunks")
+    if shape.dp_replicate < 1 or shape.dp % shape.dp_replicate:
+        raise UserError(f"--dp-replicate {shape.dp_replicate} must divide the {shape.dp} data-parallel ranks")
+    if shape.dp_replicate > 1 and shape.strategy != "hsdp":
+        raise UserError("--dp-replicate applies to --strategy hsdp only")
+
+
+def shard_ranks(shape: TrainingShape) -> int:
+    """The ranks a sharding strategy divides the state over: every data-parallel rank, or under hsdp one replica's
+    dp / dp_replicate of them."""
+    return shape.dp // shape.dp_replicate if shape.strategy == "hsdp" else shape.dp
+
+
+def rank_shape(shape: TrainingShape) -> TrainingShape:
+    """The shape one rank's activations and loss see: under context parallelism, seq_len / cp tokens of each
+    sequence (the attention over the whole sequence is added by `gathered_kv_bytes`)."""
+    return replace(shape, seq_len=shape.seq_len // shape.cp, cp=1, attention_matrix=False) if shape.cp > 1 else shape
+
+
+@dataclass(frozen=True)
+class GatheredBytes:
+    saved: float
+    """The other ranks' keys and values that attention saves for backward, over the layers that keep them."""
+    mask: float
+    """The boolean mask of this rank's queries against every key, (B, T / cp, T), shared by the layers."""
+    scores: float
+    """Where the kernel stores the score matrix (attention_matrix): its whole T-wide rows, over the layers."""
+
+
+def gathered_kv_bytes(args: ModelArgs, shape: TrainingShape) -> GatheredBytes:
+    """What context parallelism adds to a rank's activations (`dlx.parallel.context`): per layer the gathered keys
+    and values beyond its own, B · T · (1 − 1/cp) tokens × 2 (k, v) × width × p, width = n_kv_heads · head_dim, or
+    dim on CUDA where they are repeated for a masked kernel; only the layers whose activations are kept (under full
+    checkpointing the one recomputed). Zero at cp 1 (nothing is gathered)."""
+    if shape.cp == 1:
+        return GatheredBytes(0.0, 0.0, 0.0)
+    p = AUTOCAST_BYTES[shape.precision]
+    width = args.dim if shape.device_type == "cuda" and args.kv_heads < args.n_heads else args.kv_heads * args.head_dim
+    others = shape.micro_batch * shape.seq_len * (1 - 1 / shape.cp)
+    layers = {"none": args.n_layers, "full": 1, "selective": args.n_layers // 2 + 1}[shape.activation_checkpointing]
+    local_tokens = shape.micro_batch * shape.seq_len // shape.cp
+    scores = p * args.n_heads * shape.seq_len * local_tokens * layers if shape.attention_matrix else 0.0
+    return GatheredBytes(2 * p * width * others * layers / shape.tp, local_tokens * shape.seq_len, scores / shape.tp)
+
+
+def add_context_parallel_bytes(args: ModelArgs, shape: TrainingShape, phases: dict[str, float]) -> dict[str, float]:
+    """The phases' peaks with the gathered keys and values, the mask and any stored scores added to forward and
+    backward."""
+    extra = gathered_kv_bytes(args, shape)
+    added = extra.saved + extra.mask + extra.scores
+    return {name: value + (added if name != "optimizer" else 0.0) for name, value in phases.items()}

@@ -13,6 +13,8 @@ seq 2048; tests/test_model_perf.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,6 +31,10 @@ from dlx.model.document_mask import (
 from dlx.model.kv_cache import KVCache
 from dlx.model.loss import LossParts, OutputLoss
 from dlx.model.rope import apply_rope, rope_tables
+
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, "DocumentMask | None", "str | None"], torch.Tensor]
+"""q (B, T, H, D), k and v (B, T, H_kv, D) after RoPE, the forward's `attention_mask`, the SDPA kernel applied
+(`Attention.sdpa_kernel`) -> (B, H, T, D)."""
 
 SDPA_HAS_GQA = torch.__version__ >= "2.5"
 """`F.scaled_dot_product_attention(enable_gqa=True)`: kv heads shared by query heads without copying them."""
@@ -63,6 +69,9 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
         self.sdpa_kernel: str | None = None
         """The SDPA kernel train.attention applied (None: SDPA's own choice); set by `Transformer.use_attention`."""
+        self.attend: AttentionFn | None = None
+        """Attention from outside for forwards over a slice of a sequence (context parallelism); set by
+        `Transformer.use_attention_fn`."""
 
     def forward(
         self,
@@ -72,6 +81,7 @@ class Attention(nn.Module):
         cache: KVCache | None = None,
         start_pos: int = 0,
         mask: DocumentMask | None = None,
+        sliced: bool = False,
     ) -> torch.Tensor:
         batch, seq_len, _ = x.shape
         # Head counts come from the shapes: under tensor parallelism each rank holds a slice of the heads.
@@ -81,7 +91,9 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, start_pos)  # (B, start_pos + T, n_kv_heads, head_dim)
-        if mask is not None:  # attention inside documents only (dlx.model.document_mask), GQA in the kernel
+        if sliced and self.attend is not None:
+            out = self.attend(q, k, v, mask, self.sdpa_kernel)
+        elif mask is not None:  # attention inside documents only (dlx.model.document_mask), GQA in the kernel
             out = masked_attention(*(t.transpose(1, 2) for t in (q, k, v)), mask)
         else:
             out = causal_attention(q, k, v, self.sdpa_kernel)
@@ -156,8 +168,9 @@ class TransformerBlock(nn.Module):
         cache: KVCache | None = None,
         start_pos: int = 0,
         mask: DocumentMask | None = None,
+        sliced: bool = False,
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, cache, start_pos, mask)
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache, start_pos, mask, sliced)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -192,6 +205,14 @@ class Transformer(nn.Module):
             if isinstance(module, Attention):
                 module.sdpa_kernel = None if kernel == "flex" else kernel
 
+    def use_attention_fn(self, attend: AttentionFn | None) -> None:
+        """Every layer's attention through `attend` (None: the model's own) in forwards given `positions`, the slices
+        of longer sequences; any other forward (generation, lm-eval requests) attends as the model alone does.
+        Context parallelism gives one that gathers keys and values across ranks (dlx.parallel.context)."""
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.attend = attend
+
     def init_rope(self, device: torch.device | str) -> None:
         cos, sin = rope_tables(self.args, device)  # (max_seq_len, head_dim) each
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -224,31 +245,38 @@ class Transformer(nn.Module):
         *,
         targets: torch.Tensor | None = None,
         z_loss: float = 0.0,
+        positions: torch.Tensor | None = None,
+        attention_mask: DocumentMask | None = None,
     ) -> torch.Tensor | LossParts:
         """tokens (B, T) -> logits (B, T, vocab_size); with targets (B, T): the next-token loss (`LossParts`, z-loss
         weighted by `z_loss`) computed chunk by chunk from the hidden states, no whole-batch logits made.
-        `document_ids` (B, T): attend only within equal ids, positions restarting at each (no KV cache with it)."""
+        `document_ids` (B, T): attend only within equal ids, positions restarting at each (no KV cache with it).
+        `positions` (T,) or (B, T) and `attention_mask`: each token's RoPE position and the mask handed to every
+        layer's attention, given instead of derived (a slice of a longer sequence: context parallelism)."""
         seq_len = tokens.shape[1]
         if start_pos + seq_len > self.args.max_seq_len:
             raise ValueError(f"sequence of {start_pos + seq_len} tokens exceeds max_seq_len={self.args.max_seq_len}")
         cos = self.rope_cos[start_pos : start_pos + seq_len]  # (T, head_dim)
         sin = self.rope_sin[start_pos : start_pos + seq_len]
-        mask = None
-        if document_ids is not None:
+        mask = attention_mask
+        if positions is not None:
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (T or B × T, head_dim)
+        elif document_ids is not None:
             if caches is not None:
                 raise ValueError("document_ids cannot be combined with a KV cache")
             mask = document_mask(document_ids)  # None: one document per row, plain causal attention is exact
-        if mask is not None:
-            positions = positions_in_documents(document_ids)  # (B, T)
-            cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, head_dim)
-        elif self.causal_kernel == "flex" and caches is None:
+            if mask is not None:
+                positions = positions_in_documents(document_ids)  # (B, T)
+                cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, head_dim)
+        if mask is None and self.causal_kernel == "flex" and caches is None and positions is None:
             mask = causal_block_mask(seq_len, tokens.device)  # plain causal attention, through flex_attention
         h = self.tok_embeddings(tokens)  # (B, T, dim)
         if torch.is_autocast_enabled(h.device.type):
             h = h.float()  # the residual stream in fp32, also where FSDP2 gathered the embedding in bf16
         cos, sin = cos.to(compute_dtype(h)), sin.to(compute_dtype(h))  # cast once per forward, not per layer
+        sliced = positions is not None  # the layers attend through `use_attention_fn`'s function
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, caches[i] if caches is not None else None, start_pos, mask)
+            h = layer(h, cos, sin, caches[i] if caches is not None else None, start_pos, mask, sliced)
         h = self.norm(h)  # (B, T, dim) in the compute dtype
         if targets is None:
             return self.output(h)  # (B, T, vocab_size)

@@ -15,15 +15,16 @@ from torch import nn
 from dlx.errors import UserError
 from dlx.model.llama import Transformer
 from dlx.parallel.config import ParallelConfig
+from dlx.parallel.context import ContextParallel, context_group
 from dlx.parallel.distributed import DistEnv
 from dlx.parallel.materialize import ShardFiller
-from dlx.parallel.strategy import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
+from dlx.parallel.strategy import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, HSDPStrategy, Strategy
 from dlx.parallel.tensor import build_mesh
 from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.parallel.wrap import parallelize
 from dlx.precision import Precision
 
-STRATEGIES = {"none": Strategy, "ddp": DDPStrategy, "fsdp": FSDPStrategy}
+STRATEGIES = {"none": Strategy, "ddp": DDPStrategy, "fsdp": FSDPStrategy, "hsdp": HSDPStrategy}
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,10 @@ def build_strategy(
 ) -> Strategy:
     """The optimizer is built after wrapping, so that under FSDP and TP it holds the sharded parameters. A model on
     the meta device gets its weights during wrapping, each rank only its shards (filled by `fill`, else from `seed`)."""
-    mesh = build_mesh(env, parallel.strategy, device)
+    mesh = build_mesh(env, parallel.strategy, device, parallel.dp_replicate)
+    context = build_context(parallel, env)
+    if context is not None:  # before compile and wrapping: the blocks are compiled with it
+        model.use_attention_fn(context.attend)
     train_model = parallelize(model, parallel, compile, device, env, precision.name, mesh, seed, fill)
     optimizer = make_optimizer(model)
     if parallel.strategy == "deepspeed":
@@ -71,7 +75,17 @@ def build_strategy(
         return DeepSpeedStrategy(
             model, engine, optimizer, precision, shape.grad_clip, env, zero_stage=parallel.zero_stage
         )
-    return STRATEGIES[parallel.strategy](model, train_model, optimizer, precision, shape.grad_clip, env)
+    strategy = STRATEGIES[parallel.strategy](model, train_model, optimizer, precision, shape.grad_clip, env)
+    strategy.context = context
+    return strategy
+
+
+def build_context(parallel: ParallelConfig, env: DistEnv) -> ContextParallel | None:
+    """This rank's place in its context-parallel group; None when neither parallel.cp > 1 nor parallel.cp_path."""
+    if parallel.cp == 1 and not parallel.cp_path:
+        return None
+    group = context_group(env.rank, env.world_size, parallel.cp, env.tp)
+    return ContextParallel(parallel.cp, env.cp_rank, group)
 
 
 def deepspeed_config(parallel: ParallelConfig, shape: StepShape, precision: str) -> dict[str, Any]:

@@ -10,8 +10,14 @@ from pydantic import BaseModel, ConfigDict, Field
 class ParallelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
-    strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = "none"
-    """Data parallelism: none (one process, or pure TP), ddp (replicated), fsdp (FSDP2 fully_shard) or deepspeed."""
+    strategy: Literal["none", "ddp", "fsdp", "hsdp", "deepspeed"] = "none"
+    """Data parallelism: none (one process, or pure TP), ddp, fsdp (FSDP2), hsdp (FSDP2 hybrid) or deepspeed."""
+    dp_replicate: int = Field(1, ge=1, le=65536)
+    """hsdp: replicas of the model (e.g. nodes), each sharded over world ÷ dp_replicate ranks."""
+    cp: int = Field(1, ge=1, le=1024)
+    """Context-parallel ranks per sequence: each holds 1/cp of every sequence (chunks i and 2·cp−1−i of 2·cp)."""
+    cp_path: bool = False
+    """Run the context-parallel code path (split, key/value gather, loss weight) also at cp 1: its overhead."""
     tp: int = Field(1, ge=1, le=1024)
     """Tensor-parallel ranks per model replica (Megatron-style column/row-parallel blocks, vocab-parallel head)."""
     zero_stage: int = Field(2, ge=1, le=3)

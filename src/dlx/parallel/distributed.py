@@ -24,14 +24,16 @@ _STORE: dist.Store | None = None
 
 @dataclass(frozen=True)
 class DistEnv:
-    """This rank's place. The ranks form a (dp, tp) grid, row-major: ranks dp_rank·tp … dp_rank·tp + tp - 1 hold one
-    model replica split by tensor parallelism and read the same batches."""
+    """This rank's place. The ranks form a (dp, cp, tp) grid, row-major: the cp·tp ranks dp_rank·cp·tp … hold one
+    model replica (split by tensor parallelism) and read the same batches, each cp rank its part of every sequence."""
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     tp: int = 1
     """Tensor-parallel ranks per model replica (parallel.tp)."""
+    cp: int = 1
+    """Context-parallel ranks per model replica (parallel.cp)."""
 
     @property
     def is_main(self) -> bool:
@@ -44,11 +46,16 @@ class DistEnv:
     @property
     def dp_size(self) -> int:
         """Model replicas, each reading its own share of the data."""
-        return self.world_size // self.tp
+        return self.world_size // (self.tp * self.cp)
 
     @property
     def dp_rank(self) -> int:
-        return self.rank // self.tp
+        return self.rank // (self.tp * self.cp)
+
+    @property
+    def cp_rank(self) -> int:
+        """Which part of every sequence this rank holds (0 … cp - 1)."""
+        return self.rank // self.tp % self.cp
 
 
 def launched_by_torchrun() -> bool:
@@ -61,10 +68,11 @@ def env_from_torchrun() -> DistEnv:
     return DistEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))
 
 
-def init_distributed(device: torch.device, needs_group: bool, timeout_s: float, tp: int = 1) -> DistEnv:
+def init_distributed(device: torch.device, needs_group: bool, timeout_s: float, tp: int = 1, cp: int = 1) -> DistEnv:
     """Join the torchrun group (NCCL on CUDA, gloo on CPU). `needs_group`: FSDP and DeepSpeed need a process group
-    even in a single plain process; that one gets a group of one rank on a free local port. `tp`: parallel.tp."""
-    env = replace(env_from_torchrun(), tp=tp)
+    even in a single plain process; that one gets a group of one rank on a free local port. `tp`, `cp`: parallel.tp
+    and parallel.cp."""
+    env = replace(env_from_torchrun(), tp=tp, cp=cp)
     if dist.is_initialized() or not (env.is_distributed or needs_group):
         return env
     if not launched_by_torchrun():

@@ -8,6 +8,7 @@ The step loop calls the same things whatever the strategy: `gradient_sync(last)`
     none       -                                           "full": model.safetensors + optimizer in train_state.pt
     ddp        off (DDP.no_sync)                           "full" as well: every rank holds everything
     fsdp       off (FSDPModule.set_requires_gradient_sync) "dcp": DCP, model and optimizer sharded
+    hsdp       as fsdp (2-D mesh: replicate × shard)       "dcp" as well
     deepspeed  DeepSpeed's own (gradient_accumulation)     "deepspeed": DeepSpeed's save_checkpoint
     any, tp>1  as above (ddp: FSDP2 hybrid replication)    "dcp"; the loss is vocab-parallel (`loss_parallel`)
 
@@ -30,6 +31,7 @@ from torch import nn
 
 from dlx.errors import UserError
 from dlx.parallel import dcp
+from dlx.parallel.context import ContextParallel
 from dlx.parallel.distributed import DistEnv
 from dlx.parallel.float8 import precompute_float8_scales, weights_gathered_in_float8
 from dlx.parallel.tensor import loss_context
@@ -55,6 +57,9 @@ class Strategy:
     ) -> None:
         self.model, self.train_model, self.optimizer = model, train_model, optimizer
         self.precision, self.grad_clip, self.env = precision, grad_clip, env
+        self.context: ContextParallel | None = None
+        """parallel.cp (or parallel.cp_path): how this rank's part of every sequence is cut and attended; set by
+        `dlx.parallel.build`."""
 
     @property
     def vocab_parallel(self) -> bool:
@@ -150,6 +155,13 @@ class FSDPStrategy(Strategy):
     def gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         self.model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
+
+
+class HSDPStrategy(FSDPStrategy):
+    """FSDP2's hybrid sharding: parameters sharded within each group of world ÷ parallel.dp_replicate ranks and
+    replicated across the groups (gradients reduce-scattered within, all-reduced across); checkpoints through DCP."""
+
+    name = "hsdp"
 
 
 class DeepSpeedStrategy(Strategy):

@@ -31,6 +31,7 @@ from torch import nn
 from dlx.errors import UserError
 from dlx.model.args import ModelArgs
 from dlx.parallel.config import ParallelConfig
+from dlx.parallel.context import layout_problem
 from dlx.parallel.distributed import DistEnv
 
 DP, TP, DP_REPLICATE, DP_SHARD = "dp", "tp", "dp_replicate", "dp_shard"
@@ -52,8 +53,12 @@ def divisibility_problem(args: ModelArgs, tp: int, option: str = "parallel.tp") 
 
 
 def check_layout(parallel: ParallelConfig, world_size: int) -> None:
-    """Before anything is built: the rank count fits `parallel.tp` and the strategy. One line otherwise."""
+    """Before anything is built: the rank count fits `parallel.tp`, `parallel.cp`, `parallel.dp_replicate` and the
+    strategy. One line otherwise."""
     tp, strategy = parallel.tp, parallel.strategy
+    problem = layout_problem(strategy, parallel.cp, tp, parallel.dp_replicate, world_size)
+    if problem:
+        raise UserError(problem)
     if tp == 1:
         return
     if world_size % tp:
@@ -68,16 +73,21 @@ def check_layout(parallel: ParallelConfig, world_size: int) -> None:
         )
 
 
-def build_mesh(env: DistEnv, strategy: str, device: torch.device) -> Any:
-    """The (dp, tp) mesh; for ddp a (dp_replicate, dp_shard = 1, tp) mesh, FSDP2's hybrid form of replication.
-    None when tp is 1 (the data-parallel wrappers then use the whole world)."""
-    if env.tp == 1:
-        return None
+def build_mesh(env: DistEnv, strategy: str, device: torch.device, dp_replicate: int = 1) -> Any:
+    """The (dp, tp) mesh; for ddp a (dp_replicate, dp_shard = 1, tp) mesh, FSDP2's hybrid form of replication; for
+    hsdp (tp 1) a (dp_replicate, dp_shard) mesh. The dp dimension spans the context-parallel ranks too: they average
+    gradients with the replicas. None when tp is 1 otherwise (the data-parallel wrappers then use the whole world)."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    data_ranks = env.world_size // env.tp  # dp × cp
+    if strategy == "hsdp":
+        shape = (dp_replicate, data_ranks // dp_replicate)
+        return init_device_mesh(device.type, shape, mesh_dim_names=(DP_REPLICATE, DP_SHARD))
+    if env.tp == 1:
+        return None
     if strategy == "ddp":
-        return init_device_mesh(device.type, (env.dp_size, 1, env.tp), mesh_dim_names=(DP_REPLICATE, DP_SHARD, TP))
-    return init_device_mesh(device.type, (env.dp_size, env.tp), mesh_dim_names=(DP, TP))
+        return init_device_mesh(device.type, (data_ranks, 1, env.tp), mesh_dim_names=(DP_REPLICATE, DP_SHARD, TP))
+    return init_device_mesh(device.type, (data_ranks, env.tp), mesh_dim_names=(DP, TP))
 
 
 def data_parallel_mesh(mesh: Any) -> Any:

@@ -5,6 +5,7 @@ preflight, the planner (`dlx plan`), `dlx bench` and the strategy builder read t
     none       with torchrun  dlx's      0                     full               full, dcp      yes     yes   yes
     ddp        with torchrun  dlx's      0 (+ gradient buckets) full              full, dcp      yes     yes   yes
     fsdp       always         dlx's      3                     dcp                dcp            yes     no    yes
+    hsdp       always         dlx's      3 (within a replica)  dcp                dcp            no      no    yes
     deepspeed  always         engine's   parallel.zero_stage   deepspeed          deepspeed      no      yes   no
 
 Any strategy with parallel.tp > 1 writes "dcp" checkpoints (DCP reshards them across layouts).
@@ -54,6 +55,7 @@ _ROWS = (
     ("none", False, False, 0, False, "full", ("full", "dcp"), True, True, True, True, None),
     ("ddp", False, False, 0, True, "full", ("full", "dcp"), True, True, True, True, None),
     ("fsdp", True, False, 3, False, "dcp", ("dcp",), True, False, True, True, None),
+    ("hsdp", True, False, 3, False, "dcp", ("dcp",), False, False, True, True, None),
     ("deepspeed", True, True, None, False, "deepspeed", ("deepspeed",), False, True, False, False, "deepspeed"),
 )
 """One row per strategy, in StrategyTraits' field order (the module docstring's table, in words)."""

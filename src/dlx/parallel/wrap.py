@@ -4,7 +4,8 @@
                                   own modules and the later steps see the parallelised blocks)
     2. activation checkpointing  (each block, or every other block)
     3. torch.compile             (each block, so that recompilation stays local and checkpointing sees compiled code)
-    4. FSDP2                     (fsdp, and ddp with tp > 1: sharding and gradient hooks see the final modules)
+    4. FSDP2                     (fsdp; hsdp on its (replicate, shard) mesh; ddp with tp > 1: sharding and gradient
+                                  hooks see the final modules)
     5. materialise               (a meta-device model gets each rank's shards only: `dlx.parallel.materialize`)
     6. DDP                       (ddp with tp 1: it broadcasts rank 0's weights, so they must exist)
 
@@ -24,7 +25,7 @@ from dlx.device import PRECISION_DTYPES
 from dlx.parallel.config import ParallelConfig
 from dlx.parallel.distributed import DistEnv
 from dlx.parallel.materialize import ShardFiller, materialize, on_meta
-from dlx.parallel.tensor import apply_tp, data_parallel_mesh, keep_embedding_gradient_sharded
+from dlx.parallel.tensor import TP, apply_tp, data_parallel_mesh, keep_embedding_gradient_sharded
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
@@ -79,16 +80,18 @@ def parallelize(
     fill: ShardFiller | None = None,
 ) -> nn.Module:
     """Returns the module to train: the model itself (TP, FSDP2 and none wrap in place) or its DDP wrapper.
-    `mesh`: the (dp, tp) device mesh when parallel.tp > 1. A model on the meta device is materialised after sharding
+    `mesh`: the (dp, tp) device mesh when parallel.tp > 1, the (replicate, shard) one under hsdp. A model on the
+    meta device is materialised after sharding
     (its shards filled by `fill`, else drawn from `seed`: see `dlx.parallel.materialize`)."""
-    if mesh is not None:
+    if mesh is not None and TP in mesh.mesh_dim_names:
         apply_tp(model, mesh)
     apply_activation_checkpointing(model, config.activation_checkpointing)
     if compile:
         apply_compile(model)
-    if config.strategy == "fsdp" or (config.strategy == "ddp" and mesh is not None):
+    sharded = config.strategy in ("fsdp", "hsdp")
+    if sharded or (config.strategy == "ddp" and mesh is not None):
         # ddp with tp > 1: FSDP2 over a (dp, 1) hybrid mesh replicates the weights and all-reduces the gradients
-        reshard = config.reshard_after_forward and config.strategy == "fsdp"
+        reshard = config.reshard_after_forward and sharded
         apply_fsdp(model, precision, reshard, mesh)
     if on_meta(model):
         materialize(model, device, seed, fill)

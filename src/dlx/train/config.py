@@ -27,6 +27,7 @@ from dlx.errors import UserError
 from dlx.model.args import ModelArgs
 from dlx.model.presets import PRESETS, resolve_model_args
 from dlx.parallel.config import ParallelConfig
+from dlx.parallel.context import sequence_problem
 from dlx.parallel.tensor import divisibility_problem
 from dlx.parallel.traits import STRATEGY_TRAITS
 
@@ -361,6 +362,12 @@ class RunConfig(BaseModel):
             )
         if not strategy.skips_nan_steps and train.spike_policy != "off":
             raise ValueError(f"train.spike_policy is not available with parallel.strategy {strategy.name}; use off")
+        parallel = self.parallel
+        problem = sequence_problem(
+            parallel.cp, parallel.cp_path, self.data.seq_len, train.attention, self.data.document_mask
+        )
+        if problem:
+            raise ValueError(problem)
         self._check_tensor_parallel()
 
     def _check_tensor_parallel(self) -> None:
@@ -369,16 +376,18 @@ class RunConfig(BaseModel):
             return
         if not STRATEGY_TRAITS[strategy].supports_tp:
             raise ValueError(
-                f"parallel.strategy deepspeed does not combine with parallel.tp {tp} (its engine does not take "
+                f"parallel.strategy {strategy} does not combine with parallel.tp {tp} (it does not take "
                 "tensor-parallel parameters); use parallel.strategy fsdp for FSDP × TP, or parallel.tp 1"
             )
         problem = divisibility_problem(self.model.args, tp)
         if problem:
             raise ValueError(problem)
-        if self.data.seq_len % tp:
+        cp = self.parallel.cp
+        if self.data.seq_len % (tp * cp):
+            of = f"parallel.tp ({tp})" if cp == 1 else f"parallel.tp × parallel.cp ({tp * cp})"
             raise ValueError(
-                f"data.seq_len ({self.data.seq_len}) must be a multiple of parallel.tp ({tp}): sequence parallelism "
-                "gives each tensor-parallel rank seq_len / tp tokens of every sequence"
+                f"data.seq_len ({self.data.seq_len}) must be a multiple of {of}: sequence parallelism gives each "
+                "tensor-parallel rank seq_len / cp / tp tokens of every sequence"
             )
         if self.train.precision == "fp16":
             raise ValueError(f"parallel.tp {tp} trains in bf16 or fp32; set train.precision bf16 (or fp32)")

@@ -43,9 +43,12 @@ def run_shape(config: RunConfig, device: torch.device, world_size: int, precisio
         strategy=parallel.strategy,
         world_size=world_size,
         tp=parallel.tp,
+        cp=parallel.cp,
+        dp_replicate=parallel.dp_replicate,
         zero_stage=parallel.zero_stage,
         activation_checkpointing=parallel.activation_checkpointing,
-        attention_matrix=config.data.document_mask and device.type != "cuda",  # SDPA with a boolean mask
+        # SDPA with a boolean mask: document masks, and context parallelism's attention
+        attention_matrix=(config.data.document_mask or parallel.cp > 1) and device.type != "cuda",
         device_type=device.type,
     )
 

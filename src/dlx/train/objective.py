@@ -36,11 +36,22 @@ def training_loss(
     apart. Through the model (and any wrapper: DDP, FSDP, DeepSpeed), so that the loss is computed chunk by chunk from
     the hidden states (`dlx.model.loss`), never from whole-batch logits. Under tensor parallelism the model's logits
     are vocabulary shards and the cross-entropy is computed on them (`vocab_parallel_loss`: the full logits are never
-    gathered; train.z_loss is refused there, so the z-loss reads NaN). `model_inputs`: document ids."""
+    gathered; train.z_loss is refused there, so the z-loss reads NaN). `model_inputs`: document ids.
+    Under context parallelism each rank computes its part of every sequence, its loss weighted so that the mean over
+    the cp ranks is the whole sequences' loss (`dlx.parallel.context`)."""
+    context = strategy.context
+    if context is None:
+        return _loss(strategy, model, inputs, targets, z_loss, **model_inputs)
+    inputs, targets, model_inputs, weight = context.shard(inputs, targets, model_inputs)
+    parts = _loss(strategy, model, inputs, targets, z_loss, **model_inputs)
+    return LossParts(*(part * weight for part in parts))
+
+
+def _loss(strategy: Strategy, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, z_loss: float, **kw):
     if strategy.vocab_parallel:
-        ce = vocab_parallel_loss(model(inputs, **model_inputs), targets)
+        ce = vocab_parallel_loss(model(inputs, **kw), targets)
         return LossParts(ce, ce.detach(), torch.full_like(ce.detach(), math.nan))
-    return model(inputs, targets=targets, z_loss=z_loss, **model_inputs)
+    return model(inputs, targets=targets, z_loss=z_loss, **kw)
 
 
 class Objective:

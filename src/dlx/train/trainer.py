@@ -75,7 +75,9 @@ def pretrain(
     launched = distributed.env_from_torchrun()
     device = dev.training_device(config.train.device, launched.local_rank, launched.world_size, "train.device")
     needs_group = STRATEGY_TRAITS[config.parallel.strategy].always_grouped
-    env = distributed.init_distributed(device, needs_group, config.parallel.timeout_s, config.parallel.tp)
+    env = distributed.init_distributed(
+        device, needs_group, config.parallel.timeout_s, config.parallel.tp, config.parallel.cp
+    )
     every_rank_ends = False
     try:
         if resume == "auto":
