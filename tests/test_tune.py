@@ -166,3 +166,15 @@ def test_a_bad_input_exits_2(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no layout divides it" in proc.stderr
+
+
+def test_pretrain_tune_trains_with_the_winner_and_keeps_the_table(synthetic_measure, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = ("--train.max_steps", "2", "--eval.every", "2", "--checkpoint.every", "2")
+    result = invoke("pretrain", DEBUG, *SMALL, *overrides, "--tune", "--run-dir", str(run_dir))
+    assert result.exit_code == 0, result.output
+    winner = json.loads((run_dir / "tune.json").read_text())["winner"]["layout"]
+    config = load_recipe(None, [], base=__import__("yaml").safe_load((run_dir / "config.yaml").read_text()))
+    assert config.data.micro_batch_size == winner["micro_batch_size"]
+    assert config.parallel.activation_checkpointing == winner["activation_checkpointing"]
+    assert config.train.max_steps == 2 and (run_dir / "tune.md").is_file() and (run_dir / "tune.yaml").is_file()

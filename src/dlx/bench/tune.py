@@ -100,6 +100,25 @@ def run_tune(settings: TuneSettings, progress: Callable[[str, float], None] | No
         raise UserError(f"--world-size must be at least 1, got {world_size}")
     measuring = world_size == launched.world_size
     device = training_device(base.train.device, launched.local_rank, launched.world_size, "train.device")
+    if launched.world_size > 1:  # every rank measures each layout together; rank 0 decides
+        distributed.init_distributed(device, True, timeout_s=600.0)
+    try:
+        return tune_on(settings, raw, base, world_size, measuring, device, start, progress)
+    finally:
+        distributed.teardown()
+
+
+def tune_on(
+    settings: TuneSettings,
+    raw: dict[str, Any],
+    base: RunConfig,
+    world_size: int,
+    measuring: bool,
+    device: torch.device,
+    start: float,
+    progress: Callable[[str, float], None] | None,
+) -> TuneResult:
+    """`run_tune` once the recipe, the device and (under torchrun) the group are set up."""
     precision = resolve_precision(base.train.precision, device)
     global_batch = global_batch_of(raw, world_size)
     candidates, rule = candidates_of(settings, raw, base, world_size, global_batch, device, precision)

@@ -88,6 +88,47 @@ def run_tune_command(
     return summary
 
 
+def pretrain_tuned(
+    recipe: str | None, overrides: list[str], run_dir: Path | None, resume: bool, budget_min: float
+) -> int:
+    """`dlx pretrain --tune`: tune the recipe, train with the winner in RUN_DIR, and leave tune.yaml, tune.md and
+    tune.json (every candidate) in the run folder. Under torchrun every rank takes part in the search and trains with
+    the same winner (rank 0's measurements decide)."""
+    import shutil
+    import tempfile
+
+    from dlx.bench.tune import TuneSettings, run_tune
+    from dlx.bench.tune_report import tuned_recipe_text, write_outputs
+    from dlx.errors import UserError
+    from dlx.parallel.distributed import env_from_torchrun
+    from dlx.train import folder
+    from dlx.train.launch import launch
+
+    if recipe is None or resume:
+        raise UserError("--tune needs a recipe and a new run: dlx pretrain RECIPE.yaml --tune (without --resume)")
+    if budget_min <= 0:
+        raise UserError(f"--tune-budget-min must be positive, got {budget_min}")
+    launched = env_from_torchrun()
+    if launched.world_size > 1 and run_dir is None:
+        raise UserError("--tune under torchrun needs --run-dir DIR: every rank must train in the same folder")
+    run_dir = folder.new_run_dir(Path(recipe).stem, run_dir)
+    with measuring_bar(60 * budget_min, launched.is_main) as progress:
+        result = run_tune(TuneSettings(recipe, tuple(overrides), budget_s=60 * budget_min), progress)
+    with tempfile.TemporaryDirectory() as tmp:
+        tuned = Path(tmp) / f"{Path(recipe).stem}-tuned.yaml"
+        if launched.is_main:
+            write_outputs(result, recipe, tuned)
+            print(f"tuned: {result.winner.layout.label()}")
+        else:
+            tuned.write_text(tuned_recipe_text(result, recipe))
+        try:
+            return launch(str(tuned), [], run_dir, False)
+        finally:
+            if launched.is_main and run_dir.is_dir():
+                for suffix in (".yaml", ".md", ".json"):
+                    shutil.copyfile(tuned.with_suffix(suffix), run_dir / f"tune{suffix}")
+
+
 @contextlib.contextmanager
 def measuring_bar(budget_s: float, shown: bool) -> Iterator[Callable[[str, float], None] | None]:
     """A progress bar on stderr over the budget's seconds, its text the layout being measured (None when hidden)."""
