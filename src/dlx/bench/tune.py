@@ -34,6 +34,7 @@ from dlx.bench.tune_space import (
     keep_values,
     tensor_parallel_sizes,
 )
+from dlx.data import SYNTHETIC
 from dlx.device import float8_capability, training_device
 from dlx.errors import UserError
 from dlx.model.args import ModelArgs
@@ -132,7 +133,7 @@ def tune_on(
     if measuring:
         check_budget(settings, admitted, device, start)
         model = measure_best(settings, admitted, device, start, progress)
-    winner = pick_winner(admitted)
+    winner = pick_winner(admitted, measuring)
     return TuneResult(
         raw, candidates, winner, model, rates, rule, world_size, global_batch, base.data.seq_len, precision,
         str(device), measuring, time.monotonic() - start, base.model.args,
@@ -150,7 +151,8 @@ def candidates_of(
 ) -> tuple[list[Candidate], MemoryRule]:
     """Every layout of the recipe's space (those --keep holds at the recipe's value), validated and memory-checked."""
     args = base.model.args
-    has_float8 = precision == "bf16" and float8_capability(device) is None
+    # A CPU's float8 matmul (torch._scaled_mm) is a reference kernel, slower than bf16 by orders: not searched there.
+    has_float8 = device.type == "cuda" and precision == "bf16" and float8_capability(device) is None
     space = SearchSpace(
         world_size=world_size,
         global_batch=global_batch,
@@ -277,6 +279,7 @@ def measure_one(candidate: Candidate, settings: TuneSettings, device: torch.devi
     becomes its drop reason and the search goes on. Rank 0's record stands for all ranks."""
     assert candidate.config is not None
     config = short_run(candidate.config, settings)
+    candidate.predicted_before_s = candidate.predicted_step_s
     try:
         record = measure_config(config, device, settings.warmup, settings.steps)
     except UserError as e:
@@ -296,13 +299,18 @@ def measure_one(candidate: Candidate, settings: TuneSettings, device: torch.devi
 
 
 def short_run(config: RunConfig, settings: TuneSettings) -> RunConfig:
-    """The layout's recipe as a measurement runs it: warm-up plus timed steps, no progress bar."""
+    """The layout's recipe as a measurement runs it: warm-up plus timed steps, no progress bar, and synthetic tokens
+    of the model's vocabulary unless data.document_mask needs the data's documents (a step's time does not depend on
+    which token ids it reads; the recipe's dataset need not be on this machine)."""
     train = config.train.model_copy(update={"max_steps": settings.warmup + settings.steps})
     log = config.log.model_copy(update={"progress": False})
-    return config.model_copy(update={"train": train, "log": log})
+    update: dict[str, Any] = {"train": train, "log": log}
+    if not config.data.document_mask:
+        update["data"] = config.data.model_copy(update={"path": SYNTHETIC, "mix": None})
+    return config.model_copy(update=update)
 
 
-def pick_winner(admitted: list[Candidate]) -> Candidate:
+def pick_winner(admitted: list[Candidate], measuring: bool = True) -> Candidate:
     """The fastest measured layout; where none was measured, the best predicted; the others keep why they lost."""
     measured = [c for c in admitted if c.record is not None]
     if measured:
@@ -318,6 +326,8 @@ def pick_winner(admitted: list[Candidate]) -> Candidate:
             continue
         if c.record is not None:
             c.drop = "slower when measured"
+        elif not measuring:
+            c.drop = "predicted slower (ranked by the model only)"
         elif (c.predicted_step_s or 0.0) <= best_s * (1 + STOP_MARGIN):
             c.drop = "not measured: the budget ran out first"
         else:

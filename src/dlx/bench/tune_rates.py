@@ -18,6 +18,8 @@ ASSUMED_LINK_GBPS = {"cuda": 100.0, "cpu": 1.0}
 """Link rate per rank where it cannot be measured (no torchrun): NVLink-class for CUDA, gloo over loopback for CPU."""
 MAX_TOKENS = 8192
 """Larger micro-batches are timed at this many tokens (the rate has flattened by then)."""
+CPU_MATMUL_FLOPS = 2e9
+"""On a CPU a timed matmul is cut to about this many FLOPs (a second or less; its rate has flattened by then)."""
 
 
 def measure_rates(
@@ -25,12 +27,27 @@ def measure_rates(
 ) -> Rates:
     """Matmul TFLOPS for each (precision or float8, tokens) in `keys`, the copy bandwidth, the link rate (measured
     under torchrun; else `link_gbps`, else the assumed one)."""
+    timed: dict[tuple[str, int], float] = {}
     matmul: dict[tuple[str, int], float] = {}
     for kind, tokens in sorted(set(keys)):
-        matmul[(kind, tokens)] = matmul_tflops(args, device, kind, min(tokens, MAX_TOKENS))
+        capped = timed_tokens(args, device, tokens)
+        if (kind, capped) not in timed:
+            timed[(kind, capped)] = matmul_tflops(args, device, kind, capped)
+        matmul[(kind, tokens)] = timed[(kind, capped)]
     measured_link = all_reduce_gbps(device) if group_active() and dist.get_world_size() > 1 else None
     link = measured_link or link_gbps or ASSUMED_LINK_GBPS.get(device.type, 1.0)
     return Rates(matmul, copy_gbps(device), link, measured_link is not None)
+
+
+def timed_tokens(args: ModelArgs, device: torch.device, tokens: int) -> int:
+    """The token count a micro-batch's matmul rate is timed at: its own, capped (see MAX_TOKENS, CPU_MATMUL_FLOPS),
+    rounded down to a power of two above the cap so that nearby micro-batches share one timing."""
+    cap = MAX_TOKENS
+    if device.type == "cpu":
+        cap = min(cap, max(64, int(CPU_MATMUL_FLOPS / (2 * args.dim * args.ffn_hidden_dim))))
+    if tokens <= cap:
+        return tokens
+    return 1 << (cap.bit_length() - 1)
 
 
 def best_seconds(fn: Callable[[], object], device: torch.device, repeats: int = 3) -> float:

@@ -30,6 +30,7 @@ def candidate_row(c: Candidate, result: TuneResult) -> dict[str, Any]:
         "label": c.layout.label(),
         "predicted_step_s": c.predicted_step_s,
         "measured_step_s": c.measured_step_s,
+        "predicted_before_measured_s": c.predicted_before_s,
         "predicted_tokens_per_s": predicted_tps,
         "tokens_per_s": record.get("tokens_per_s"),
         "predicted_mfu": predicted_mfu(predicted_tps, result),

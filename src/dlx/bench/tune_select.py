@@ -44,6 +44,8 @@ class Candidate:
     """Why it was not measured or not chosen; None while it is in the running."""
     cost: LayoutCost | None = None
     predicted_step_s: float | None = None
+    predicted_before_s: float | None = None
+    """The prediction the model made just before the layout was measured (not fitted to its own measurement)."""
     record: dict[str, Any] | None = None
     """The measured ThroughputMeter record (step_s, tokens_per_s, mfu, peak_mem_gb)."""
     config: RunConfig | None = field(default=None, repr=False)
