@@ -10,11 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from dlx import device as dev
 from dlx.bench import tune as tune_module
 from dlx.bench.tune import TuneSettings, run_tune
 from dlx.bench.tune_model import LayoutCost, Rates, calibrate
-from dlx.bench.tune_select import current_rss_gb
 from dlx.bench.tune_space import SearchSpace, enumerate_layouts
 from dlx.errors import UserError
 from dlx.train.recipe import load_recipe
@@ -105,7 +106,8 @@ def test_pruning_never_admits_a_layout_the_cpu_measures_above_the_stated_memory(
     probe = run_tune(TuneSettings(DEBUG, SMALL, **quick, memory_limit_gb=1e6, max_measured=0))
     estimates = sorted(c.estimate_gb for c in probe.candidates if c.estimate_gb is not None)
     rule = probe.rule
-    limit = current_rss_gb() + rule.fixed_gb + (1 + rule.margin) * estimates[len(estimates) // 2]
+    held = dev.memory_in_use_gb(torch.device("cpu"))
+    limit = held + rule.fixed_gb + (1 + rule.margin) * estimates[len(estimates) // 2]
     result = run_tune(TuneSettings(DEBUG, SMALL, **quick, memory_limit_gb=limit, max_measured=99))
     dropped = [c for c in result.candidates if c.drop and c.drop.startswith("does not fit")]
     measured = [c for c in result.candidates if c.record is not None]

@@ -77,15 +77,9 @@ def memory_rule(device: torch.device, limit_gb: float | None, margin: float | No
     if limit_gb is not None and limit_gb <= 0:
         raise UserError(f"--memory-limit-gb must be positive, got {limit_gb}")
     budget = limit_gb if limit_gb is not None else dev.memory_budget_gb(device)
-    baseline = torch.cuda.memory_allocated(device) / 1e9 if device.type == "cuda" else current_rss_gb()
+    baseline = dev.memory_in_use_gb(device)
     chosen = MARGIN.get(device.type, 0.6) if margin is None else margin
     return MemoryRule(budget, chosen, FIXED_GB.get(device.type, 0.3), baseline)
-
-
-def current_rss_gb() -> float:
-    import psutil
-
-    return psutil.Process().memory_info().rss / 1e9
 
 
 def admit(
