@@ -22,6 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "recipes/demo.yaml"
 OVERRIDES = ("--data.seq_len", "128", "--train.global_batch_size", "8", "--train.precision", "auto")
 KEEP = ("train.compile", "parallel.strategy")
+"""The default space: activation checkpointing × micro-batch (1, 2, 4, 8) × attention (default, math): 24 layouts.
+`--small` keeps train.attention too and halves the batch (4 sequences of 64 tokens): 9 layouts, for a loaded machine."""
+SMALL_OVERRIDES = ("--data.seq_len", "64", "--train.global_batch_size", "4", "--train.precision", "auto")
+SMALL_KEEP = (*KEEP, "train.attention")
 INTRO = (
     "`benchmarks/bench_tune.py`: `dlx tune` against the exhaustive sweep of the same space (every layout the memory "
     "rule admits, measured with the same real step), on this CPU with the demo model. Goals: tune's pick within 3 % "
@@ -49,11 +53,15 @@ def main() -> None:
     parser.add_argument("--budget-min", type=float, default=1.0, help="dlx tune's budget.")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--small", action="store_true", help="The 9-layout space (see SMALL_KEEP).")
     parser.add_argument("--no-record", action="store_true", help="Print only; do not append to BENCHMARKS.md.")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from peers.record import environment, record_section
 
+    global OVERRIDES, KEEP
+    if args.small:
+        OVERRIDES, KEEP = SMALL_OVERRIDES, SMALL_KEEP
     header = environment(["src/dlx", "benchmarks"])
     common = {"keep": KEEP, "steps": args.steps, "warmup": args.warmup}
     tuned, tune_s = run({**common, "budget_s": 60 * args.budget_min}, exhaustive=False)
