@@ -52,6 +52,9 @@ SETUP_S = {"cpu": 3.0, "cuda": 20.0}
 """A measurement's cost besides its steps before one has been timed: model, strategy and loader built."""
 COMPILE_S = {"cpu": 60.0, "cuda": 60.0}
 """What torch.compile adds to a measurement before one has been timed."""
+SAFETY = 2.0
+"""The predicted steps' share of a measurement's expected time is doubled: on a shared machine a measurement runs
+slower than the rates measured at the start say, and the last one must still end within the budget."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +188,7 @@ def reprice(candidates: list[Candidate], model: TimeModel) -> TimeModel:
 
 def expected_measure_s(candidate: Candidate, settings: TuneSettings, device: torch.device, setup_s: float) -> float:
     """What measuring the candidate should take: its setup, warm-up and timed steps, compile where on."""
-    steps = (settings.warmup + settings.steps) * (candidate.predicted_step_s or 0.0)
+    steps = SAFETY * (settings.warmup + settings.steps) * (candidate.predicted_step_s or 0.0)
     compile_s = COMPILE_S.get(device.type, 60.0) if candidate.layout.compile else 0.0
     return setup_s + steps + compile_s
 
