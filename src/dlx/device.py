@@ -111,6 +111,13 @@ def peak_memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KiB
 
 
+def memory_in_use_gb(device: torch.device) -> float:
+    """What the process holds now: CUDA's allocated tensors; on a CPU the resident set (psutil)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 1e9
+    return psutil.Process().memory_info().rss / 1e9
+
+
 def peak_memory_method(device: torch.device) -> str:
     """How `peak_memory_gb` measures, in words, for headers and reports."""
     if device.type == "cuda":

@@ -1,7 +1,7 @@
 """One point of `dlx bench`, measured as `dlx pretrain` trains: the same recipe validation and the same builders
 (model, precision, strategy with its optimizer, loader, the attention kernel train.attention auto picks), the loop's
 own `accumulate_gradients` and the strategy's `optimizer_step`, its PhaseTimer phases and its ThroughputMeter.
-`dlx.bench.sweep` calls `measure_point` for each point.
+`dlx.bench.sweep` calls `measure_point` for each point, `dlx tune` (`dlx.bench.tune`) `measure_config` for each layout.
 
 A point is: `warmup` untimed optimizer steps (kernel selection, allocator growth, torch.compile), then the peak-memory
 counter is reset and `steps` timed steps follow as one PhaseTimer window: phase times are averaged over them, and the
@@ -29,6 +29,7 @@ from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.presets import resolve_model_args
 from dlx.parallel.distributed import env_from_torchrun, main_decides
+from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.precision import Precision, build_precision
 from dlx.train.accumulate import accumulate_gradients
 from dlx.train.attention import AttentionObserver, attention_shape, choose_run_attention
@@ -71,11 +72,18 @@ def point_config(setup: BenchSetup, point: BenchPoint) -> RunConfig:
 
 def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
     """The ThroughputMeter record of the timed steps' mean (tokens/s, phase seconds, TFLOPS, MFU, peak memory)."""
-    config = point_config(setup, point)
-    if setup.compile:  # a fresh start: Dynamo would otherwise turn dynamic after the previous point's shape
+    return measure_config(point_config(setup, point), setup.device, setup.warmup, setup.steps)
+
+
+def measure_config(config: RunConfig, device: torch.device, warmup: int, steps: int) -> dict[str, Any]:
+    """One recipe's layout measured as `dlx pretrain` trains it: `warmup` untimed steps, then `steps` timed ones; the
+    ThroughputMeter record of their mean plus the fixed-cost shares. The process group, when the strategy needs one,
+    is the caller's (`dlx bench` and `dlx tune` set it up)."""
+    if config.train.compile:  # a fresh start: Dynamo would otherwise turn dynamic after the previous point's shape
         torch._dynamo.reset()
-    device, env = setup.device, replace(env_from_torchrun(), tp=setup.tp, cp=setup.cp)  # `dlx bench` set up the group
-    precision = build_precision(point.precision, device)
+    env = replace(env_from_torchrun(), tp=config.parallel.tp, cp=config.parallel.cp)  # the caller set up the group
+    engine_managed = STRATEGY_TRAITS[config.parallel.strategy].owns_precision
+    precision = build_precision(config.train.precision, device, engine_managed)
     loader = build_train_loader(config, device, env.dp_rank, env.dp_size)
     attention: AttentionObserver | None = None
     try:
@@ -95,19 +103,19 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
             return loss_value
 
         warmup_timer = PhaseTimer(device)
-        for _ in range(setup.warmup):
+        for _ in range(warmup):
             step(warmup_timer)
             warmup_timer.end_step()
         dev.synchronize(device)  # the warm-up's last update belongs to the warm-up
         dev.reset_peak_memory(device)
-        timings, gpu_columns, loss = timed_steps(step, setup.steps, device)
-        meter = ThroughputMeter(config.model.args, point.seq_len, device, precision.name, env.world_size)
+        timings, gpu_columns, loss = timed_steps(step, steps, device)
+        meter = ThroughputMeter(config.model.args, config.data.seq_len, device, precision.name, env.world_size)
         record = meter.record(
-            step=setup.steps,
+            step=steps,
             loss=loss,
             lr=None,
             grad_norm=None,
-            tokens=point.tokens_per_step * env.dp_size,  # every replica's: tokens/s counts all ranks, TFLOPS per rank
+            tokens=plan.tokens_per_step,  # every replica's: tokens/s counts all ranks, TFLOPS per rank
             timings=timings,
         )
         cast_s = weight_cast_seconds(strategy.model, precision, device) * plan.grad_accum

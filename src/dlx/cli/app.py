@@ -27,6 +27,9 @@ def _register_commands() -> None:
     train_commands.register(app)
     plan_commands.register(app)
     bench_commands.register(app)
+    from dlx.cli import tune_commands
+
+    tune_commands.register(app)
     from dlx.cli import data_commands, eval_commands
 
     data_commands.register(app)

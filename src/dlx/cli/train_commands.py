@@ -33,6 +33,10 @@ def pretrain(
         ),
     ] = False,
     keys: Annotated[bool, typer.Option("--keys", help="List every recipe key with its default and meaning.")] = False,
+    tune: Annotated[
+        bool, typer.Option("--tune", help="Run `dlx tune` on the recipe first and train with its winner.")
+    ] = False,
+    tune_budget_min: Annotated[float, typer.Option(help="--tune: minutes the search may take.")] = 5.0,
 ) -> None:
     from dlx.train.recipe import split_command_line
 
@@ -51,6 +55,10 @@ def pretrain(
         from dlx.train.demo import run_demo
 
         sys.exit(run_demo(resume=resume, run_dir=run_dir))
+    if tune:
+        from dlx.cli.tune_commands import pretrain_tuned
+
+        sys.exit(pretrain_tuned(recipe, overrides, run_dir, resume, tune_budget_min))
     from dlx.train.launch import launch
 
     sys.exit(launch(recipe, overrides, run_dir, "auto" if auto else resume))

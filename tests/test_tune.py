@@ -1,0 +1,182 @@
+"""`dlx tune`: the enumeration, the memory rule against what the CPU measures, the time model's ranking, the recipe
+written, the bad inputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dlx import device as dev
+from dlx.bench import tune as tune_module
+from dlx.bench.tune import TuneSettings, run_tune
+from dlx.bench.tune_model import LayoutCost, Rates, calibrate
+from dlx.bench.tune_space import SearchSpace, enumerate_layouts
+from dlx.errors import UserError
+from dlx.train.recipe import load_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+DEBUG = str(ROOT / "recipes" / "debug.yaml")
+SMALL = ("--data.seq_len", "32", "--train.global_batch_size", "8")
+"""The debug recipe at 8 sequences of 32 tokens per step: micro-batch × accumulation ∈ {1×8, 2×4, 4×2, 8×1}."""
+
+
+def truth(layout) -> float:
+    """A synthetic step time: accumulation costs 0.1 s a micro-step, checkpointing 0.05 s a level, math attention 0.2 s,
+    and the strategies differ a little."""
+    checkpointing = {"none": 0, "selective": 1, "full": 2}[layout.activation_checkpointing]
+    strategy = {"none": 0.0, "ddp": 0.01, "fsdp": 0.02, "deepspeed": 0.03}[layout.strategy]
+    return 0.2 + 0.1 * layout.grad_accum + 0.05 * checkpointing + 0.2 * (layout.attention == "math") + strategy
+
+
+@pytest.fixture
+def synthetic_measure(monkeypatch):
+    """measure_config replaced by `truth` (nothing trains); the rates fixed; every measured layout recorded."""
+    measured = []
+
+    def fake_measure(config, device, warmup, steps):
+        from dlx.bench.tune_space import Layout
+
+        parallel, train, micro = config.parallel, config.train, config.data.micro_batch_size
+        layout = Layout(
+            parallel.strategy, parallel.tp, parallel.activation_checkpointing, config.data.micro_batch_size,
+            (train.global_batch_size or train.grad_accum * micro) // micro,
+            train.compile, train.float8, train.attention,
+        )  # fmt: skip
+        measured.append(layout)
+        step_s = truth(layout)
+        return {"step_s": step_s, "tokens_per_s": 256 / step_s, "mfu": 0.1, "peak_mem_gb": 0.5}
+
+    rates = Rates({}, 10.0, 1.0, False)
+
+    def fake_rates(args, device, keys, link):
+        return Rates({key: 1e-3 * key[1] for key in keys}, rates.memory_gbps, 1.0, False)
+
+    monkeypatch.setattr(tune_module, "measure_config", fake_measure)
+    monkeypatch.setattr(tune_module, "measure_rates", fake_rates)
+    return measured
+
+
+def test_enumeration_covers_the_space_once():
+    space = SearchSpace(world_size=2, global_batch=8, tps=(1, 2), compile=(False,), attention=("default",))
+    layouts = enumerate_layouts(space)
+    assert len(layouts) == len(set(layouts))
+    for layout in layouts:
+        dp = 2 // layout.tp
+        assert layout.micro_batch * layout.grad_accum * dp == 8
+        assert not (layout.strategy == "none" and dp > 1)  # strategy none: one replica only
+    # ddp, fsdp and three ZeRO stages at tp 1 (dp 2: micro 1, 2, 4); none too at tp 2 (dp 1: micro 1, 2, 4, 8); × 3 AC
+    assert len(layouts) == 3 * (5 * 3 + 6 * 4)
+
+
+def test_calibration_recovers_a_synthetic_model_and_its_order():
+    rng = np.random.default_rng(0)
+    costs = [LayoutCost(*rng.uniform(0.01, 1.0, 4)) for _ in range(12)]
+    true = np.array([2.0, 0.5, 1.5, 3.0])
+    seconds = [float(cost.terms() @ true) for cost in costs]
+    model = calibrate(costs[:8], seconds[:8], ridge=1e-6)
+    assert np.allclose(model.coefficients, true, rtol=1e-3)
+    predicted = [model.predict(cost) for cost in costs[8:]]
+    assert np.argsort(predicted).tolist() == np.argsort(seconds[8:]).tolist()
+
+
+def test_tune_measures_the_best_predicted_first_and_picks_the_truly_fastest(synthetic_measure):
+    settings = TuneSettings(DEBUG, SMALL, budget_s=600, keep=("train.compile",), max_measured=6)
+    result = run_tune(settings)
+    fits = [c for c in result.candidates if c.estimate_gb is not None]
+    admitted = [c for c in fits if not (c.drop or "").startswith(("does not fit", "parallel.strategy"))]
+    best_true = min(truth(c.layout) for c in admitted)
+    assert truth(result.winner.layout) == pytest.approx(best_true)
+    assert 3 <= len(synthetic_measure) <= 6 < len(admitted)  # calibrated on a few, stopped well before all
+    assert result.model.measured_points == len(synthetic_measure)
+    for candidate in result.candidates:  # every candidate carries why it lost, the winner none
+        assert (candidate.drop is None) == (candidate is result.winner)
+
+
+def test_pruning_never_admits_a_layout_the_cpu_measures_above_the_stated_memory(monkeypatch):
+    """A budget between the layouts' estimates: the admitted ones, each measured for real, stay within it."""
+    monkeypatch.setattr(tune_module, "STOP_MARGIN", 100.0)  # measure every admitted layout
+    keep = ("train.compile", "parallel.strategy", "train.attention", "data.micro_batch_size")  # AC: the one dimension
+    quick = {"budget_s": 600, "keep": keep, "warmup": 1, "steps": 1}
+    probe = run_tune(TuneSettings(DEBUG, SMALL, **quick, memory_limit_gb=1e6, max_measured=0))
+    estimates = sorted(c.estimate_gb for c in probe.candidates if c.estimate_gb is not None)
+    rule = probe.rule
+    held = dev.memory_in_use_gb(torch.device("cpu"))
+    limit = held + rule.fixed_gb + (1 + rule.margin) * estimates[len(estimates) // 2]
+    result = run_tune(TuneSettings(DEBUG, SMALL, **quick, memory_limit_gb=limit, max_measured=99))
+    dropped = [c for c in result.candidates if c.drop and c.drop.startswith("does not fit")]
+    measured = [c for c in result.candidates if c.record is not None]
+    assert dropped and measured
+    assert len(measured) + len(dropped) == len(result.candidates)
+    for c in measured:
+        assert c.record["peak_mem_gb"] <= limit, (c.layout.label(), c.record["peak_mem_gb"], limit)
+
+
+def invoke(*args: str):
+    from typer.testing import CliRunner
+
+    from dlx.cli.app import _register_commands, app
+
+    if not app.registered_commands:
+        _register_commands()
+    return CliRunner().invoke(app, list(args))
+
+
+def test_the_winner_is_written_as_a_recipe_pretrain_loads(synthetic_measure, tmp_path):
+    out = tmp_path / "tuned.yaml"
+    result = invoke("tune", DEBUG, *SMALL, "--keep", "train.compile", "--out", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    winner = summary["winner"]["layout"]
+    config = load_recipe(str(out), [])
+    assert config.data.micro_batch_size == winner["micro_batch_size"] == 8
+    assert config.parallel.activation_checkpointing == winner["activation_checkpointing"] == "none"
+    assert config.train.attention == winner["attention"]
+    assert config.train.global_batch_size == 8 and config.data.seq_len == 32
+    keys = {"layout", "predicted_step_s", "measured_step_s", "tokens_per_s", "mfu", "estimate_gb", "drop"}
+    assert all(keys <= set(row) for row in summary["candidates"])
+    assert sum(row["measured_step_s"] is not None for row in summary["candidates"]) == len(synthetic_measure)
+    assert (tmp_path / "tuned.md").read_text().count("\n| ") == len(summary["candidates"]) + 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--world-size", "3"), "--world-size 3: no layout divides it"),
+        (("--memory-limit-gb", "0.01"), "no layout reaches the global batch of 8 sequences"),
+        (("--budget-min", "0.01"), "is too small for one measurement"),
+    ],
+)
+def test_bad_inputs_are_one_line(args, message, tmp_path):
+    result = invoke("tune", DEBUG, *SMALL, *args, "--out", str(tmp_path / "t.yaml"))
+    assert isinstance(result.exception, UserError), result.output
+    assert message in str(result.exception) and "\n" not in str(result.exception)
+    assert not (tmp_path / "t.yaml").exists()
+
+
+def test_a_bad_input_exits_2(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlx", "tune", DEBUG, *SMALL, "--world-size", "3", "--out", str(tmp_path / "t.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "no layout divides it" in proc.stderr
+
+
+def test_pretrain_tune_trains_with_the_winner_and_keeps_the_table(synthetic_measure, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = ("--train.max_steps", "2", "--eval.every", "2", "--checkpoint.every", "2")
+    result = invoke("pretrain", DEBUG, *SMALL, *overrides, "--tune", "--run-dir", str(run_dir))
+    assert result.exit_code == 0, result.output
+    winner = json.loads((run_dir / "tune.json").read_text())["winner"]["layout"]
+    config = load_recipe(None, [], base=__import__("yaml").safe_load((run_dir / "config.yaml").read_text()))
+    assert config.data.micro_batch_size == winner["micro_batch_size"]
+    assert config.parallel.activation_checkpointing == winner["activation_checkpointing"]
+    assert config.train.max_steps == 2 and (run_dir / "tune.md").is_file() and (run_dir / "tune.yaml").is_file()
