@@ -21,9 +21,9 @@ EXPECTED = json.loads((FIXTURES / "resume_spike_expected.json").read_text())
 
 
 def saved_spike_window(checkpoint: Path) -> list[float]:
-    """The spike guard's window as a checkpoint's trainer_state.json holds it."""
+    """The spike guard's window as a checkpoint's trainer_state.json holds it (its observer state, "spikes")."""
     raw = json.loads((checkpoint / "trainer_state.json").read_text())
-    return raw["spike_window"]
+    return raw["observers"]["spikes"]["window"]
 
 
 @pytest.fixture

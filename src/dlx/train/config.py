@@ -195,6 +195,8 @@ class TrainSection(BaseModel):
     """Accepted losses the spike test compares with; no judgement before the window is full."""
     spike_patience: int = Field(3, ge=1, le=1 << 20)
     """rollback: consecutive spikes that reload the newest checkpoint older than the first of them."""
+    spike_max_rollbacks: int = Field(5, ge=0, le=1 << 20)
+    """rollback: rollbacks a run may take; at the next one it stops with one line (a run that keeps spiking)."""
     spike_rewarmup: int = Field(0, ge=0, le=1 << 20)
     """rollback: steps after it over which the learning rate rises linearly back to the schedule's; 0: none."""
 

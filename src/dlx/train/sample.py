@@ -212,6 +212,8 @@ class SampleObserver(Observer):
     shards); rank 0 prints and writes samples.jsonl, and each record goes to `publish` (every observer's
     `on_sample`)."""
 
+    order = 20
+
     def __init__(
         self,
         sampler: TrainingSampler,
