@@ -31,7 +31,7 @@ from dlx.train.console import RunConsole
 from dlx.train.observer import Observer, ObserverList
 from dlx.train.sample import SampleObserver, TrainingSampler, build_sampler
 from dlx.train.spikes import SpikeGuard
-from dlx.train.tasks import build_task_evaluation
+from dlx.train.tasks import build_task_evaluation, load_run_tasks
 
 if TYPE_CHECKING:
     from dlx.evals.harness import TaskSet
@@ -39,15 +39,19 @@ if TYPE_CHECKING:
     from dlx.train.data import DatasetInfo
 
 
-def check_observers(config: RunConfig, total_steps: int, tokenizer: Path | None) -> TrainingSampler | None:
-    """The profile window within the run's steps, and the sampler (its prompts encoded); UserError otherwise."""
+def check_observers(
+    config: RunConfig, total_steps: int, tokenizer: Path | None
+) -> tuple[TrainingSampler | None, TaskSet | None]:
+    """The profile window within the run's steps, the sampler (its prompts encoded) and eval.tasks (loaded on rank 0
+    first); UserError otherwise."""
     profile = config.profile
     if profile.steps and profile.start + profile.steps - 1 > total_steps:
         raise UserError(
             f"profile.start {profile.start} + profile.steps {profile.steps} run past the run's {total_steps} "
             f"optimizer steps; profile steps {profile.start}..{profile.start + profile.steps - 1} must exist"
         )
-    return build_sampler(config.eval, tokenizer, config.data.path)
+    sampler = build_sampler(config.eval, tokenizer, config.data.path)
+    return sampler, load_run_tasks(config.eval, tokenizer, distributed.main_decides)
 
 
 def check_wandb_installed(config: RunConfig) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -91,6 +92,19 @@ def claim_run_dir(lock: RunLock, resume: bool) -> None:
     lock.acquire()
 
 
+@contextlib.contextmanager
+def claimed_run_dir(lock: RunLock, resume: bool, loader: BatchSource) -> Iterator[None]:
+    """Rank 0 claims the run folder (`claim_run_dir`) for what is built inside; when that fails, the loader's workers
+    stop and the claim is given back (`release_run_dir`), so that a run that never started leaves nothing behind."""
+    try:
+        main_decides(lambda: claim_run_dir(lock, resume))
+        yield
+    except BaseException:
+        loader.close()
+        release_run_dir(lock, resume)
+        raise
+
+
 def release_run_dir(lock: RunLock, resume: bool) -> None:
     """The lock, given back after a failed build; a new run's folder goes too when it holds nothing but the lock."""
     folder = lock.path.parent
@@ -112,6 +126,20 @@ def create_run_dir(config: RunConfig, run_dir: Path, data_info: DatasetInfo, ini
         shutil.copyfile(tokenizer, run_dir / TOKENIZER_FILE)
     if init is not None:
         folder.append_event(run_dir, event="init_from", path=init.given, weights=init.weights, kind=init.kind)
+
+
+def announce_resume(
+    config: RunConfig,
+    state: ckpt.TrainerState,
+    last: Path | None,
+    plan: StepPlan,
+    strategy: Strategy,
+    console: RunConsole,
+) -> None:
+    """The progress bar from the checkpoint's step, and the resume's warnings (`resume_notes`)."""
+    console.progress.update(console.task, completed=state.step)
+    for note in resume_notes(config, state, last, plan, strategy.env, strategy.checkpoint_format):
+        console.warn(note)
 
 
 def resume_notes(

@@ -23,7 +23,6 @@ from dlx.train.attention import choose_for_run
 from dlx.train.config import RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader
-from dlx.train.header import build_header
 from dlx.train.init_from import InitSource
 from dlx.train.model_build import build_run_strategy, initial_weights, meta_model, resolve_initial_weights
 from dlx.train.objective import Objective, build_objective
@@ -31,12 +30,11 @@ from dlx.train.observe import build_observers, check_observers
 from dlx.train.observer import ObserverList
 from dlx.train.optim import ScheduledLR, build_scheduler
 from dlx.train.progress import RunProgress, read_progress
-from dlx.train.restore import claim_run_dir, create_run_dir, find_checkpoint, release_run_dir, restore, resume_notes
+from dlx.train.restore import announce_resume, claimed_run_dir, create_run_dir, find_checkpoint, restore
 from dlx.train.runlock import RunLock
 from dlx.train.signals import GracefulStop
-from dlx.train.start import check_start
+from dlx.train.start import build_header, check_start
 from dlx.train.step_plan import StepPlan, plan_steps
-from dlx.train.tasks import load_run_tasks
 
 
 @dataclass(frozen=True)
@@ -133,28 +131,20 @@ def build_run(
     run_dir, data_info, precision = start.run_dir, start.data_info, start.precision
     loader = build_train_loader(config, device, env.dp_rank, env.dp_size)  # the TP ranks of a replica: one batch
     lock = RunLock(run_dir)
-    try:
-        main_decides(lambda: claim_run_dir(lock, resume))  # before anything is written there
+    with claimed_run_dir(lock, resume, loader):  # before anything is written there; given back if building fails
         plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
         attention = choose_for_run(config, plan.micro_batch_size, env, precision.name, device)
         console = RunConsole(plan.total_steps, 0, config.log.progress, is_main=env.is_main)
         loaded = find_checkpoint(run_dir, console, env) if resume else None
         init = resolve_initial_weights(config, data_info, loaded is not None, console)
         tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
-        sampler = check_observers(config, plan.total_steps, tokenizer)
-        tasks = load_run_tasks(config.eval, tokenizer, main_decides)  # eval.tasks, checked before step 1
+        sampler, tasks = check_observers(config, plan.total_steps, tokenizer)  # eval.sample_*, eval.tasks, profile.*
         fill = initial_weights(init, device, config)
         strategy = build_run_strategy(meta_model(config), config, device, env, precision, plan, fill)
         scheduler = build_scheduler(strategy.optimizer, config.train, plan.total_steps)  # stepped by the loop
         state, last = restore(run_dir, resume, loaded, strategy, scheduler, loader, console)
         main_decides(lambda: create_run_dir(config, run_dir, data_info, init))
-    except BaseException:
-        loader.close()
-        release_run_dir(lock, resume)
-        raise
-    console.progress.update(console.task, completed=state.step)
-    for note in resume_notes(config, state, last, plan, env, strategy.checkpoint_format):
-        console.warn(note)
+    announce_resume(config, state, last, plan, strategy, console)
     logger = MetricsLogger(run_dir, config.log.tensorboard, env.is_main, resume_step=state.step if resume else None)
     timer = PhaseTimer(device)
     meter = ThroughputMeter(config.model.args, config.data.seq_len, device, precision.name, env.world_size)

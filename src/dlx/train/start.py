@@ -1,6 +1,7 @@
-"""What `build_run` checks before it builds anything: the optional packages the recipe needs, the dataset, the
-parallel layout, the run folder (chosen by rank 0), the preflight checks, the precision and the memory estimate. Bad
-input stops here with one line, and nothing is left behind."""
+"""A run's start: what `build_run` checks before it builds anything (the optional packages the recipe needs, the
+dataset, the parallel layout, the run folder chosen by rank 0, the preflight checks, the precision and the memory
+estimate; bad input stops here with one line, and nothing is left behind), and the start-up header it prints before
+step 1 and repeats in report.md."""
 
 from __future__ import annotations
 
@@ -10,18 +11,23 @@ from pathlib import Path
 import torch
 
 from dlx.errors import UserError
+from dlx.metrics.meter import ThroughputMeter
 from dlx.parallel.build import check_strategy_installed
 from dlx.parallel.distributed import DistEnv, main_decides
-from dlx.parallel.float8 import check_float8_installed
+from dlx.parallel.float8 import check_float8_installed, float8_header
+from dlx.parallel.strategy import Strategy
 from dlx.parallel.tensor import check_layout
 from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.precision import Precision, build_precision
 from dlx.train.config import RunConfig
 from dlx.train.data import DatasetInfo, inspect_dataset
+from dlx.train.init_from import InitSource, describe_changes
 from dlx.train.memory_check import check_memory
-from dlx.train.observe import check_wandb_installed
+from dlx.train.observe import bpb_note, check_wandb_installed
+from dlx.train.observer import ObserverList
 from dlx.train.preflight import Preflight, run_preflight
 from dlx.train.restore import resolve_run_dir
+from dlx.train.step_plan import StepPlan, header_lines
 
 
 @dataclass(frozen=True)
@@ -62,3 +68,34 @@ def check_optional_features(config: RunConfig) -> None:
             raise UserError(
                 "log.tensorboard is true but tensorboard is missing: pip install 'dlx[tensorboard]'"
             ) from None
+
+
+def build_header(
+    config: RunConfig,
+    plan: StepPlan,
+    strategy: Strategy,
+    device: torch.device,
+    meter: ThroughputMeter,
+    preflight: Preflight | None,
+    observers: ObserverList,
+    init: InitSource | None,
+    data_info: DatasetInfo,
+) -> list[str]:
+    """The start-up header: the step plan, the model and device, the meter's conventions, what preflight checked,
+    the observers' lines, where the initial weights came from, float8, and why validation has no bits per byte when
+    it has none."""
+    from dlx.device import device_name
+
+    # ds_numel: a ZeRO-3 parameter's full size (its local tensor is empty); a DTensor's numel is already the full one
+    trainable = sum(getattr(p, "ds_numel", p.numel()) for p in strategy.model.parameters() if p.requires_grad)
+    header = header_lines(plan, trainable, strategy.precision.name, device_name(device)) + meter.header()
+    header += preflight.lines() if preflight else []
+    header += observers.header()
+    if init is not None:
+        header.append(f"initial weights: {init.describe()}")
+        changes = describe_changes(init.args(), strategy.model.args)
+        if changes:
+            header.append(f"changed at init_from: {', '.join(changes)}")
+    if config.train.float8:
+        header += float8_header(strategy.model, config.train.float8_recipe, device)
+    return header + bpb_note(config, data_info)

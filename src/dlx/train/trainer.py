@@ -63,11 +63,9 @@ class RunResult:
         return 128 + int(signal.Signals[self.stopped_by])
 
 
-def pretrain(
-    config: RunConfig, name: str = "run", run_dir: Path | None = None, resume: bool | str = False
-) -> RunResult:
-    """Train as the recipe says, into a new run folder (or continue the newest complete checkpoint with resume; with
-    resume "auto", continue when run_dir holds a run, else start one there: rank 0 decides for all)."""
+def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, resume: bool = False) -> RunResult:
+    """Train as the recipe says, into a new run folder (or continue the newest complete checkpoint with resume; under
+    torchrun rank 0's `resume` is every rank's: `--resume auto` is resolved once, by `dlx.train.launch`)."""
     from dlx import device as dev
     from dlx.train.start import check_optional_features
 
@@ -78,8 +76,7 @@ def pretrain(
     env = distributed.init_distributed(device, needs_group, config.parallel.timeout_s, config.parallel.tp)
     every_rank_ends = False
     try:
-        if resume == "auto":
-            resume = distributed.main_decides(lambda: folder.holds_a_run(run_dir))
+        resume = distributed.main_decides(lambda: bool(resume))  # the same decision on every rank
         with GracefulStop() as stop:
             run = build_run(config, name, run_dir, resume, stop, env, device)
             try:
