@@ -42,6 +42,7 @@ from dlx.parallel import dcp
 from dlx.parallel.strategy import DCP_FOLDER
 from dlx.train import checkpoint as ckpt
 from dlx.train.folder import RUN_CONFIG_FILE
+from dlx.train.trained import find_tokenizer_file
 from dlx.train.vocab_growth import VOCAB_TENSORS, extends, fill_grown, new_token_pieces
 
 KINDS = {"hf": "Hugging Face folder", "model": "dlx model folder", "checkpoint": "dlx checkpoint", "run": "dlx run"}
@@ -164,14 +165,6 @@ def _newest_checkpoint(run_dir: Path, role: str) -> InitSource:
             continue
         return InitSource(run_dir, "run", path, find_tokenizer_file(path), tuple(notes))
     raise UserError(f"{role} {run_dir} is a run folder without a complete checkpoint; give another source")
-
-
-def find_tokenizer_file(weights: Path) -> Path | None:
-    """tokenizer.json beside the weights, or in the run folder above `checkpoints/step-N/`."""
-    for candidate in (weights / TOKENIZER_FILE, weights.parent.parent / TOKENIZER_FILE):
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def _file_or_none(path: Path) -> Path | None:

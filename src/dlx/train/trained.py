@@ -17,7 +17,6 @@ from dlx.model.hf import HF_CONFIG_FILE
 from dlx.model.io import WEIGHTS_FILE
 from dlx.model.llama import Transformer
 from dlx.train.checkpoint import DCP_METADATA, find_resumable, load_checkpoint_model
-from dlx.train.init_from import find_tokenizer_file
 
 
 @dataclass(frozen=True)
@@ -40,6 +39,14 @@ def resolve_trained(path: Path) -> Path:
     if loaded is None:
         raise UserError(f"{path} holds no complete checkpoint (checkpoints/step-*/); train first or give a checkpoint")
     return loaded.path
+
+
+def find_tokenizer_file(weights: Path) -> Path | None:
+    """tokenizer.json beside the weights, or in the run folder above `checkpoints/step-N/`."""
+    for candidate in (weights / TOKENIZER_FILE, weights.parent.parent / TOKENIZER_FILE):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 def find_tokenizer(checkpoint: Path) -> Any:
