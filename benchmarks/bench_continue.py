@@ -45,7 +45,7 @@ from dlx.data.prepare.readers import sample_documents
 from dlx.data.prepare.tokenizer import train_bpe
 from dlx.data.prepare.units import choose_unit_bytes, plan_units
 from dlx.data.tokenizer_extend import density, extend_json, learn_merges, word_counts
-from peers.record import environment, record_section
+from peers.record import environment, publish
 
 MAN_ZH = Path("/usr/share/man/zh_CN")
 ROFF_TEXT_MACROS = (".SH", ".SS", ".B", ".I", ".BR", ".IR", ".BI", ".IB", ".RB", ".RI")
@@ -144,9 +144,7 @@ def main() -> None:
     header = environment(["src/dlx/data/tokenizer_extend.py", "src/dlx/train/vocab_growth.py"])
     if args.replay:
         lines = replay_lines(header, args.scale)
-        print("\n".join(lines))
-        if not args.no_record:
-            record_section("Continued pretraining", INTRO, lines)
+        publish("Continued pretraining", INTRO, lines, record=not args.no_record)
     if args.skip_density:
         return
     rows, facts = measure([int(n) for n in args.added.split(",")], args.base_vocab)
@@ -162,9 +160,7 @@ def main() -> None:
         "",
         *table(rows),
     ]
-    print("\n".join(lines))
-    if not args.no_record:
-        record_section("Continued pretraining", INTRO, lines)
+    publish("Continued pretraining", INTRO, lines, record=not args.no_record)
 
 
 def replay_lines(header: list[str], scale: int) -> list[str]:

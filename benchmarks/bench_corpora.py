@@ -48,7 +48,7 @@ from dlx.train.objective import build_objective
 from dlx.train.step_plan import plan_steps
 from dlx.train.trainer import accumulate_gradients
 from peers.contenders import round_parser, spread
-from peers.record import environment, record_section
+from peers.record import environment, publish
 
 TOKENS_PER_STEP = 2048
 SHAPES = ((256, 8), (1024, 2))
@@ -243,9 +243,9 @@ def main() -> None:
         "",
         *loader_table(loaders),
     ]
-    print("\n".join(lines))
-    if not args.no_record:
-        record_section("Corpora", "Measured by `benchmarks/bench_corpora.py`; see its docstring.", lines)
+    publish(
+        "Corpora", "Measured by `benchmarks/bench_corpora.py`; see its docstring.", lines, record=not args.no_record
+    )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from dlx.metrics.logger import TASKS_FILE, read_jsonl
 from dlx.train.config import build_config
 from dlx.train.demo import DEMO_DATA, demo_recipe, prepare_demo_data
 from dlx.train.trainer import pretrain
-from peers.record import environment, record_section
+from peers.record import environment, publish, record_section
 
 METRICS = ("acc", "acc_norm", "acc_mutual_info")
 STARTUP = f"""
@@ -180,9 +180,7 @@ def main() -> None:
         head = [f"### {when}", "", *environment(["src/dlx/evals"]), ""]
         measure = untrained(args.data, args.limit, args.untrained) if args.untrained else None
         lines = head + (measure or compare_paths(args.data, args.limit, args.rounds))
-        print("\n".join(lines))
-        if not args.no_record:
-            record_section("Evals", "", lines)
+        publish("Evals", "", lines, record=not args.no_record)
         return
     startup = startup_seconds()
     measured = run(args.data, args.steps, args.every, args.limit)

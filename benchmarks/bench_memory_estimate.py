@@ -253,7 +253,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(measure(Cell(*json.loads(args.worker)), args.steps, args.mode)))
         return
-    from peers.record import environment, record_section
+    from peers.record import environment, publish
 
     header = environment(["src/dlx", "benchmarks"])
     rows = table(args.steps)
@@ -266,9 +266,7 @@ def main() -> None:
         "",
         *rows,
     ]
-    print("\n".join(lines))
-    if not args.no_record:
-        record_section("Memory estimate", INTRO, lines)
+    publish("Memory estimate", INTRO, lines, record=not args.no_record)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from dlx.data.shards import Manifest, ShardInfo, sha256_file, shard_name, write_manifest
-from peers.record import environment, record_section
+from peers.record import environment, publish
 
 SPIN = "while True:\n    pass\n"
 TOKENIZER = '{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}, "added_tokens": []}'
@@ -180,9 +180,7 @@ def main() -> None:
         lines = args.from_log.read_text().splitlines()
         results = [json.loads(line) for line in lines if line.startswith('{"index"')]
         table = report(results, None, header)
-        print("\n".join(table))
-        if not args.no_record:
-            record_section("Trust", RESUME_INTRO, table)
+        publish("Trust", RESUME_INTRO, table, record=not args.no_record)
         return
     root = Path(tempfile.mkdtemp(prefix="dlx-resume-loop-")) if args.keep is None else args.keep
     root.mkdir(parents=True, exist_ok=True)
@@ -200,9 +198,7 @@ def main() -> None:
         results.append(result)
         print(json.dumps(result), flush=True)
     lines = report(results, reference_s, header)
-    print("\n".join(lines))
-    if not args.no_record:
-        record_section("Trust", RESUME_INTRO, lines)
+    publish("Trust", RESUME_INTRO, lines, record=not args.no_record)
     if all(not r.get("differ") and "error" not in r for r in results) and args.keep is None:
         shutil.rmtree(root)
 

@@ -259,7 +259,7 @@ def main() -> None:
         return
     import tempfile
 
-    from peers.record import environment, record_section
+    from peers.record import environment, publish
 
     header = environment(["src/dlx", "benchmarks"])
     gap = same_model_gap(seed_cell(*CELLS[0]))
@@ -278,9 +278,7 @@ def main() -> None:
         "",
         *rows,
     ]
-    print("\n".join(lines))
-    if not args.no_record:
-        record_section("Seed row", INTRO, lines)
+    publish("Seed row", INTRO, lines, record=not args.no_record)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 
 from dlx.train.demo import prepare_demo_data
-from peers.record import environment, record_section
+from peers.record import environment, publish
 
 RECIPE = ["--data.seq_len", "128", "--data.micro_batch_size", "4", "--log.every", "1"]
 RECIPE += ["--train.precision", "fp32", "--log.progress", "false", "--data.num_workers", "0", "--train.seed", "0"]
@@ -206,9 +206,7 @@ def main() -> None:
         "",
         f"The naming line: `{named}`",
     ]
-    print("\n".join(lines))
-    if not args.no_record:
-        record_section("Self-healing", INTRO, lines)
+    publish("Self-healing", INTRO, lines, record=not args.no_record)
 
 
 def restart_rows(healed: dict[str, float | str]) -> list[str]:
@@ -242,9 +240,7 @@ def restart_only(args: argparse.Namespace) -> None:
         "",
         *restart_rows(healed),
     ]
-    print("\n".join(lines))
-    if not args.no_record:
-        record_section("Self-healing", INTRO, lines)
+    publish("Self-healing", INTRO, lines, record=not args.no_record)
 
 
 if __name__ == "__main__":

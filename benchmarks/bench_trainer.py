@@ -22,7 +22,7 @@ import torch
 
 from dlx.metrics.timing import PhaseTimer
 from peers.contenders import BARE, BATCH, DLX, HF, SEQ, TOKENS_PER_STEP, build, round_parser, rounds, spread
-from peers.record import environment, record_section
+from peers.record import environment, publish
 
 
 def timer_cost_per_step(repeats: int = 20_000, log_every: int = 10) -> float:
@@ -88,9 +88,9 @@ def main() -> None:
         f"PhaseTimer cost: {cost * 1e6:.1f} µs per step = {100 * cost / step_s:.4f} % of a dlx step "
         f"({1e3 * step_s:.0f} ms).",
     ]
-    print("\n".join(lines))
-    if not args.no_record:
-        record_section("Trainer", "Measured by `benchmarks/bench_trainer.py`; see its docstring.", lines)
+    publish(
+        "Trainer", "Measured by `benchmarks/bench_trainer.py`; see its docstring.", lines, record=not args.no_record
+    )
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from dlx.train.config import build_config
 from dlx.train.demo import DEMO_DATA, demo_recipe, prepare_demo_data
 from dlx.train.preflight import checkpoint_bytes, run_preflight
 from dlx.train.recipe import load_recipe
-from peers.record import ROOT, environment, record_section
+from peers.record import ROOT, environment, publish
 
 SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
 LLAMA3_TOKENIZER_BYTES = 9_085_698
@@ -263,9 +263,7 @@ def main() -> None:
             policies = wait_policy_rows(tmp, args.policy_rounds)
             lines = [f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}", "", *header, "", *POLICY_HEAD]
             lines += ["", *policies]
-            print("\n".join(lines))
-            if not args.no_record:
-                record_section("Trust", TRUST_INTRO, lines)
+            publish("Trust", TRUST_INTRO, lines, record=not args.no_record)
             return
         started = time.perf_counter()
         prepare_demo_data(tmp / DEMO_DATA)
@@ -300,9 +298,7 @@ def main() -> None:
     ]
     if policies:
         lines += ["", *POLICY_HEAD, "", *policies]
-    print("\n".join(lines))
-    if not args.no_record:
-        record_section("Trust", TRUST_INTRO, lines)
+    publish("Trust", TRUST_INTRO, lines, record=not args.no_record)
 
 
 POLICY_HEAD = ["A demo step (`dlx bench --model demo`, 2 timed steps after 1 warm-up) by OpenMP wait policy:"]

@@ -39,7 +39,7 @@ from dlx.precision import resolve_precision
 from dlx.train.demo import prepare_demo_data
 from dlx.train.memory_check import check_memory
 from dlx.train.recipe import load_recipe
-from peers.record import ROOT, environment, record_section
+from peers.record import ROOT, environment, publish
 
 SHARD_TOKENS = 100_000_000
 INTRO = (
@@ -194,9 +194,7 @@ def main() -> None:
         "",
         *memory,
     ]
-    print("\n".join(lines))
-    if not args.no_record:
-        record_section("Trust", INTRO, lines)
+    publish("Trust", INTRO, lines, record=not args.no_record)
 
 
 if __name__ == "__main__":

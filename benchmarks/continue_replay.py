@@ -26,7 +26,7 @@ import torch
 from dlx.data.prepare.tokenizer import train_bpe
 from dlx.data.tokenizer_extend import extend_json, learn_merges, word_counts
 from dlx.train.checkpoint import load_checkpoint_model
-from dlx.train.sample import find_tokenizer, resolve_checkpoint
+from dlx.train.trained import find_tokenizer, resolve_trained
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def train(run_dir: Path, plan: ReplayPlan, steps: int, options: dict[str, str]) 
 @torch.no_grad()
 def bits_per_byte(run_dir: Path, text: str, seq_len: int) -> float:
     """The model's summed cross-entropy over every token of `text` after the first, in bits per UTF-8 byte."""
-    checkpoint = resolve_checkpoint(run_dir)
+    checkpoint = resolve_trained(run_dir)
     model, tokenizer = load_checkpoint_model(checkpoint).eval(), find_tokenizer(checkpoint)
     ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False).ids)
     nats = 0.0

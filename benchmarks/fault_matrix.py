@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/, so that `peers` imports as a package
-from peers.record import ROOT, environment, record_section
+from peers.record import ROOT, environment, publish
 
 WATCHED = ["src/dlx", "tests"]
 SECTION = "Fault matrix"
@@ -221,9 +221,7 @@ def main() -> int:
     ]
     if notes:
         lines += ["", "Not passing:", "", *notes]
-    print("\n".join(lines))
-    if not args.no_record:
-        record_section(SECTION, INTRO, lines)
+    publish(SECTION, INTRO, lines, record=not args.no_record)
     missing = [node for _, _, node in CELLS if node not in outcomes]
     return 1 if counts["FAIL"] or counts["error"] or missing else 0
 

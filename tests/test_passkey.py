@@ -12,8 +12,8 @@ import torch
 from tokenizers import Tokenizer
 
 from dlx.errors import UserError
+from dlx.evals.passkey import build_prompt, evaluate_passkey, score_prompt
 from dlx.train.launch import launch
-from dlx.train.passkey import build_prompt, evaluate_passkey, score_prompt
 from train_helpers import TINY, make_dataset, run_cli
 
 pytestmark = pytest.mark.usefixtures("in_process_training")

@@ -146,7 +146,8 @@ def test_spike_rollback_skips_exactly_the_spiking_windows(dataset, tmp_path, pla
     assert launch(None, recipe(dataset, 16, *rollback), rolled, False) == 0
     back = [e for e in events(rolled) if e["event"] == "rollback"]
     assert len(back) == 1 and back[0]["to_step"] == 9 and back[0]["skipped_steps"] == [11, 12]
-    assert (rolled / "checkpoints" / "step-00000012.rolled-back").is_dir()
+    folders = sorted(p.name for p in (rolled / "checkpoints").iterdir())  # the set-aside step 12 counts toward
+    assert folders == ["step-00000009", "step-00000012", "step-00000015", "step-00000016"]  # keep_last: gone first
     assert losses(rolled)[10] == losses(clean)[10]  # step 10 replayed on its own batch
     clean_state = read_checkpoint(list_checkpoints(clean)[0]).state
     state = read_checkpoint(list_checkpoints(rolled)[0]).state
@@ -231,7 +232,7 @@ def test_cli_resume_auto_needs_a_run_dir(tmp_path, spelling):
 def test_a_resumed_run_judges_spikes_at_once(dataset, tmp_path, plant):
     run_dir, skip = tmp_path / "run", [*SPIKY, "--train.spike_policy", "skip"]
     assert launch(None, recipe(dataset, 9, *skip), run_dir, False) == 0  # window of 8 full at the step-9 checkpoint
-    assert len(read_checkpoint(list_checkpoints(run_dir)[0]).state.spike_window) == 8
+    assert len(read_checkpoint(list_checkpoints(run_dir)[0]).state.observers["spikes"]["window"]) == 8
     plant("10x20")
     assert launch(None, recipe(dataset, 11, *skip), run_dir, "auto") == 0
     assert [(e["event"], e["step"]) for e in events(run_dir)] == [("resume", 9), ("loss_spike", 10)]

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, so that `peers` imports as a package
 from dlx.bench.results import markdown_table, read_rows
 from dlx.bench.sweep import CSV_NAME
-from peers.record import ROOT, environment, record_section
+from peers.record import ROOT, environment, publish
 
 MODELS = ("llama3.2-3b", "llama3-8b")
 TPS = (1, 2, 4, 8)
@@ -100,9 +100,12 @@ def main() -> None:
     lines = [stamp, "", *environment(["src/dlx", "benchmarks/gpu"]), *failed, ""]
     for folder, argv in commands:
         lines += [f"`{shlex.join(argv[3:])}`", "", markdown_table(read_rows(ROOT / folder / CSV_NAME), []), ""]
-    print("\n".join(lines))
-    if not args.no_record:
-        record_section("GPU, FSDP × TP", "Measured by `benchmarks/gpu/tp_points.py`; see its docstring.", lines)
+    publish(
+        "GPU, FSDP × TP",
+        "Measured by `benchmarks/gpu/tp_points.py`; see its docstring.",
+        lines,
+        record=not args.no_record,
+    )
 
 
 if __name__ == "__main__":

@@ -88,3 +88,11 @@ def record_section(section: str, intro: str, lines: list[str], path: Path = BENC
         end = len(text) if end < 0 else end + 1
         text = text[:end].rstrip("\n") + "\n\n" + entry + ("\n" + text[end:] if end < len(text) else "")
     atomic_write_text(path, text)
+
+
+def publish(section: str, intro: str, lines: list[str], record: bool = True) -> None:
+    """Print an entry, and append it to the `## section` of BENCHMARKS.md (`record_section`) unless `record` is False
+    (a benchmark's --no-record)."""
+    print("\n".join(lines))
+    if record:
+        record_section(section, intro, lines)

@@ -11,9 +11,10 @@ to send a signal at an exact moment instead of guessing with sleeps.
 
 The test sees the marker, sends its signal, then deletes the marker to let the process go on (or die).
 
-    DLX_FAULT_SPIKE=STEP[,STEP...][xFACTOR]   the loss the trainer judges at these optimizer steps is multiplied by
-                                FACTOR (default 10), the first time the process reaches each (a rolled-back run
-                                trains the step again, cleanly): a planted loss spike for train.spike_policy's tests
+    DLX_FAULT_SPIKE=STEP[,STEP...][xFACTOR[*]]   the loss the trainer judges at these optimizer steps is multiplied
+                                by FACTOR (default 10), the first time the process reaches each (a rolled-back run
+                                trains the step again, cleanly), or with `*` every time (a run that keeps spiking): a
+                                planted loss spike for train.spike_policy's tests
 
     DLX_FAULT_RAISE=POINT       the process raises a RuntimeError (not a UserError: an unexpected failure, as a CUDA
                                 error would be) each time it reaches POINT
@@ -66,9 +67,10 @@ def planted_spike(step: int) -> float:
     if not spec:
         return 1.0
     steps, _, factor = spec.partition("x")
-    point = f"spike{step}"
-    if str(step) not in steps.split(",") or point in _arrivals:
+    point, every_time = f"spike{step}", factor.endswith("*")  # `*`: at every arrival, not only the first
+    if str(step) not in steps.split(",") or (point in _arrivals and not every_time):
         return 1.0
+    factor = factor.removesuffix("*")
     _arrivals[point] = 1
     return float(factor or 10)
 

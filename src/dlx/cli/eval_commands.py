@@ -45,9 +45,12 @@ def eval_checkpoint(
     harness = [name for name in names if name != "passkey"]
     results = evaluate_checkpoint(path, harness, task_dir, limit, device) if harness else {"results": {}}
     if "passkey" in names:
-        from dlx.train.passkey import passkey_results, run_passkey, score_table
+        from dlx import device as dev
+        from dlx.evals.passkey import passkey_results, run_passkey, score_table
+        from dlx.train.trained import load_trained
 
-        scores = run_passkey(path, None, (0.0, 0.5, 1.0), limit or 5, 0, device)
+        trained = load_trained(path, dev.resolve_device(device))
+        scores = run_passkey(trained.model, trained.tokenizer, None, (0.0, 0.5, 1.0), limit or 5, 0)
         results["results"].update(passkey_results(scores))
         if not as_json:
             print("\n".join(score_table(scores)))

@@ -35,11 +35,13 @@ def passkey(
 ) -> None:
     """Hide a five-digit key in filler text at each depth of each length; print how often greedy decoding says it back
     and the answer's log-likelihood (teacher-forced, one forward pass per prompt)."""
-    from dlx.train.passkey import run_passkey, score_table
+    from dlx import device as dev
+    from dlx.evals.passkey import run_passkey, score_table
+    from dlx.train.trained import load_trained
 
-    scores = run_passkey(
-        path, _numbers(lengths, int, "--lengths"), _numbers(depths, float, "--depths"), samples, seed, device
-    )
+    trained = load_trained(path, dev.resolve_device(device))
+    length_list, depth_list = _numbers(lengths, int, "--lengths"), _numbers(depths, float, "--depths")
+    scores = run_passkey(trained.model, trained.tokenizer, length_list, depth_list, samples, seed)
     if as_json:
         for s in scores:
             row = {"length": s.length, "depth": s.depth, "samples": s.samples, "accuracy": s.accuracy}

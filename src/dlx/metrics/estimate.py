@@ -126,7 +126,7 @@ def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 @dataclass(frozen=True)
-class MemoryPlan:
+class MemoryEstimate:
     params: int
     weights_gb: float
     """fp32 weights and, under autocast, their compute-dtype copies (see the module docstring)."""
@@ -298,14 +298,14 @@ def phase_peaks(args: ModelArgs, shape: TrainingShape, state: StateBytes) -> dic
     return {"forward": forward, "backward": max(start, end), "optimizer": grads + buckets}
 
 
-def plan_memory(args: ModelArgs, shape: TrainingShape) -> MemoryPlan:
+def plan_memory(args: ModelArgs, shape: TrainingShape) -> MemoryEstimate:
     n_params = ParamFormula(args).total
     state = _state_bytes(args, ParamFormula(args).per_tensor_parallel_rank(shape.tp), shape)
     local = rank_shape(shape)  # under context parallelism: the seq_len / cp tokens this rank holds
     phases = add_context_parallel_bytes(args, shape, phase_peaks(args, local, state))
     peak_phase = max(phases, key=phases.get)
     acts = activation_bytes(args, local)
-    return MemoryPlan(
+    return MemoryEstimate(
         params=n_params,
         weights_gb=(state.weights + state.copies) / GB,
         grads_gb=(state.grads + state.buckets) / GB,

@@ -85,6 +85,22 @@ class MetricsLogger:
         if self.is_main:
             self._append(SAMPLES_FILE, record)
 
+    def mark_abandoned(self, after_step: int) -> None:
+        """Mark the metrics.jsonl records past `after_step` `"abandoned": true`: a spike rollback went back to that
+        step, and the steps after it are trained again (their new records follow)."""
+        if not self.is_main:
+            return
+        f = self._files.pop(METRICS_FILE, None)
+        if f is not None:
+            f.close()
+        path = self.run_dir / METRICS_FILE
+        records = read_jsonl(path)
+        for record in records:
+            if int(record.get("step", 0)) > after_step:
+                record.setdefault("abandoned", True)
+        if path.exists():
+            atomic_write_text(path, "".join(to_json_line(r) + "\n" for r in records))
+
     def close(self) -> None:
         for f in self._files.values():
             f.close()

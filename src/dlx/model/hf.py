@@ -268,10 +268,11 @@ def read_hf_args(hf_dir: str | Path) -> ModelArgs:
     return args_from_hf_config(config, str(config_file))
 
 
-def read_hf_folder(hf_dir: str | Path) -> tuple[ModelArgs, dict[str, StoredTensor]]:
-    """The shape and the stored tensors (by dlx name) of a Hugging Face Llama folder, headers only."""
+def read_hf_folder(hf_dir: str | Path, args: ModelArgs | None = None) -> tuple[ModelArgs, dict[str, StoredTensor]]:
+    """The shape and the stored tensors (by dlx name) of a Hugging Face Llama folder, headers only; `args`: its
+    config.json, when already read."""
     hf_dir = Path(hf_dir)
-    args = read_hf_args(hf_dir)
+    args = args or read_hf_args(hf_dir)
     weight_map = _weight_map(hf_dir)
     files = sorted({hf_dir / name for name in weight_map.values()}) if weight_map else [hf_dir / HF_WEIGHTS_FILE]
     stored = read_headers(files, _name_for_load, fix="download it again")

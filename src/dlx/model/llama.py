@@ -1,7 +1,10 @@
-"""The Llama-3 decoder: RMSNorm, real-valued RoPE, grouped-query attention through SDPA, SwiGLU.
+"""The Llama-3 decoder: RMSNorm, real-valued RoPE (`dlx.model.rope`: plain or scaled tables), grouped-query
+attention (causal through SDPA or flex_attention, `use_attention`; inside documents with `dlx.model.document_mask`;
+a KV cache for `generate`), SwiGLU, and the chunked output loss (`dlx.model.loss`).
 
 Module and parameter names follow Meta's reference code (`tok_embeddings`, `layers.N.attention.wq`, ...). The model
-knows nothing of devices, precision or parallelism: those are applied from outside (see `dlx.train`).
+knows nothing of devices or parallelism: those are applied from outside (`dlx.parallel.wrap`, `dlx.parallel.strategy`),
+and the attention kernel is chosen outside too (`dlx.train.attention`).
 
 Under autocast the residual stream stays fp32 (under FSDP2 too, whose gathered weights are bf16: the embedding's
 output is made fp32 and dlx.parallel.wrap leaves block inputs uncast) and each RMSNorm hands the next matmuls its

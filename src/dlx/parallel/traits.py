@@ -1,12 +1,12 @@
 """What each `parallel.strategy` implies, decided here once: the trainer, the run's assembly, the recipe's checks,
 preflight, the planner (`dlx plan`), `dlx bench` and the strategy builder read this table, not the strategy's name.
 
-    strategy   process group  precision  sharded (ZeRO stage)  checkpoint (tp 1)  resumes from   tp > 1  fp16  nan skip
-    none       with torchrun  dlx's      0                     full               full, dcp      yes     yes   yes
-    ddp        with torchrun  dlx's      0 (+ gradient buckets) full              full, dcp      yes     yes   yes
-    fsdp       always         dlx's      3                     dcp                dcp            yes     no    yes
-    hsdp       always         dlx's      3 (within a replica)  dcp                dcp            no      no    yes
-    deepspeed  always         engine's   parallel.zero_stage   deepspeed          deepspeed      no      yes   no
+    strategy   group          precision  sharded (ZeRO stage)   checkpoint (tp 1)  resumes    tp>1  fp16  nan skip  fp8
+    none       with torchrun  dlx's      0                      full               full, dcp  yes   yes   yes       yes
+    ddp        with torchrun  dlx's      0 (+ gradient buckets) full               full, dcp  yes   yes   yes       yes
+    fsdp       always         dlx's      3                      dcp                dcp        yes   no    yes       yes
+    hsdp       always         dlx's      3 (within a replica)   dcp                dcp        no    no    yes       yes
+    deepspeed  always         engine's   parallel.zero_stage    deepspeed          deepspeed  no    yes   no        no
 
 Any strategy with parallel.tp > 1 writes "dcp" checkpoints (DCP reshards them across layouts).
 """
@@ -40,6 +40,8 @@ class StrategyTraits:
     """Trains in fp16 (with a loss scaler)."""
     skips_nan_steps: bool
     """Can drop a step's update for a non-finite loss (train.nan_policy skip)."""
+    runs_float8: bool
+    """Trains float8 linears (train.float8, torchao) with parallel.tp 1."""
     benched: bool
     """`dlx bench` measures it."""
     package: str | None
@@ -49,17 +51,59 @@ class StrategyTraits:
         return "dcp" if tp > 1 else self.checkpoint_format
 
 
-_ROWS = (
-    # name, always_grouped, owns_precision, sharding_stage, gradient_buckets, checkpoint_format, resumes,
-    # supports_tp, trains_fp16, skips_nan_steps, benched, package
-    ("none", False, False, 0, False, "full", ("full", "dcp"), True, True, True, True, None),
-    ("ddp", False, False, 0, True, "full", ("full", "dcp"), True, True, True, True, None),
-    ("fsdp", True, False, 3, False, "dcp", ("dcp",), True, False, True, True, None),
-    ("hsdp", True, False, 3, False, "dcp", ("dcp",), False, False, True, True, None),
-    ("deepspeed", True, True, None, False, "deepspeed", ("deepspeed",), False, True, False, False, "deepspeed"),
+_FULL = {"checkpoint_format": "full", "resumes": ("full", "dcp"), "supports_tp": True, "trains_fp16": True}
+_DLX_RUN = {"owns_precision": False, "sharding_stage": 0, "skips_nan_steps": True, "runs_float8": True, "benched": True}
+_STRATEGIES = (
+    StrategyTraits("none", always_grouped=False, gradient_buckets=False, package=None, **_FULL, **_DLX_RUN),
+    StrategyTraits("ddp", always_grouped=False, gradient_buckets=True, package=None, **_FULL, **_DLX_RUN),
+    StrategyTraits(
+        "fsdp",
+        always_grouped=True,
+        owns_precision=False,
+        sharding_stage=3,
+        gradient_buckets=False,
+        checkpoint_format="dcp",
+        resumes=("dcp",),
+        supports_tp=True,
+        trains_fp16=False,
+        skips_nan_steps=True,
+        runs_float8=True,
+        benched=True,
+        package=None,
+    ),
+    StrategyTraits(
+        "hsdp",
+        always_grouped=True,
+        owns_precision=False,
+        sharding_stage=3,
+        gradient_buckets=False,
+        checkpoint_format="dcp",
+        resumes=("dcp",),
+        supports_tp=False,
+        trains_fp16=False,
+        skips_nan_steps=True,
+        runs_float8=True,
+        benched=True,
+        package=None,
+    ),
+    StrategyTraits(
+        "deepspeed",
+        always_grouped=True,
+        owns_precision=True,
+        sharding_stage=None,
+        gradient_buckets=False,
+        checkpoint_format="deepspeed",
+        resumes=("deepspeed",),
+        supports_tp=False,
+        trains_fp16=True,
+        skips_nan_steps=False,
+        runs_float8=False,
+        benched=False,
+        package="deepspeed",
+    ),
 )
-"""One row per strategy, in StrategyTraits' field order (the module docstring's table, in words)."""
-STRATEGY_TRAITS = {row[0]: StrategyTraits(*row) for row in _ROWS}
+"""One per strategy, every trait named (the module docstring's table, in words)."""
+STRATEGY_TRAITS = {traits.name: traits for traits in _STRATEGIES}
 """Every parallel.strategy by name."""
 
 

@@ -20,6 +20,7 @@ from dlx.errors import UserError
 from dlx.model.attention_kernels import AttentionChoice, AttentionShape, Timer, choose_attention
 from dlx.model.document_mask import uses_flex
 from dlx.model.llama import Transformer
+from dlx.parallel.distributed import DistEnv, main_decides
 from dlx.train.config import RunConfig
 from dlx.train.observer import Observer
 
@@ -35,6 +36,14 @@ def attention_shape(config: RunConfig, micro_batch: int, tp: int, precision: str
     args = config.model.args
     heads, kv_heads = args.n_heads // tp, args.kv_heads // tp
     return AttentionShape(micro_batch, heads, kv_heads, config.data.seq_len, args.head_dim, PRECISION_DTYPES[precision])
+
+
+def choose_for_run(
+    config: RunConfig, micro_batch: int, env: DistEnv, precision: str, device: torch.device
+) -> AttentionChoice:
+    """Rank 0 chooses train.attention at this rank's shape (timed before the model exists); every rank gets it."""
+    shape = attention_shape(config, micro_batch, env.tp, precision)
+    return main_decides(lambda: choose_run_attention(config, shape, device))
 
 
 def choose_run_attention(
@@ -55,6 +64,8 @@ def choose_run_attention(
 
 class AttentionObserver(Observer):
     """Holds the applied choice from the start of the run to `close` and states it in the header."""
+
+    order = 0  # first: its header line beside the model's
 
     def __init__(self, choice: AttentionChoice, document_mask: bool, device: torch.device) -> None:
         self.choice, self.document_mask, self.device = choice, document_mask, device

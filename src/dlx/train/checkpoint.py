@@ -78,10 +78,8 @@ class TrainerState:
     """Training tokens consumed, all ranks together."""
     nan_skipped: int = 0
     """Steps whose update was skipped for a non-finite loss (train.nan_policy: skip)."""
-    spikes_skipped: int = 0
-    """Steps whose update was skipped as a loss spike (train.spike_policy)."""
-    spike_window: list[float] = field(default_factory=list)
-    """The spike test's accepted losses (train.spike_policy on): a resumed run judges from its first step."""
+    observers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each observer's state under its name (`dlx.train.observer`: the spike guard's window, counts and skips)."""
     loader: dict[str, Any] | None = None
     """The training loader's state_dict: where the next batch comes from."""
     format: str = "full"
@@ -361,7 +359,7 @@ def read_trainer_state(path: Path, checksums: bool = True) -> TrainerState:
     DamagedCheckpoint otherwise."""
     try:
         raw = json.loads((path / TRAINER_STATE_FILE).read_text())
-        state = TrainerState(**raw)
+        state = TrainerState(**with_observer_states(raw))
     except (OSError, ValueError, TypeError) as e:
         raise DamagedCheckpoint(f"{TRAINER_STATE_FILE} unreadable ({type(e).__name__})") from None
     problem = schema_problem(raw, state.step, state.tokens_seen, state.world_size, state.files, state.loader)
@@ -369,6 +367,17 @@ def read_trainer_state(path: Path, checksums: bool = True) -> TrainerState:
     if problem:
         raise DamagedCheckpoint(problem)
     return state
+
+
+def with_observer_states(raw: dict[str, Any]) -> dict[str, Any]:
+    """trainer_state.json as written before observers had their own state: its spike fields under "spikes"."""
+    if "spike_window" not in raw and "spikes_skipped" not in raw:
+        return raw
+    raw = dict(raw)
+    window, skipped = raw.pop("spike_window", []), raw.pop("spikes_skipped", 0)
+    if window or skipped:
+        raw.setdefault("observers", {})["spikes"] = {"window": window, "counts": {"skipped": skipped}}
+    return raw
 
 
 def read_checkpoint(path: Path, checksums: bool = True) -> LoadedCheckpoint:

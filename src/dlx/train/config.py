@@ -1,7 +1,9 @@
-"""The recipe: typed, validated sections `model`, `data`, `train`, `eval`, `checkpoint`, `log`.
+"""The recipe: typed, validated sections `model`, `data`, `train`, `eval`, `checkpoint`, `log`, `profile` and
+`parallel` (declared in `dlx.parallel.config`).
 
-Every field has a one-line docstring (shown by `dlx pretrain --help-recipe`); a bad value fails on construction with a
-message that names the key and what is allowed (`describe_error`). Cross-section rules live in `RunConfig`.
+Every field has a one-line docstring (listed by `dlx pretrain --keys`); a bad value fails on construction with a
+message that names the key and what is allowed (`describe_error`). Cross-section rules live in `RunConfig`; what a
+parallel strategy allows is read from its traits (`dlx.parallel.traits`).
 """
 
 from __future__ import annotations
@@ -196,6 +198,8 @@ class TrainSection(BaseModel):
     """Accepted losses the spike test compares with; no judgement before the window is full."""
     spike_patience: int = Field(3, ge=1, le=1 << 20)
     """rollback: consecutive spikes that reload the newest checkpoint older than the first of them."""
+    spike_max_rollbacks: int = Field(5, ge=0, le=1 << 20)
+    """rollback: rollbacks a run may take; at the next one it stops with one line (a run that keeps spiking)."""
     spike_rewarmup: int = Field(0, ge=0, le=1 << 20)
     """rollback: steps after it over which the learning rate rises linearly back to the schedule's; 0: none."""
 
@@ -353,9 +357,7 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"parallel.strategy {strategy.name} trains in bf16 or fp32; set train.precision bf16 (or fp32)"
             )
-        if train.float8 and (
-            train.precision in ("fp16", "fp32") or strategy.name == "deepspeed" or self.parallel.tp > 1
-        ):
+        if train.float8 and (train.precision in ("fp16", "fp32") or not strategy.runs_float8 or self.parallel.tp > 1):
             raise ValueError(
                 "train.float8 runs with train.precision bf16 (or auto), parallel.strategy none, ddp or fsdp and "
                 "parallel.tp 1; set train.float8 false or change those"

@@ -76,6 +76,7 @@ RESUMABLE_CHANGES = {
     ("train", "spike_window"),
     ("train", "spike_patience"),
     ("train", "spike_rewarmup"),
+    ("train", "spike_max_rollbacks"),
 }
 """Keys a resumed run may change: how long it runs, what it records (samples, profiles and W&B included), and how ranks
 share it (a run may resume on another number of ranks with the batch split differently; the checkpoint says which

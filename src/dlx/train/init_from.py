@@ -17,6 +17,7 @@ content (`dlx.data.tokenizer_identity`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from dlx.parallel import dcp
 from dlx.parallel.strategy import DCP_FOLDER
 from dlx.train import checkpoint as ckpt
 from dlx.train.folder import RUN_CONFIG_FILE
+from dlx.train.trained import find_tokenizer_file
 from dlx.train.vocab_growth import VOCAB_TENSORS, extends, fill_grown, new_token_pieces
 
 KINDS = {"hf": "Hugging Face folder", "model": "dlx model folder", "checkpoint": "dlx checkpoint", "run": "dlx run"}
@@ -75,13 +77,25 @@ class InitSource:
         return self.kind in ("checkpoint", "run") and not (self.weights / WEIGHTS_FILE).is_file()
 
     def args(self) -> ModelArgs:
+        """The weights' shape (config.json or model_args.json, read once)."""
+        return self._args
+
+    def stored(self) -> dict[str, StoredTensor]:
+        """Every stored tensor by dlx name (headers only: names, shapes, dtypes; shards and index checked; read
+        once)."""
+        return self._stored
+
+    @cached_property
+    def _args(self) -> ModelArgs:
         if self.kind == "hf":
             return read_hf_args(self.weights)
         return _sharded_checkpoint_args(self.weights) if self.in_shards else read_model_args(self.weights)
 
-    def stored(self) -> dict[str, StoredTensor]:
-        """Every stored tensor by dlx name (headers only: names, shapes, dtypes; shards and index checked)."""
-        return (read_hf_folder if self.kind == "hf" else read_model_folder)(self.weights)[1]
+    @cached_property
+    def _stored(self) -> dict[str, StoredTensor]:
+        if self.kind == "hf":
+            return read_hf_folder(self.weights, self._args)[1]
+        return read_model_folder(self.weights)[1]
 
     def check(self) -> None:
         """Every header, shard and shape checked, no tensor data read: a broken source fails before anything starts."""
@@ -151,14 +165,6 @@ def _newest_checkpoint(run_dir: Path, role: str) -> InitSource:
             continue
         return InitSource(run_dir, "run", path, find_tokenizer_file(path), tuple(notes))
     raise UserError(f"{role} {run_dir} is a run folder without a complete checkpoint; give another source")
-
-
-def find_tokenizer_file(weights: Path) -> Path | None:
-    """tokenizer.json beside the weights, or in the run folder above `checkpoints/step-N/`."""
-    for candidate in (weights / TOKENIZER_FILE, weights.parent.parent / TOKENIZER_FILE):
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def _file_or_none(path: Path) -> Path | None:

@@ -12,7 +12,7 @@ from dlx.train.recipe import load_recipe, parse_overrides
 def launch(recipe: str | None, overrides: list[str], run_dir: Path | None, resume: bool | str) -> int:
     """Train; 0 when the run finished, 128 + signal number when a signal stopped it (after a checkpoint).
     `resume`: False, True, or "auto" (resume when --run-dir holds a run, else start one there)."""
-    existing = folder.holds_a_run(run_dir) if resume == "auto" else bool(resume)
+    existing = resolve_resume(run_dir, resume)
     if existing:
         refuse_new_init_from(overrides)
     if recipe is None and existing and run_dir is not None:
@@ -23,8 +23,15 @@ def launch(recipe: str | None, overrides: list[str], run_dir: Path | None, resum
         name = Path(recipe).stem if recipe else "run"
     from dlx.train.trainer import pretrain  # torch and the rest only once the recipe is known to be valid
 
-    result = pretrain(config, name, run_dir, resume)
+    result = pretrain(config, name, run_dir, existing)
     return 0 if result.stopped_by is None else result.exit_code
+
+
+def resolve_resume(run_dir: Path | None, resume: bool | str) -> bool:
+    """--resume auto: whether --run-dir holds a run to continue (else a new run starts there), decided here once; a
+    bool goes on. Under torchrun every rank reads the folder before the process group's rendezvous, and nothing writes
+    config.yaml before every rank has passed it, so the ranks read the same answer (`pretrain` then takes rank 0's)."""
+    return folder.holds_a_run(run_dir) if resume == "auto" else bool(resume)
 
 
 def refuse_new_init_from(overrides: list[str]) -> None:

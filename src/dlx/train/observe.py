@@ -1,7 +1,7 @@
-"""The observers a run has (`dlx.train.observer`): GPU counters (`log.nvml`), samples (`eval.sample_*`), downstream
-tasks (`eval.tasks`, dlx.train.tasks), the profiler (`profile.*`) and Weights & Biases (`log.wandb`), each an
-`Observer` around its `dlx.metrics` (or `dlx.evals`) class, which knows nothing of the loop, built in that order by
-`build_observers`.
+"""The observers a run has (`dlx.train.observer`): the attention kernel (dlx.train.attention), GPU counters
+(`log.nvml`), samples (`eval.sample_*`), downstream tasks (`eval.tasks`, dlx.train.tasks), the profiler (`profile.*`),
+Weights & Biases (`log.wandb`) and the spike guard (`train.spike_policy`, dlx.train.spikes), each an `Observer` around
+its `dlx.metrics` (or `dlx.evals`) class, which knows nothing of the loop, all built by `build_observers`.
 
 `check_observers` and `check_wandb_installed` run before the run folder exists (bad input leaves nothing behind).
 """
@@ -21,28 +21,37 @@ from dlx.metrics.gpu_monitor import RECORD_KEYS, NoGpuCounters, NvmlCounters, op
 from dlx.metrics.logger import MetricsLogger
 from dlx.metrics.profiler import PROFILED_KEY, ProfileWindow, StepProfiler
 from dlx.metrics.timing import PhaseTimer
+from dlx.model.attention_kernels import AttentionChoice
 from dlx.parallel import distributed
 from dlx.parallel.distributed import DistEnv
+from dlx.parallel.strategy import Strategy
+from dlx.train.attention import AttentionObserver
 from dlx.train.config import RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.observer import Observer, ObserverList
 from dlx.train.sample import SampleObserver, TrainingSampler, build_sampler
+from dlx.train.spikes import SpikeGuard
+from dlx.train.tasks import build_task_evaluation, load_run_tasks
 
 if TYPE_CHECKING:
+    from dlx.evals.harness import TaskSet
     from dlx.metrics.wandb_sink import WandbSink
     from dlx.train.data import DatasetInfo
-    from dlx.train.tasks import TaskEvaluation
 
 
-def check_observers(config: RunConfig, total_steps: int, tokenizer: Path | None) -> TrainingSampler | None:
-    """The profile window within the run's steps, and the sampler (its prompts encoded); UserError otherwise."""
+def check_observers(
+    config: RunConfig, total_steps: int, tokenizer: Path | None
+) -> tuple[TrainingSampler | None, TaskSet | None]:
+    """The profile window within the run's steps, the sampler (its prompts encoded) and eval.tasks (loaded on rank 0
+    first); UserError otherwise."""
     profile = config.profile
     if profile.steps and profile.start + profile.steps - 1 > total_steps:
         raise UserError(
             f"profile.start {profile.start} + profile.steps {profile.steps} run past the run's {total_steps} "
             f"optimizer steps; profile steps {profile.start}..{profile.start + profile.steps - 1} must exist"
         )
-    return build_sampler(config.eval, tokenizer, config.data.path)
+    sampler = build_sampler(config.eval, tokenizer, config.data.path)
+    return sampler, load_run_tasks(config.eval, tokenizer, distributed.main_decides)
 
 
 def check_wandb_installed(config: RunConfig) -> None:
@@ -61,20 +70,29 @@ def build_observers(
     timer: PhaseTimer,
     console: RunConsole,
     logger: MetricsLogger,
-    model: torch.nn.Module,
+    strategy: Strategy,
     sampler: TrainingSampler | None,
-    tasks: TaskEvaluation | None = None,
+    tasks: TaskSet | None = None,
+    tokenizer: Path | None = None,
+    attention: AttentionChoice | None = None,
 ) -> ObserverList:
-    """The same observers on every rank, in the order their header lines are printed; the sampler passes its
-    samples, the task evaluation its metrics, on to all of them (W&B)."""
-    observers = ObserverList()
+    """Every observer of a run, the same on every rank, sorted by `order` (the order of their header lines): the
+    attention kernel (applied to the model here), GPU counters, samples, tasks (`tasks` with the run's `tokenizer`),
+    the profiler, W&B, the spike guard. The sampler passes its samples, the task evaluation its metrics, on to all of
+    them (W&B)."""
+    observers, model = ObserverList(), strategy.model
+    applied = [AttentionObserver(attention, config.data.document_mask, device).apply(model)] if attention else []
     gpu = GpuObserver(open_gpu_counters(device, config.log.nvml), env, device)
     samples = [SampleObserver(sampler, model, logger, console, observers.on_sample)] if sampler is not None else []
+    evaluation = build_task_evaluation(
+        tasks, tokenizer, config.eval.tasks_every, model, strategy.precision, env, logger, console
+    )
+    if evaluation is not None:
+        evaluation.publish = observers.on_tasks
+    evaluations = [evaluation] if evaluation is not None else []
     profiler = ProfilerObserver(build_profiler(config, run_dir, env, device, timer, console), env.rank)
     wandb = [WandbObserver(open_wandb(config, run_dir, env, console))] if config.log.wandb else []
-    if tasks is not None:
-        tasks.publish = observers.on_tasks
-    observers.extend([gpu, *samples, *([tasks] if tasks is not None else []), profiler, *wandb])
+    observers.extend([*applied, gpu, *samples, *evaluations, profiler, *wandb, SpikeGuard(config.train)])
     return observers
 
 
@@ -99,6 +117,8 @@ class GpuObserver(Observer):
     """NVML's GPU counters per record (mean over ranks; null where any rank had none), or the header's reason why
     there are none. On CUDA under torchrun every rank joins the one collective, counters or not."""
 
+    order = 10
+
     def __init__(self, counters: NvmlCounters | NoGpuCounters, env: DistEnv, device: torch.device) -> None:
         self.counters, self.env, self.device = counters, env, device
 
@@ -120,6 +140,8 @@ class GpuObserver(Observer):
 class ProfilerObserver(Observer):
     """torch.profiler around the `profile.*` steps (nothing outside them); each record names the profiled steps
     it covers."""
+
+    order = 40
 
     def __init__(self, profiler: StepProfiler, rank: int) -> None:
         self.profiler, self.rank = profiler, rank

@@ -194,6 +194,14 @@ class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
             group["lr"] = lr
         self._last_lr = lrs
 
+    def scale_last_lr(self, factor: float) -> None:
+        """Scale the learning rate set for the next step (and what get_last_lr reports) by `factor` (a spike
+        rollback's re-warm-up); the next `step` sets the schedule's own again."""
+        lrs = [lr * factor for lr in self.get_last_lr()]
+        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        self._last_lr = lrs
+
 
 def _fits(saved: dict | None, schedule: LRSchedule | WSDSchedule) -> bool:
     """Whether a saved plan belongs to this kind of schedule (a run may switch train.schedule at a resume)."""

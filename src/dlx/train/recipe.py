@@ -148,17 +148,19 @@ def load_recipe(
     (the run folder's config.yaml then gives the shape)."""
     raw = read_recipe_file(path) if path is not None else dict(base or {})
     raw = apply_overrides(raw, parse_overrides(overrides))
-    config = build_config(raw, resolve_init_from(raw.get("model"), resuming))
+    resolved = resolve_init_from(raw.get("model"), resuming)
+    config = build_config(raw, resolved)
     grown = vocabulary_after_growth(config)
     if grown is None:
         return config
     raw = {**raw, "model": {**raw.get("model", {}), "vocab_size": grown}}
-    return build_config(raw, resolve_init_from(raw["model"], resuming))
+    return build_config(raw, resolve_init_from(raw["model"], resuming, resolved[0] if resolved else None))
 
 
-def resolve_init_from(model: Any, resuming: bool) -> tuple[Any, ModelArgs] | None:
+def resolve_init_from(model: Any, resuming: bool, source: Any = None) -> tuple[Any, ModelArgs] | None:
     """model.init_from's InitSource and the weights' shape (checked against the preset and `model.*` keys); None
-    without init_from, when validation will refuse the section anyway, or when a resumed run's weights are gone."""
+    without init_from, when validation will refuse the section anyway, or when a resumed run's weights are gone.
+    `source`: the InitSource already resolved for this recipe (its folder is not read again)."""
     if not isinstance(model, dict) or not isinstance(model.get("init_from"), str) or not model["init_from"]:
         return None
     overrides = {key: value for key, value in model.items() if key not in ("preset", "init_from", "pad_vocab_to")}
@@ -167,7 +169,7 @@ def resolve_init_from(model: Any, resuming: bool) -> tuple[Any, ModelArgs] | Non
     from dlx.train.init_from import resolve_init_args, resolve_source  # torch: only for a recipe that needs it
 
     try:
-        source = resolve_source(model["init_from"])
+        source = source or resolve_source(model["init_from"])
         return source, resolve_init_args(source, model.get("preset"), overrides)
     except UserError as e:
         message = str(e)

@@ -4,7 +4,9 @@ new run's folder holds before step 1 (config.yaml, the tokenizer, where the init
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -22,6 +24,7 @@ from dlx.train.init_from import InitSource
 from dlx.train.optim import ScheduledLR
 from dlx.train.recipe import write_resolved
 from dlx.train.runlock import RunLock
+from dlx.train.step_plan import StepPlan
 
 
 def unused_checkpoint_keys(section: CheckpointSection, checkpoint_format: str) -> list[str]:
@@ -85,21 +88,77 @@ def find_checkpoint(run_dir: Path, console: RunConsole, env: DistEnv) -> ckpt.Lo
     return ckpt.read_checkpoint(path, checksums=False) if path is not None else None  # rank 0 verified them
 
 
-def create_run_dir(
-    config: RunConfig,
-    run_dir: Path,
-    data_info: DatasetInfo,
-    init: InitSource | None = None,
-    lock: RunLock | None = None,
-) -> None:
-    """config.yaml, the tokenizer (the dataset's, else the initial weights'), where the initial weights came from;
-    `lock` taken first (a new run's), so that a second writer starting at the same moment is refused."""
+def claim_run_dir(lock: RunLock, resume: bool) -> None:
+    """The one place a run takes its folder's writer lock (rank 0), before anything is written there: a resumed
+    run's folder exists; a new run's is created for it, and removed again by `release_run_dir` when the run fails to
+    build. A second writer starting at the same moment is refused."""
+    if not resume:
+        lock.path.parent.mkdir(parents=True, exist_ok=True)
+    lock.acquire()
+
+
+@contextlib.contextmanager
+def claimed_run_dir(lock: RunLock, resume: bool, loader: BatchSource) -> Iterator[None]:
+    """Rank 0 claims the run folder (`claim_run_dir`) for what is built inside; when that fails, the loader's workers
+    stop and the claim is given back (`release_run_dir`), so that a run that never started leaves nothing behind."""
+    try:
+        main_decides(lambda: claim_run_dir(lock, resume))
+        yield
+    except BaseException:
+        loader.close()
+        release_run_dir(lock, resume)
+        raise
+
+
+def release_run_dir(lock: RunLock, resume: bool) -> None:
+    """The lock, given back after a failed build; a new run's folder goes too when it holds nothing but the lock."""
+    folder = lock.path.parent
+    if not resume and lock.held and [p.name for p in folder.iterdir()] == [lock.path.name]:
+        lock.path.unlink()  # while still held: no other writer can have taken it meanwhile
+        lock.release()
+        with contextlib.suppress(OSError):  # a writer starting just now made its own lock file there
+            folder.rmdir()
+        return
+    lock.release()
+
+
+def create_run_dir(config: RunConfig, run_dir: Path, data_info: DatasetInfo, init: InitSource | None = None) -> None:
+    """config.yaml, the tokenizer (the dataset's, else the initial weights'), where the initial weights came from."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    if lock is not None:
-        lock.acquire()
     write_resolved(config, run_dir)
     tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
     if tokenizer is not None:
         shutil.copyfile(tokenizer, run_dir / TOKENIZER_FILE)
     if init is not None:
         folder.append_event(run_dir, event="init_from", path=init.given, weights=init.weights, kind=init.kind)
+
+
+def announce_resume(
+    config: RunConfig,
+    state: ckpt.TrainerState,
+    last: Path | None,
+    plan: StepPlan,
+    strategy: Strategy,
+    console: RunConsole,
+) -> None:
+    """The progress bar from the checkpoint's step, and the resume's warnings (`resume_notes`)."""
+    console.progress.update(console.task, completed=state.step)
+    for note in resume_notes(config, state, last, plan, strategy.env, strategy.checkpoint_format):
+        console.warn(note)
+
+
+def resume_notes(
+    config: RunConfig, state: ckpt.TrainerState, last: Path | None, plan: StepPlan, env: DistEnv, checkpoint_format: str
+) -> list[str]:
+    """Warnings for a resumed run: a global batch that changed with the number of ranks, and checkpoint keys this
+    layout does not use."""
+    notes = unused_checkpoint_keys(config.checkpoint, checkpoint_format)
+    before, total_batch = plan.micro_batch_size * plan.grad_accum * max(state.world_size // env.tp, 1), plan.total_batch
+    if last is None or state.world_size == env.world_size or before == total_batch or config.train.global_batch_size:
+        return notes
+    changed = (
+        f"the checkpoint was written by {state.world_size} rank(s), this run has {env.world_size}: with "
+        f"train.grad_accum the global batch goes from {before} to {total_batch} sequences; set "
+        f"train.global_batch_size {before} to keep it"
+    )
+    return [changed, *notes]

@@ -15,41 +15,16 @@ from dlx.data.prepare.tokenizer import document_bos_id, encode_prompt
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
 from dlx.model.hf import HF_CONFIG_FILE, load_hf
-from dlx.model.io import ARGS_FILE, WEIGHTS_FILE
-from dlx.train.checkpoint import DCP_METADATA, find_resumable, load_checkpoint_model
+from dlx.model.io import ARGS_FILE
+from dlx.train.checkpoint import load_checkpoint_model
 from dlx.train.config import EvalSection
 from dlx.train.init_from import find_tokenizer_file
 from dlx.train.observer import Observer
+from dlx.train.trained import find_tokenizer, resolve_trained
 
 if TYPE_CHECKING:
     from dlx.metrics.logger import MetricsLogger
     from dlx.train.console import RunConsole
-
-
-def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint (or any dlx or Hugging Face model folder) itself, or the newest complete checkpoint of a run
-    folder."""
-    if any((path / name).is_file() for name in (WEIGHTS_FILE, DCP_METADATA, HF_CONFIG_FILE)):
-        return path
-    if not path.is_dir():
-        raise UserError(f"{path} does not exist; give a run folder or a checkpoint folder")
-    loaded = find_resumable(path, say=lambda text: print(text))
-    if loaded is None:
-        raise UserError(f"{path} holds no complete checkpoint (checkpoints/step-*/); train first or give a checkpoint")
-    return loaded.path
-
-
-def find_tokenizer(checkpoint: Path):
-    """tokenizer.json beside the weights, or in the run folder above `checkpoints/`."""
-    from tokenizers import Tokenizer
-
-    found = find_tokenizer_file(checkpoint)
-    if found is not None:
-        return Tokenizer.from_file(str(found))
-    raise UserError(
-        f"no {TOKENIZER_FILE} for {checkpoint}: the run trained on synthetic data or its folder was moved; "
-        f"copy the dataset's {TOKENIZER_FILE} into the run folder"
-    )
 
 
 def sample_text(
@@ -62,7 +37,7 @@ def sample_text(
     seed: int = 0,
     device: str = "auto",
 ) -> str:
-    checkpoint = resolve_checkpoint(path)
+    checkpoint = resolve_trained(path)
     tokenizer = find_tokenizer(checkpoint)
     bos_id = trained_bos_id(find_tokenizer_file(checkpoint))
     torch_device = dev.resolve_device(device)
@@ -211,6 +186,8 @@ class SampleObserver(Observer):
     """Text from the model every `eval.sample_every` steps: every rank generates (FSDP and ZeRO-3 forwards gather
     shards); rank 0 prints and writes samples.jsonl, and each record goes to `publish` (every observer's
     `on_sample`)."""
+
+    order = 20
 
     def __init__(
         self,

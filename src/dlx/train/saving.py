@@ -21,7 +21,7 @@ def save(run: Run, final: bool = False) -> None:
     verify_data_read(run)
     cfg, progress = run.config.checkpoint, run.progress
     progress.state.loader = run.loader.state_dict()
-    progress.state.spike_window = run.spikes.saved_window()
+    progress.state.observers = run.observers.state_dict()
     full_weights = cfg.full_weights == "every" or (cfg.full_weights == "last" and final)
     progress.last_save = ckpt.save_checkpoint(
         run.run_dir,

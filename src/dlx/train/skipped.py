@@ -1,5 +1,6 @@
-"""A step whose update was not applied: a loss spike (train.spike_policy; `dlx.train.spikes` judged and reported it)
-or a non-finite loss (train.nan_policy: `skip` drops the batch and goes on, `stop` ends the run naming what to resume).
+"""A step whose update was not applied: an observer's veto (a loss spike, train.spike_policy: the spike guard judged,
+reported and counted it) or a non-finite loss (train.nan_policy: `skip` drops the batch and goes on, `stop` ends the
+run naming what to resume).
 Every rank reads the same agreed loss (`dlx.train.trainer.agree_on_step`), so every rank takes the same branch."""
 
 from __future__ import annotations
@@ -19,12 +20,10 @@ class NonFiniteLoss(UserError):
 
 
 def handle_skipped_update(run: Run, step: int, loss_value: float) -> None:
-    """The update was not applied: a loss spike (train.spike_policy, already reported) or a non-finite loss."""
+    """The update was not applied: an observer's veto (already reported) or a non-finite loss."""
     run.strategy.zero_grad()
-    if math.isfinite(loss_value):
-        run.progress.state.spikes_skipped += 1
-        return
-    handle_non_finite(run, step, loss_value)
+    if not math.isfinite(loss_value):
+        handle_non_finite(run, step, loss_value)
 
 
 def handle_non_finite(run: Run, step: int, loss_value: float) -> None:

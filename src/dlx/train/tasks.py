@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlx.errors import UserError
 from dlx.train.config import EvalSection
-from dlx.train.observer import Observer
+from dlx.train.observer import Observer, RunView
 
 if TYPE_CHECKING:
     import torch
@@ -50,16 +50,20 @@ class TaskEvaluation(Observer):
     """lm-eval's tasks on the run's model when due (every rank), each evaluation logged by rank 0's logger, printed,
     and passed on to the other observers (`publish`: W&B)."""
 
-    def __init__(
-        self, tasks: TaskSet, lm: DlxLM, every: int, logger: MetricsLogger, console: RunConsole, progress: Any
-    ) -> None:
-        """`progress`: the run's RunProgress (a run stopped early is not evaluated at its end)."""
+    order = 30
+
+    def __init__(self, tasks: TaskSet, lm: DlxLM, every: int, logger: MetricsLogger, console: RunConsole) -> None:
         self.tasks, self.lm, self.every = tasks, lm, every
-        self.logger, self.console, self.progress = logger, console, progress
+        self.logger, self.console = logger, console
         self.publish: Callable[[dict[str, Any]], None] = lambda record: None
         self.last_step: int | None = None
         self.data_note: str | None = None
         """A header line when the training data was not decontaminated against some of the tasks."""
+        self.run: RunView | None = None
+        """The run, once attached: a run stopped early is not evaluated at its end."""
+
+    def attach(self, run: RunView) -> None:
+        self.run = run
 
     def header(self) -> list[str]:
         import lm_eval
@@ -79,7 +83,8 @@ class TaskEvaluation(Observer):
             self.evaluate(step)
 
     def finish(self, step: int) -> None:
-        if step > 0 and self.last_step != step and not self.progress.stopped_early:
+        stopped_early = self.run is not None and self.run.progress.stopped_early
+        if step > 0 and self.last_step != step and not stopped_early:
             self.evaluate(step)
 
     def evaluate(self, step: int) -> dict[str, Any]:
@@ -116,7 +121,6 @@ def build_task_evaluation(
     env: DistEnv,
     logger: MetricsLogger,
     console: RunConsole,
-    progress: Any,
 ) -> TaskEvaluation | None:
     """The observer over the run's model (bare or sharded), its tokenizer (the dataset's, else the initial
     weights') and precision; None without eval.tasks."""
@@ -126,7 +130,7 @@ def build_task_evaluation(
     from dlx.evals.adapter import build_adapter
 
     lm = build_adapter(model, tokenizer, precision.autocast, env)
-    evaluation = TaskEvaluation(tasks, lm, every, logger, console, progress)
+    evaluation = TaskEvaluation(tasks, lm, every, logger, console)
     evaluation.data_note = decontamination_note(tokenizer.parent, tasks.names)  # the dataset's own tokenizer.json
     return evaluation
 

@@ -1,8 +1,8 @@
 """The step loop. One optimizer step = `grad_accum` micro-steps of (wait for data, forward, backward), then the
 optimizer; each phase is a named span of the PhaseTimer, so every logged record says where the step's time went.
 
-Per step the host waits for the device once, for the loss value: the NaN policy and the spike test
-(train.spike_policy, dlx.train.spikes) decide before the update is applied. Under torchrun that wait is one all-reduce
+Per step the host waits for the device once, for the loss value: the NaN policy and the observers' veto (the spike
+test, train.spike_policy) decide before the update is applied. Under torchrun that wait is one all-reduce
 (the `communication` phase) that also agrees on stopping, so every rank takes the same decision. `end_step` does not
 wait: the host queues the next step while the device applies the update; the PhaseTimer synchronizes once per logged
 window, to read its timings.
@@ -11,7 +11,7 @@ What differs between one process, DDP, FSDP and DeepSpeed (gradient sync, the up
 `run.strategy` (dlx.parallel.strategy); the loop is the same for all.
 
 Here: `pretrain` (the process group around one run), `train`, `train_loop` and what runs between steps. One hop away:
-the micro-steps (`accumulate`), an update not applied (`skipped`: spikes, train.nan_policy), the step and eval
+the micro-steps (`accumulate`), an update not applied (`skipped`: a veto, train.nan_policy), the step and eval
 records (`records`), checkpoints as the loop takes them (`saving`), and the end of a run (`finish`).
 """
 
@@ -63,13 +63,11 @@ class RunResult:
         return 128 + int(signal.Signals[self.stopped_by])
 
 
-def pretrain(
-    config: RunConfig, name: str = "run", run_dir: Path | None = None, resume: bool | str = False
-) -> RunResult:
-    """Train as the recipe says, into a new run folder (or continue the newest complete checkpoint with resume; with
-    resume "auto", continue when run_dir holds a run, else start one there: rank 0 decides for all)."""
+def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, resume: bool = False) -> RunResult:
+    """Train as the recipe says, into a new run folder (or continue the newest complete checkpoint with resume; under
+    torchrun rank 0's `resume` is every rank's: `--resume auto` is resolved once, by `dlx.train.launch`)."""
     from dlx import device as dev
-    from dlx.train.run import check_optional_features
+    from dlx.train.start import check_optional_features
 
     check_optional_features(config)
     launched = distributed.env_from_torchrun()
@@ -80,8 +78,7 @@ def pretrain(
     )
     every_rank_ends = False
     try:
-        if resume == "auto":
-            resume = distributed.main_decides(lambda: folder.holds_a_run(run_dir))
+        resume = distributed.main_decides(lambda: bool(resume))  # the same decision on every rank
         with GracefulStop() as stop:
             run = build_run(config, name, run_dir, resume, stop, env, device)
             try:
@@ -143,7 +140,7 @@ def train(run: Run, resume: bool) -> None:
 def train_loop(run: Run) -> None:
     """Optimizer steps from where the run stands to the plan's last step; stops early on a signal (to any rank)."""
     progress = run.progress
-    while progress.step < run.plan.total_steps:  # a spike rollback (dlx.train.spikes) moves the step back
+    while progress.step < run.plan.total_steps:  # an observer (a spike rollback) may move the step back
         step = progress.step + 1
         run.beat(step, "forward and backward")
         with run.observers.step(step):  # the profiler over the profile.* steps; nothing otherwise
@@ -153,7 +150,7 @@ def train_loop(run: Run) -> None:
             lr = run.scheduler.get_last_lr()[0]
             loss_value, stop_requested = agree_on_step(run, loss)  # NaN policy and stop: the same on every rank
             loss_value *= faults.planted_spike(step)  # test-only, 1.0 unless DLX_FAULT_SPIKE names this step
-            apply = math.isfinite(loss_value) and not run.spikes.is_spike(step, loss_value)
+            apply = math.isfinite(loss_value) and not run.observers.veto_update(step, loss_value)
             with run.timer.phase("optimizer"):
                 grad_norm = run.strategy.optimizer_step() if apply else None
                 run.scheduler.step()
@@ -209,7 +206,7 @@ def between_steps(run: Run, step: int) -> bool:
             run_eval(run, step)
         if due_save:
             save(run, final=step == run.plan.total_steps)
-        run.observers.between_steps(step)  # last: a spike rollback moves the run back to an older checkpoint
+        run.observers.between_steps(step)  # last: an observer may move the run back to an older checkpoint
     return due and distributed.any_rank(run.stop.requested, run.device)
 
 

@@ -137,16 +137,14 @@ def passkey_results(scores: Sequence[PasskeyScore]) -> dict[str, dict[str, float
 
 
 def run_passkey(
-    path, lengths: Sequence[int] | None, depths: Sequence[float], samples: int, seed: int, device: str
+    model: torch.nn.Module,
+    tokenizer,
+    lengths: Sequence[int] | None,
+    depths: Sequence[float],
+    samples: int,
+    seed: int,
 ) -> list[PasskeyScore]:
-    """Passkey scores of a run folder's newest complete checkpoint (or a checkpoint), with the run's tokenizer;
-    `lengths` None: `default_lengths` of the model's context."""
-    from dlx import device as dev
-    from dlx.train.checkpoint import load_checkpoint_model
-    from dlx.train.sample import find_tokenizer, resolve_checkpoint
-
-    checkpoint = resolve_checkpoint(path)
-    tokenizer = find_tokenizer(checkpoint)
-    model = load_checkpoint_model(checkpoint, dev.resolve_device(device))
+    """Passkey scores of a loaded model (`dlx.train.trained.load_trained`) with its tokenizer; `lengths` None:
+    `default_lengths` of the model's context."""
     lengths = default_lengths(model.args.max_seq_len) if lengths is None else lengths
     return evaluate_passkey(model, tokenizer, lengths, depths, samples, seed)

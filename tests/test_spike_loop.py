@@ -1,0 +1,86 @@
+"""train.spike_policy rollback on a run that keeps spiking: skips accumulate over rollbacks (no skipped data is read
+again), the number of rollbacks is bounded (then one line), the rollback event names the loader positions it
+skipped, metrics.jsonl marks the abandoned branch and the skipped updates, and set-aside checkpoints count toward
+checkpoint.keep_last. Spikes are planted with DLX_FAULT_SPIKE (dlx.faults)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dlx import faults
+from dlx.errors import UserError
+from dlx.train.checkpoint import list_checkpoints, read_checkpoint
+from dlx.train.launch import launch
+
+pytestmark = pytest.mark.usefixtures("in_process_training")
+
+SMALL = [
+    "--model.preset", "debug", "--model.dim", "32", "--model.n_layers", "1", "--model.vocab_size", "64",
+    "--model.n_heads", "2", "--model.n_kv_heads", "1",
+    "--data.path", "synthetic", "--data.seq_len", "16", "--data.micro_batch_size", "2",
+    "--train.precision", "fp32", "--train.lr", "3e-3", "--train.max_steps", "16",
+    "--train.spike_policy", "rollback", "--train.spike_window", "8", "--train.spike_sigma", "6",
+    "--train.spike_patience", "2", "--log.every", "1", "--log.progress", "false",
+]  # fmt: skip
+
+
+@pytest.fixture
+def plant(monkeypatch):
+    def at(spec: str) -> None:
+        monkeypatch.setenv(faults.SPIKE_ENV, spec)
+        monkeypatch.setattr(faults, "_arrivals", {})
+
+    return at
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def events(run_dir: Path, kind: str) -> list[dict]:
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+
+def position(sequences: int) -> dict:
+    return {"kind": "synthetic", "sequences": sequences}
+
+
+def test_skips_accumulate_over_rollbacks_to_the_same_checkpoint(tmp_path, plant):
+    only_step_9 = ["--checkpoint.every", "9"]  # steps 9 and 16: both rollbacks go back to step 9
+    clean, rolled = tmp_path / "clean", tmp_path / "rolled"
+    assert launch(None, [*SMALL, *only_step_9], clean, False) == 0
+    plant("11,12,13,14x20")  # 11, 12 spike; after the first rollback 13, 14 (11 and 12 once only)
+    assert launch(None, [*SMALL, *only_step_9], rolled, False) == 0
+    first, second = events(rolled, "rollback")
+    assert (first["skipped_steps"], second["skipped_steps"]) == ([11, 12], [13, 14])
+    assert first["to_step"] == second["to_step"] == 9
+    assert first["skipped_loader"] == {"from": position(20), "to": position(24)}  # 2 sequences a step
+    assert second["skipped_loader"] == {"from": position(28), "to": position(32)}  # the first skip stays skipped
+    kept = {r["step"]: r for r in records(rolled) if not r.get("abandoned")}
+    clean_losses = {r["step"]: r["loss"] for r in records(clean)}
+    assert kept[10]["loss"] == clean_losses[10]  # step 10 on its own batch, from the same weights
+    assert kept[11]["loss"] != clean_losses[11]  # step 11 does not read step 11's skipped batch again
+    assert sorted(kept) == list(range(1, 17))
+    abandoned = [(r["step"], r.get("skipped_updates")) for r in records(rolled) if r.get("abandoned")]
+    assert abandoned == [(10, None), (11, [11]), (12, [12]), (10, None), (11, None), (12, None), (13, [13]), (14, [14])]
+    state = read_checkpoint(list_checkpoints(rolled)[0]).state
+    assert state.loader == position((16 + 4) * 2)
+    assert state.observers["spikes"]["counts"] == {"spikes": 4, "skipped": 4, "rollbacks": 2}
+
+
+def test_a_run_that_keeps_spiking_stops_after_the_allowed_rollbacks(tmp_path, plant):
+    plant("11,12x20*")  # every time the run reaches them
+    run_dir = tmp_path / "run"
+    loop = [*SMALL, "--checkpoint.every", "3", "--checkpoint.keep_last", "2", "--train.spike_max_rollbacks", "3"]
+    with pytest.raises(UserError) as stopped:
+        launch(None, loop, run_dir, False)
+    message = str(stopped.value)
+    assert "\n" not in message and "after 3 rollbacks (train.spike_max_rollbacks)" in message
+    back = events(run_dir, "rollback")
+    assert [e["rollbacks"] for e in back] == [1, 2, 3] and {e["to_step"] for e in back} == {9}
+    folders = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert folders == ["step-00000009", "step-00000012"]  # keep_last 2 counts the set-aside ones: they went first
