@@ -144,3 +144,39 @@ def test_pretrain_from_a_missing_bucket_is_one_line_exit_2(s3, tmp_path):
         "error: data.path s3://no-such-bucket/data: bucket no-such-bucket does not exist; create it or fix the URL"
     ]
     assert not (tmp_path / "r").exists()
+
+
+def test_prepare_from_a_bucket_into_a_bucket_equals_a_local_prepare(s3, tmp_path, monkeypatch):
+    import inspect
+    import json
+
+    from dlx.data import storage
+
+    monkeypatch.setenv("DLX_STAGING_DIR", str(tmp_path / "staging"))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i, module in enumerate((json.decoder, json.encoder, inspect)):
+        (corpus / f"{i}.jsonl").write_text(json.dumps({"text": inspect.getsource(module)}) + "\n")
+        storage.upload(corpus / f"{i}.jsonl", f"s3://{BUCKET}/corpus/{i}.jsonl")
+    options = ["--train-tokenizer", "300", "--val-documents", "1", "--workers", "1", "--no-progress"]
+    local = run_cli(["prepare", str(corpus), *options, "--out", "local"], tmp_path)
+    assert local.returncode == 0, local.stderr
+    s3.faults.slowdown_rate = s3.faults.drop_rate = 0.02
+    url = f"s3://{BUCKET}/prepared/web"
+    remote = run_cli(["prepare", f"s3://{BUCKET}/corpus/*.jsonl", *options, "--out", url], tmp_path, timeout=180)
+    assert remote.returncode == 0, remote.stderr
+    for name in sorted(
+        p.name for p in (tmp_path / "local").iterdir() if p.suffix == ".bin" or p.name == "tokenizer.json"
+    ):
+        assert storage.read_bytes(storage.join(url, name)) == (tmp_path / "local" / name).read_bytes(), name
+    published = json.loads(storage.read_bytes(storage.join(url, "manifest.json")))
+    assert published["shards"] == json.loads((tmp_path / "local" / "manifest.json").read_text())["shards"]
+
+
+def test_prepare_into_a_missing_bucket_is_one_line_exit_2(s3, tmp_path):
+    result = run_cli(["prepare", "--corpus", "stdlib", "--out", "s3://no-such-bucket/x"], tmp_path)
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip()
+        == "error: --out s3://no-such-bucket/x: bucket no-such-bucket does not exist; create it or fix the URL"
+    )
