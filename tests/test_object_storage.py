@@ -180,3 +180,44 @@ def test_prepare_into_a_missing_bucket_is_one_line_exit_2(s3, tmp_path):
         result.stderr.strip()
         == "error: --out s3://no-such-bucket/x: bucket no-such-bucket does not exist; create it or fix the URL"
     )
+
+
+def test_checkpoints_in_a_bucket_resume_on_a_fresh_machine_and_export(s3, tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    from dlx.data import storage
+    from dlx.train.remote_run import complete_checkpoints
+
+    monkeypatch.setenv("DLX_STAGING_DIR", str(tmp_path / "staging"))
+    data = make_dataset(tmp_path / "data")
+    command = [
+        *TINY,
+        "--data.path",
+        str(data),
+        "--eval.every",
+        "0",
+        "--checkpoint.every",
+        "2",
+        "--train.max_steps",
+        "4",
+    ]
+    train_quietly(command, tmp_path / "local")
+    url = f"s3://{BUCKET}/runs/r1"
+    s3.faults.slowdown_rate = s3.faults.drop_rate = 0.02
+    first = run_cli(["pretrain", *command, "--run-dir", url, "--resume", "auto"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert complete_checkpoints(url) == ["step-00000004", "step-00000002"]
+    storage.remove(storage.join(url, "checkpoints", "step-00000004", "COMPLETE"))  # its upload was cut short
+    shutil.rmtree(tmp_path / "staging")  # another machine: nothing local
+    second = run_cli(["pretrain", *command, "--run-dir", url, "--resume", "auto"], tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert "step-00000002" in second.stdout + second.stderr  # resumed from the newest complete checkpoint
+    assert complete_checkpoints(url) == ["step-00000004", "step-00000002"]
+    metrics = storage.read_bytes(storage.join(url, "metrics.jsonl")).decode().splitlines()
+    remote_losses = {r["step"]: r["loss"] for r in map(json.loads, metrics)}
+    assert remote_losses == losses(tmp_path / "local")  # steps 1-2 before the restart, 3-4 after: bit for bit
+    shutil.rmtree(tmp_path / "staging")
+    export = run_cli(["export-hf", url, str(tmp_path / "hf")], tmp_path)
+    assert export.returncode == 0, export.stderr
+    assert (tmp_path / "hf" / "config.json").is_file()
