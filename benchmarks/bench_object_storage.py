@@ -43,6 +43,13 @@ BUCKET = "dlx-bench"
 H200_TOKENS_PER_S = 69_000
 
 
+def word_tokenizer() -> str:
+    """A real tokenizer.json of the demo's 8,192 ids (a word-level vocabulary): the run folder keeps and checks it."""
+    from tokenizers import Tokenizer, models
+
+    return Tokenizer(models.WordLevel({f"t{i}": i for i in range(8192)}, unk_token="t0")).to_str()
+
+
 def epoch_ratio(url: str, local: Path, cache: Path, policy: str, shuffle: bool) -> tuple[float, float]:
     """(bytes downloaded ÷ dataset bytes, download MB/s) for one epoch with a cache of half the dataset."""
     from dlx.data.loader import TokenLoader
@@ -87,6 +94,8 @@ def run_until(proc: subprocess.Popen, stop_at_step: int | None) -> tuple[float |
     once `stop_at_step` is printed."""
     start, first, last = time.perf_counter(), None, 0
     for line in proc.stdout:
+        if os.environ.get("BENCH_VERBOSE") or line.startswith("error"):
+            print(line, end="", flush=True)
         if line.startswith("step "):
             last = int(line.split()[1])
             first = first if first is not None else time.perf_counter() - start
@@ -94,6 +103,8 @@ def run_until(proc: subprocess.Popen, stop_at_step: int | None) -> tuple[float |
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
     proc.wait()
+    if os.environ.get("BENCH_VERBOSE"):
+        print("exit", proc.returncode, flush=True)
     return first, last
 
 
@@ -146,6 +157,8 @@ def kill_and_resume(endpoint, data_url: str, local_data: Path, work: Path) -> di
     os.environ.update(endpoint.env())
     complete = complete_checkpoints(run_url)
     restart_s, last = run_until(dlx_command(remote, env, work), None)
+    if restart_s is None:
+        raise SystemExit(f"the resumed run failed (exit {last})")
     lines = storage.read_bytes(storage.join(run_url, "metrics.jsonl")).decode().splitlines()
     records = [json.loads(line) for line in lines]
     waits = [r["data_wait_pct"] for r in records if "data_wait_pct" in r]

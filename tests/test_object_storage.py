@@ -146,6 +146,7 @@ def test_pretrain_from_a_missing_bucket_is_one_line_exit_2(s3, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_prepare_from_a_bucket_into_a_bucket_equals_a_local_prepare(s3, tmp_path, monkeypatch):
     import inspect
     import json
@@ -182,6 +183,7 @@ def test_prepare_into_a_missing_bucket_is_one_line_exit_2(s3, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_checkpoints_in_a_bucket_resume_on_a_fresh_machine_and_export(s3, tmp_path, monkeypatch):
     import json
     import shutil
