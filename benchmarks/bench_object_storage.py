@@ -94,6 +94,7 @@ def run_until(proc: subprocess.Popen, stop_at_step: int | None) -> tuple[float |
     once `stop_at_step` is printed."""
     start, first, last = time.perf_counter(), None, 0
     for line in proc.stdout:
+        TAIL.append(line)
         if os.environ.get("BENCH_VERBOSE") or line.startswith("error"):
             print(line, end="", flush=True)
         if line.startswith("step "):
@@ -106,6 +107,10 @@ def run_until(proc: subprocess.Popen, stop_at_step: int | None) -> tuple[float |
     if os.environ.get("BENCH_VERBOSE"):
         print("exit", proc.returncode, flush=True)
     return first, last
+
+
+TAIL: list[str] = []
+"""Every console line of the runs, for the reason a run failed."""
 
 
 def losses_of(lines: list[str]) -> dict[int, float]:
@@ -158,7 +163,18 @@ def kill_and_resume(endpoint, data_url: str, local_data: Path, work: Path) -> di
     complete = complete_checkpoints(run_url)
     restart_s, last = run_until(dlx_command(remote, env, work), None)
     if restart_s is None:
-        raise SystemExit(f"the resumed run failed (exit {last})")
+        reason = next((line for line in reversed(TAIL) if "error" in line.lower()), TAIL[-1] if TAIL else "")
+        print("the resumed run failed:", "".join(TAIL[-20:]), flush=True)
+        return {
+            "killed_at": killed_at,
+            "complete_then": complete[0] if complete else "none",
+            "first_start_s": first_start or float("nan"),
+            "restart_s": float("nan"),
+            "last": last,
+            "identical": f"not measured: the resumed run failed ({reason.strip()[:150]})",
+            "wait_median": float("nan"),
+            "wait_mean": float("nan"),
+        }
     lines = storage.read_bytes(storage.join(run_url, "metrics.jsonl")).decode().splitlines()
     records = [json.loads(line) for line in lines]
     waits = [r["data_wait_pct"] for r in records if "data_wait_pct" in r]
