@@ -13,8 +13,29 @@ from typing import Annotated, Any
 import typer
 
 from dlx.cli.prepare_command import prepare
+from dlx.errors import UserError
 
 data_app = typer.Typer(help="Inspect and check prepared token datasets.", no_args_is_help=True)
+
+
+def through_object_storage(command: Callable[..., None]) -> Callable[..., None]:
+    """The command with URL inputs downloaded first and an `--out` URL prepared locally, then published (shards, then
+    the manifest); local paths pass through as Paths."""
+
+    @functools.wraps(command)
+    def run(**options: Any) -> None:
+        from dlx.data import storage
+        from dlx.data.prepare import object_storage
+
+        out = options["out"]
+        if storage.is_url(out) and (options["tasks"] or options["task_index"] is not None or options["merge"]):
+            raise UserError("--tasks and --merge write into a shared folder; give a local --out, then upload it")
+        staging = object_storage.out_staging(out) if storage.is_url(out) else Path(out)
+        command(**{**options, "out": staging, "inputs": object_storage.local_inputs(options["inputs"])})
+        if storage.is_url(out):
+            object_storage.publish(staging, out)
+
+    return run
 
 
 def says_what_it_kept(command: Callable[..., None]) -> Callable[..., None]:
@@ -33,10 +54,11 @@ def says_what_it_kept(command: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def interrupted_note(out: Path, signal_name: str) -> str:
+def interrupted_note(out: Path | str, signal_name: str) -> str:
     """What a stopped `dlx prepare` kept in --out, and how to continue."""
     from dlx.data.shards import MANIFEST_FILE, read_manifest
 
+    out = Path(out)
     if not (out / MANIFEST_FILE).is_file():
         return (
             f"stopped by {signal_name} before the first shard was written: {out} holds nothing to keep; run the same "
@@ -96,5 +118,5 @@ def verify(folder: Annotated[Path, typer.Argument(help="A prepared dataset folde
 
 
 def register(app: typer.Typer) -> None:
-    app.command("prepare")(says_what_it_kept(prepare))
+    app.command("prepare")(says_what_it_kept(through_object_storage(prepare)))
     app.add_typer(data_app, name="data")

@@ -11,11 +11,11 @@ import typer
 
 def eval_checkpoint(
     path: Annotated[
-        Path,
+        str,
         typer.Argument(
             metavar="RUN_DIR_OR_CHECKPOINT",
             help="A run folder (its newest complete checkpoint), a checkpoint (any layout, DCP included) or a dlx "
-            "model folder.",
+            "model folder; also an s3://, gs://, hf:// run folder or checkpoint.",
         ),
     ],
     tasks: Annotated[
@@ -37,8 +37,10 @@ def eval_checkpoint(
     dlx's passkey retrieval; print lm-eval's table, or with --json its results object ({"results": {task:
     {"acc,none": ...}}, ...}; passkey's cells as tasks of their own)."""
     from dlx.errors import UserError
+    from dlx.train.remote_run import pull_source
     from dlx.train.tasks import evaluate_checkpoint
 
+    path = Path(pull_source(path, "dlx eval"))
     names = [name.strip() for name in tasks.split(",") if name.strip()]
     if not names:
         raise UserError("--tasks names no task; give lm-eval task names or YAML paths, e.g. dlx_stdlib_next_line")

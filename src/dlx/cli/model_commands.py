@@ -72,10 +72,11 @@ def params(
 
 def export_hf(
     source: Annotated[
-        Path,
+        str,
         typer.Argument(
             metavar="RUN_DIR_OR_CHECKPOINT",
-            help="A run folder (its newest complete checkpoint), a checkpoint or a dlx model folder.",
+            help="A run folder (its newest complete checkpoint), a checkpoint or a dlx model folder; also an s3://, "
+            "gs://, hf:// run folder or checkpoint.",
         ),
     ],
     out_dir: Annotated[Path, typer.Argument(help="New folder for the Hugging Face model.")],
@@ -97,7 +98,9 @@ def export_hf(
 
     if dtype != "keep" and dtype not in PRECISION_DTYPES:
         raise UserError(f"--dtype {dtype!r}: choose keep, {', '.join(PRECISION_DTYPES)}")
-    found = resolve_source(source, role="dlx export-hf")
+    from dlx.train.remote_run import pull_source
+
+    found = resolve_source(pull_source(source, "dlx export-hf"), role="dlx export-hf")
     if found.kind == "hf":
         raise UserError(f"{source} is a Hugging Face folder already; give a run folder, checkpoint or dlx model folder")
     model = load_checkpoint_model(found.weights)  # model.safetensors, or the whole weights read from dcp/

@@ -15,7 +15,9 @@ Inputs = Annotated[
     list[str] | None,
     typer.Argument(help="Files, folders and globs: .txt .jsonl .json .parquet (also .gz/.zst), source trees."),
 ]
-Out = Annotated[Path, typer.Option("--out", help="Dataset folder to write (or to resume).")]
+Out = Annotated[
+    str, typer.Option("--out", help="Dataset folder to write (or to resume), or an s3://, gs://, hf:// URL.")
+]
 Corpus = Annotated[str | None, typer.Option(help="Embedded corpus instead of INPUTS: 'stdlib'.")]
 Tokenizer = Annotated[Path | None, typer.Option(help="A tokenizer.json or a folder holding one.")]
 TrainTokenizer = Annotated[

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from dlx.data.storage import is_url
+
 PRETRAIN_HELP = """Pretrain a model from a YAML recipe, with `--section.key VALUE` overrides (e.g. `--train.lr 1e-3`).
 
 With no recipe, runs the embedded demo: prepares the stdlib corpus into ./data/stdlib-8k if needed, trains the
@@ -20,8 +22,12 @@ With no recipe, runs the embedded demo: prepares the stdlib corpus into ./data/s
 def pretrain(
     ctx: typer.Context,
     run_dir: Annotated[
-        Path | None,
-        typer.Option("--run-dir", help="Run folder (default: runs/RECIPE-DATE-TIME; with --resume, the newest)."),
+        str | None,
+        typer.Option(
+            "--run-dir",
+            help="Run folder (default: runs/RECIPE-DATE-TIME; with --resume, the newest), or an s3://, gs://, hf:// "
+            "URL: the run trains in a local staging folder uploaded there, each checkpoint with a marker written last.",
+        ),
     ] = None,
     resume: Annotated[
         bool,
@@ -51,6 +57,16 @@ def pretrain(
         from dlx.errors import UserError
 
         raise UserError("--resume auto needs --run-dir DIR: the folder every restart of the job starts or continues")
+    if run_dir is not None and is_url(run_dir):
+        from dlx.train.remote_run import RunSync, pull_run
+
+        staging = pull_run(run_dir)
+        with RunSync(run_dir, staging):
+            return launch_run(recipe, overrides, staging, resume, auto)
+    launch_run(recipe, overrides, Path(run_dir) if run_dir else None, resume, auto)
+
+
+def launch_run(recipe: str | None, overrides: list[str], run_dir: Path | None, resume: bool, auto: bool) -> None:
     if recipe is None and not overrides and not (resume and run_dir):
         from dlx.train.demo import run_demo
 

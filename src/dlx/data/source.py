@@ -57,6 +57,10 @@ class LoaderSettings:
     """Where the batches are delivered (str or torch.device)."""
     verify: bool = True
     """Check each shard's SHA-256 against its manifest the first time it is read."""
+    cache_bytes: int = 0
+    """Bytes of shards a dataset in object storage may keep in its local cache, per split and rank (0: no bound)."""
+    cache_policy: str = "belady"
+    """Which cached shard makes room: `belady` (needed furthest ahead) or `lru` (benchmarks compare them)."""
 
     def __post_init__(self) -> None:
         for name, minimum in (

@@ -120,6 +120,10 @@ class DataSection(BaseModel):
     """Attention stays inside each document (ended by eos_id) and RoPE positions restart at each document's start."""
     verify: bool = True
     """Check each shard's SHA-256 the first time the loader maps it (in its workers); a mismatch stops the run."""
+    cache_dir: str = ""
+    """Local folder for datasets in object storage (s3://, gs://, hf://); empty: ~/.cache/dlx/datasets."""
+    cache_gb: float = Field(50.0, gt=0)
+    """GB of shards a dataset in object storage keeps in cache_dir per split and rank (furthest-needed goes first)."""
 
     @field_validator("mix", mode="before")
     @classmethod

@@ -14,8 +14,10 @@ from pathlib import Path
 import torch
 
 from dlx.data.mixture.sources import mix_sources, open_sources
+from dlx.data.remote import mirror_dataset
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.data.source import BatchSource, LoaderSettings, Source
+from dlx.data.storage import basename, is_url
 from dlx.data.synthetic import SyntheticLoader
 from dlx.errors import UserError
 from dlx.train.config import SYNTHETIC, RunConfig
@@ -28,11 +30,24 @@ def run_sources(config: RunConfig) -> tuple[Source, ...]:
     """The prepared datasets the run reads: data.path's as one source of weight 1 named by its folder, or data.mix's
     in their canonical order; none for synthetic data."""
     if config.data.mix is not None:
+        if any(is_url(path) for path in config.data.mix):
+            raise UserError(
+                "data.mix reads local datasets only; train from one dataset in object storage with data.path"
+            )
         return tuple(mix_sources(config.data.mix))
     if config.data.path == SYNTHETIC:
         return ()
+    if is_url(config.data.path):  # a local mirror: manifest and tokenizer; the loader's cache fetches the shards
+        url = config.data.path
+        if url not in _mirrors:
+            _mirrors[url] = mirror_dataset(url, config.data.cache_dir)
+        return (Source(basename(url), _mirrors[url], 1.0),)
     path = Path(config.data.path)
     return (Source(path.resolve().name or str(path), path, 1.0),)
+
+
+_mirrors: dict[str, Path] = {}
+"""Dataset URL → its local mirror, fetched once per process."""
 
 
 def source_label(config: RunConfig, source: Source) -> str:
@@ -60,6 +75,7 @@ def loader_settings(
         shuffle=data.shuffle,
         device=device,
         verify=data.verify,
+        cache_bytes=int(data.cache_gb * 1e9),
     )
 
 
@@ -125,7 +141,7 @@ def build_train_loader(config: RunConfig, device: torch.device, rank: int = 0, w
         return SyntheticLoader(config.model.args.vocab_size, settings)
     from dlx.data.loader import TokenLoader
 
-    return TokenLoader(config.data.path, settings, "train", loop=True)
+    return TokenLoader(run_sources(config)[0].path, settings, "train", loop=True)
 
 
 def build_eval_loaders(

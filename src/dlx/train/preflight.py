@@ -35,6 +35,7 @@ import numpy as np
 
 from dlx.data.loader.windows import count_windows
 from dlx.data.prepare.tokenizer import dataset_bos_note
+from dlx.data.remote import remote_origin
 from dlx.data.shards import TOKENIZER_FILE, Manifest, read_manifest, sha256_file, token_bytes_problems
 from dlx.data.tokenizer_identity import same_tokenizer
 from dlx.errors import UserError
@@ -129,6 +130,8 @@ def check_dataset(datasets: list[Dataset]) -> tuple[str, str | None]:
     if not datasets:
         return "synthetic", None
     for dataset in datasets:
+        if remote_origin(dataset.folder) is not None:
+            return f"in object storage at {remote_origin(dataset.folder)}: shards fetched and verified as read", None
         itemsize = np.dtype(dataset.manifest.dtype).itemsize
         for shard in dataset.manifest.shards:
             path = dataset.folder / shard.name

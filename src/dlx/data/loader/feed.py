@@ -236,7 +236,7 @@ class InProcessFeed:
         return self._batch
 
     def close(self) -> None:
-        pass
+        self._schedule.close()  # a generator: a cached plan's prefetch stops with it
 
 
 # The worker's side: one reader per worker process, filling slots of the pool's shared memory.
@@ -314,6 +314,7 @@ class WorkerFeed:
 
     def close(self) -> None:
         self._slots = None
+        self._cursors.close()  # a generator: a cached plan's prefetch stops with it
         self._pool.close()
 
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from dlx.data.loader.base import FeedLoader
+from dlx.data.loader.cache import CachedPlan, ShardCache
 from dlx.data.loader.feed import ReaderJob
 from dlx.data.loader.order import Cursor, Order, advance, make_state, read_state, schedule, settle
 from dlx.data.loader.plan import SplitPlan
 from dlx.data.loader.windows import SplitSpec, count_windows
+from dlx.data.remote import remote_origin
 from dlx.data.shards import SPLITS, Manifest, open_shard, read_manifest
 from dlx.data.source import LoaderSettings
 from dlx.errors import UserError
@@ -43,7 +46,8 @@ class TokenLoader(FeedLoader):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         self.folder, self.split, self.loop = Path(folder), split, loop
-        manifest, spec = open_split(folder, split)
+        remote = remote_origin(folder)
+        manifest, spec = open_split(folder, split) if remote is None else open_remote_split(folder, split, settings)
         s = settings  # short: the message below names five of its fields
         n_windows = count_windows(spec.n_tokens, s.seq_len)
         self._order = Order(n_windows, int(s.micro_batch_size), int(s.world_size), int(s.rank), int(s.seed), s.shuffle)
@@ -53,10 +57,20 @@ class TokenLoader(FeedLoader):
                 f"(world_size {s.world_size} × micro_batch_size {s.micro_batch_size} × seq_len {s.seq_len} + 1 = "
                 f"{self._order.step_windows * s.seq_len + 1:,}); prepare more data or use smaller batches"
             )
-        checksums = shard_checksums(manifest, spec, split) if s.verify else ()
-        super().__init__(
-            manifest, ReaderJob(SplitPlan(spec, self._order, s.seq_len), manifest.vocab_size, checksums), s
-        )
+        plan = SplitPlan(spec, self._order, s.seq_len)
+        checksums = shard_checksums(manifest, spec, split) if s.verify and remote is None else ()
+        if remote is not None:  # the cache verifies every shard it downloads, before any worker reads it
+            cache = ShardCache(
+                remote,
+                Path(spec.folder),
+                manifest.split_shards(split),
+                spec_itemsize(spec),
+                s.cache_bytes or 1 << 62,
+                s.cache_policy,
+            )
+            plan = CachedPlan(plan, cache, pinned=max(1, s.num_workers * s.prefetch))
+        self.cache = cache if remote is not None else None
+        super().__init__(manifest, ReaderJob(plan, manifest.vocab_size, checksums), s)
         self._cursor = Cursor(0, 0)
         self._epoch = 0
         self._schedule = None
@@ -118,6 +132,21 @@ def open_split(folder: str | Path, split: str) -> tuple[Manifest, SplitSpec]:
         open_shard(folder, shard, manifest.dtype)  # UserError on a missing or truncated file
     spec = SplitSpec(str(Path(folder).resolve()), manifest.dtype, tuple((s.name, s.tokens) for s in shards))
     return manifest, spec
+
+
+def open_remote_split(folder: str | Path, split: str, settings: LoaderSettings) -> tuple[Manifest, SplitSpec]:
+    """The manifest of a mirrored dataset (`dlx.data.remote`) and the split's shards, read from a cache folder of
+    this rank's own that `ShardCache` fills."""
+    manifest = read_manifest(folder)
+    shards = manifest.split_shards(split)
+    if not shards or manifest.split_tokens(split) == 0:
+        raise UserError(f"dataset {remote_origin(folder)} has no {split!r} tokens; run `dlx prepare` to fill it")
+    cache = Path(folder).resolve() / f"shards-{split}-rank{settings.rank}"
+    return manifest, SplitSpec(str(cache), manifest.dtype, tuple((s.name, s.tokens) for s in shards), volatile=True)
+
+
+def spec_itemsize(spec: SplitSpec) -> int:
+    return np.dtype(spec.dtype).itemsize
 
 
 def shard_checksums(manifest: Manifest, spec: SplitSpec, split: str) -> tuple[tuple[str, str], ...]:

@@ -27,6 +27,8 @@ class SplitSpec:
     """Token dtype of the shards, `uint16` or `uint32` (little-endian)."""
     shards: tuple[tuple[str, int], ...]
     """(file name, number of tokens) of each shard, in stream order."""
+    volatile: bool = False
+    """The shards come and go in a local cache (`cache.ShardCache`): map each for one batch only."""
 
     @property
     def n_tokens(self) -> int:
@@ -46,12 +48,24 @@ class TokenWindows:
         dtype = np.dtype(spec.dtype).newbyteorder("<")
         # Pages load lazily on first touch, so mapping every shard up front costs only address space. Plain ndarray
         # views of the maps: slicing an np.memmap costs several times more (its subclass hooks run on every slice).
-        self._shards = [_map(Path(spec.folder) / name, dtype, tokens) for name, tokens in spec.shards if tokens > 0]
+        self._dtype, self._volatile = dtype, spec.volatile
+        self._paths = [Path(spec.folder) / name for name, tokens in spec.shards if tokens > 0]
         self._names = [name for name, tokens in spec.shards if tokens > 0]
-        sizes = [len(s) for s in self._shards]
+        sizes = [tokens for _, tokens in spec.shards if tokens > 0]
+        self._sizes = sizes
+        self._maps: dict[int, np.ndarray] = {}
+        if not self._volatile:  # pages load lazily on first touch: mapping every shard costs only address space
+            for i in range(len(sizes)):
+                self._shard(i)
         self._starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self.n_windows = count_windows(int(self._starts[-1]), seq_len)
         self._scratch = np.empty((0, seq_len + 1), dtype=dtype)
+
+    def _shard(self, i: int) -> np.ndarray:
+        tokens = self._maps.get(i)
+        if tokens is None:
+            tokens = self._maps[i] = _map(self._paths[i], self._dtype, self._sizes[i])
+        return tokens
 
     def window(self, index: int) -> np.ndarray:
         """Tokens of window `index`, shape (seq_len + 1,), in the shards' dtype (a view when inside one shard)."""
@@ -61,13 +75,13 @@ class TokenWindows:
     def _read(self, begin: int, shard: int) -> np.ndarray:
         offset = begin - int(self._starts[shard])
         length = self.seq_len + 1
-        tokens = self._shards[shard][offset : offset + length]
+        tokens = self._shard(shard)[offset : offset + length]
         if len(tokens) == length:
             return tokens
         pieces = [tokens]  # the window runs on into the next shard(s)
         while (length := length - len(pieces[-1])) > 0:
             shard += 1
-            pieces.append(self._shards[shard][:length])
+            pieces.append(self._shard(shard)[:length])
         return np.concatenate(pieces)
 
     def locate(self, token: int) -> tuple[str, int]:
@@ -99,6 +113,8 @@ class TokenWindows:
             self._scratch[row] = self._read(begin, shard)
         out[0] = self._scratch[:, :-1]
         out[1] = self._scratch[:, 1:]
+        if self._volatile:  # the cache may evict these shards once this batch is read
+            self._maps.clear()
 
 
 def _map(path: Path, dtype: np.dtype, tokens: int) -> np.ndarray:

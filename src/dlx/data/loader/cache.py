@@ -1,0 +1,247 @@
+"""A bounded local cache of one split's shards in object storage, filled in the order the loader will read them.
+
+The loader's order is a pure function of the seed and the position, so the shards every future batch reads are known
+before it is read. `ShardCache` downloads them ahead of the trainer (a prefetch thread walks the future batches) and,
+when the cache is full, evicts the shard whose next use lies furthest in the future (Belady's rule, optimal for a
+known sequence); it prefetches a shard only when it can make room without evicting one needed sooner. `policy="lru"`
+evicts the least recently used shard instead (for `benchmarks/bench_object_storage.py` to compare).
+
+Every shard is downloaded into a temporary file, hashed as it streams and renamed into the cache only when its SHA-256
+is the manifest's (`dlx.data.storage.download`). At start the folder is checked, not trusted: temporary files of a
+killed run are deleted, every shard already there is hashed again and kept only when it matches. There is no lock and
+no shared memory: one cache folder per rank and split, and nothing a SIGKILL leaves behind blocks the next start.
+
+The shards of the batches in flight (sent to a worker, not yet read back) are never evicted; the size bound is
+`capacity_bytes` or those shards together, whichever is larger. Workers map a shard for one batch at a time
+(`SplitSpec.volatile`), so an evicted shard's space is freed at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from dlx.data.loader.order import Cursor, EpochWindows
+from dlx.data.loader.plan import SplitPlan
+from dlx.data.shards import ShardInfo, sha256_file
+from dlx.errors import UserError
+
+LOOKAHEAD_BATCHES = 4096
+"""How many future batches the prefetch looks at; a shard not used within them counts as never used again."""
+
+
+class ShardCache:
+    """The shards of one split, downloaded from `url` into `folder` with at most `capacity_bytes` kept."""
+
+    def __init__(
+        self,
+        url: str,
+        folder: Path,
+        shards: list[ShardInfo],
+        itemsize: int,
+        capacity_bytes: int,
+        policy: str = "belady",
+    ):
+        if policy not in ("belady", "lru"):
+            raise ValueError(f"policy must be belady or lru, got {policy!r}")
+        self.url, self.folder, self.policy, self.capacity = url, Path(folder), policy, int(capacity_bytes)
+        self.sizes = {s.name: s.tokens * itemsize for s in shards}
+        self.sha256 = {s.name: s.sha256 for s in shards}
+        self.bytes_downloaded = 0
+        self.peak_bytes = 0
+        """The most bytes the folder held at once."""
+        self.present: dict[str, int] = {}  # shard → last batch position that used it (LRU)
+        self._cond = threading.Condition()
+        self._complete_until = 0
+        self._thread: threading.Thread | None = None
+        self._generation = 0
+        self._failure: BaseException | None = None
+        self._check_folder()
+
+    def _check_folder(self) -> None:
+        """Delete what a killed run left half-done, keep only shards whose SHA-256 matches."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for path in sorted(self.folder.iterdir()):
+            keep = path.name in self.sha256 and path.is_file() and path.stat().st_size == self.sizes[path.name]
+            if keep and sha256_file(path) == self.sha256[path.name]:
+                self.present[path.name] = -1
+            else:
+                path.unlink()
+        while self._used() > self.capacity and self.present:
+            self._evict(next(iter(self.present)))
+
+    def _used(self) -> int:
+        return sum(self.sizes[name] for name in self.present)
+
+    def _evict(self, name: str) -> None:
+        (self.folder / name).unlink(missing_ok=True)
+        del self.present[name]
+        self._complete_until = 0
+
+    def start(self, future: Iterator[set[str]], pinned: int) -> None:
+        """Prefetch for a new pass: `future` yields the shards of each batch from position 0 of the pass; the shards of
+        the last `pinned` acquired batches stay."""
+        self.stop()
+        with self._cond:
+            self._generation += 1
+            self._failure = None
+            self._future: list[set[str]] = []
+            self._next_uses: dict[str, collections.deque[int]] = collections.defaultdict(collections.deque)
+            self._position, self._pinned, self._complete_until = -1, pinned, 0
+            self._source, self._exhausted = future, False
+        self._thread = threading.Thread(target=self._prefetch, args=(self._generation,), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def acquire(self, position: int) -> None:
+        """Block until every shard of batch `position` of the pass is in the folder; from now on the batches before
+        `position - pinned` may be evicted."""
+        with self._cond:
+            self._position = position
+            self._extend(position)
+            self._cond.notify_all()
+            while not self._future[position] <= self.present.keys():
+                if self._failure is not None:
+                    raise self._failure
+                self._cond.wait(0.5)
+            for name in self._future[position]:
+                self.present[name] = position
+
+    # the prefetch thread, under self._cond unless downloading
+
+    def _extend(self, position: int) -> None:
+        while len(self._future) <= position + 1 and not self._exhausted:
+            batch = next(self._source, None)
+            if batch is None:
+                self._exhausted = True
+                return
+            for name in batch:
+                self._next_uses[name].append(len(self._future))
+            self._future.append(batch)
+
+    def _next_use(self, name: str, after: int) -> float:
+        uses = self._next_uses[name]
+        while uses and uses[0] < after:
+            uses.popleft()
+        return uses[0] if uses else float("inf")
+
+    def _prefetch(self, generation: int) -> None:
+        try:
+            while True:
+                with self._cond:
+                    job = self._next_job(generation)
+                    if job is None:
+                        return
+                    name = job
+                self._download(name)
+                with self._cond:
+                    self.present[name] = self._position
+                    self.peak_bytes = max(self.peak_bytes, self._used())
+                    self._cond.notify_all()
+        except BaseException as e:  # handed to the trainer's thread by acquire
+            with self._cond:
+                self._failure = e
+                self._cond.notify_all()
+
+    def _next_job(self, generation: int) -> str | None:
+        """The next shard to download, after making room for it; None when this pass is over or stopped."""
+        while generation == self._generation:
+            base = max(self._position, 0)
+            for j in range(max(base, self._complete_until), base + LOOKAHEAD_BATCHES):
+                self._extend(j)
+                if j >= len(self._future):
+                    break
+                missing = sorted(self._future[j] - self.present.keys())
+                if not missing:
+                    self._complete_until = j + 1  # the next scan starts after it, unless a shard is evicted
+                    continue
+                if self._make_room(missing[0], j):
+                    return missing[0]
+                break  # no room until the trainer moves on
+            self._cond.wait(0.5)
+        return None
+
+    def _make_room(self, name: str, needed_at: int) -> bool:
+        """Evict until `name` fits: the furthest next use (belady) or the least recent use (lru), never a pinned
+        shard nor, under belady, one needed sooner than `needed_at`. True when it fits (or the trainer waits for it)."""
+        pinned = set().union(*self._future[max(0, self._position + 1 - self._pinned) : self._position + 1])
+        while self._used() + self.sizes[name] > self.capacity:
+            candidates = [n for n in self.present if n not in pinned]
+            if not candidates:
+                return needed_at <= self._position  # over the bound only for what the trainer is waiting for
+            if self.policy == "lru":
+                victim = min(candidates, key=lambda n: self.present[n])
+            else:
+                victim = max(candidates, key=lambda n: self._next_use(n, self._position + 1))
+                if self._next_use(victim, self._position + 1) <= needed_at and needed_at > self._position:
+                    return False
+            self._evict(victim)
+        return True
+
+    def _download(self, name: str) -> None:
+        from dlx.data import storage
+
+        try:
+            n = storage.download(
+                f"{self.url.rstrip('/')}/{name}", self.folder / name, self.sha256[name], self.sizes[name]
+            )
+        except FileNotFoundError:
+            raise UserError(
+                f"dataset {self.url}: shard {name} is missing from the bucket; run `dlx prepare` again"
+            ) from None
+        self.bytes_downloaded += n
+
+
+class CachedPlan:
+    """A `SplitPlan` whose schedule waits for each batch's shards in a `ShardCache`; pickled as the plain plan (the
+    workers read the cache's folder, and never download)."""
+
+    def __init__(self, plan: SplitPlan, cache: ShardCache, pinned: int):
+        self.plan, self.cache, self.pinned = plan, cache, pinned
+        self.micro_batch_size, self.seq_len = plan.micro_batch_size, plan.seq_len
+        self._starts = np.concatenate([[0], np.cumsum([t for _, t in plan.split.shards], dtype=np.int64)])
+        self._names = [name for name, _ in plan.split.shards]
+
+    def __reduce__(self):
+        return SplitPlan, (self.plan.split, self.plan.order, self.plan.seq_len)
+
+    def shards_needed(self, window_ids: np.ndarray) -> set[str]:
+        """The shards the windows read, from the manifest's sizes (no file is opened)."""
+        begins = np.asarray(window_ids, dtype=np.int64) * self.seq_len
+        first = np.searchsorted(self._starts, begins, side="right") - 1
+        last = np.searchsorted(self._starts, begins + self.seq_len, side="right") - 1
+        return {self._names[i] for a, b in zip(first.tolist(), last.tolist(), strict=True) for i in range(a, b + 1)}
+
+    def _future(self, start: Cursor, loop: bool) -> Iterator[set[str]]:
+        windows = EpochWindows(self.plan.order)
+        for cursor in self.plan.schedule(start, loop):
+            yield self.shards_needed(windows(cursor))
+
+    def schedule(self, start: Cursor, loop: bool) -> Iterator[Cursor]:
+        self.cache.start(self._future(start, loop), self.pinned)
+        try:
+            for position, cursor in enumerate(self.plan.schedule(start, loop)):
+                self.cache.acquire(position)
+                yield cursor
+        finally:
+            self.cache.stop()
+
+    def fill(self, cursor: Cursor, out: np.ndarray) -> None:
+        self.plan.fill(cursor, out)
+
+    def shards_of(self, cursor: Cursor) -> set[str]:
+        return self.plan.shards_of(cursor)
+
+    def describe_bad_token(self, cursor: Cursor, vocab_size: int) -> str:
+        return self.plan.describe_bad_token(cursor, vocab_size)

@@ -1,0 +1,225 @@
+"""Object storage (`dlx.data.storage`, the shard cache, prepare and checkpoints in a bucket) against a real S3 server
+on 127.0.0.1 (moto) behind a proxy that adds 503 SlowDown and dropped connections (`s3_helpers`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dataset_helpers import write_dataset
+from s3_helpers import Faults, apply_env, make_bucket, s3_server
+from train_helpers import TINY, losses, make_dataset, run_cli, train_quietly
+
+BUCKET = "dlx-test"
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    with s3_server(Faults(seed=1)) as server:
+        make_bucket(server, BUCKET)
+        yield server
+
+
+@pytest.fixture
+def s3(endpoint, monkeypatch):
+    """The server's environment in this process; the proxy passes every request until a test sets faults."""
+    from dlx.data import storage
+
+    apply_env(endpoint, monkeypatch)
+    monkeypatch.setenv(storage.RETRY_ENV, "20")
+    endpoint.faults.slowdown_rate = endpoint.faults.drop_rate = 0.0
+    yield endpoint
+    endpoint.faults.slowdown_rate = endpoint.faults.drop_rate = 0.0
+
+
+def test_retries_throttling_and_dropped_connections_then_names_the_object(s3, monkeypatch, tmp_path):
+    from dlx.data import storage
+    from dlx.errors import UserError
+
+    storage.write_bytes(f"s3://{BUCKET}/retry/a.bin", b"x" * 1000)
+    s3.faults.slowdown_rate, s3.faults.drop_rate = 0.3, 0.2
+    before = s3.faults.slowdowns + s3.faults.drops
+    for i in range(5):
+        assert storage.read_bytes(f"s3://{BUCKET}/retry/a.bin") == b"x" * 1000
+        assert storage.download(f"s3://{BUCKET}/retry/a.bin", tmp_path / f"{i}.bin") >= 1000
+    assert s3.faults.slowdowns + s3.faults.drops > before  # faults happened and were retried
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{i}.bin" for i in range(5)]  # no temporary file left
+    s3.faults.slowdown_rate = 1.0
+    monkeypatch.setenv(storage.RETRY_ENV, "0.5")
+    with pytest.raises(UserError, match=rf"s3://{BUCKET}/retry/a.bin: gave up after \d+ tries"):
+        storage.read_bytes(f"s3://{BUCKET}/retry/a.bin")
+
+
+def test_a_download_that_does_not_match_its_checksum_leaves_nothing(s3, tmp_path):
+    from dlx.data import storage
+    from dlx.errors import UserError
+
+    storage.write_bytes(f"s3://{BUCKET}/sum/a.bin", b"abc")
+    with pytest.raises(UserError, match="does not match the checksum"):
+        storage.download(f"s3://{BUCKET}/sum/a.bin", tmp_path / "a.bin", sha256="0" * 64)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_bucket_and_credentials_are_one_line(s3, monkeypatch):
+    from dlx.data import storage
+    from dlx.errors import UserError
+
+    with pytest.raises(UserError, match="bucket no-such-bucket does not exist"):
+        storage.check_access("s3://no-such-bucket/data", "data.path")
+
+
+def _shard_dataset(folder, n_shards=8, tokens=3000):
+    rng = np.random.default_rng(0)
+    train = [rng.integers(1, 250, tokens) for _ in range(n_shards)]
+    return write_dataset(folder, {"train": train, "val": [rng.integers(1, 250, 2000)]}, 256)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_from_a_bucket_gives_the_local_batches_within_its_cache_bound(s3, tmp_path, num_workers):
+    from dlx.data import storage
+    from dlx.data.loader import TokenLoader
+    from dlx.data.remote import mirror_dataset
+    from dlx.data.source import LoaderSettings
+
+    local = _shard_dataset(tmp_path / "ds")
+    url = f"s3://{BUCKET}/loader-{num_workers}/ds"
+    storage.upload_tree(local, url)
+    shard_bytes = 3000 * 2
+    settings = LoaderSettings(
+        seq_len=32, micro_batch_size=2, num_workers=num_workers, prefetch=2, cache_bytes=6 * shard_bytes
+    )
+    s3.faults.slowdown_rate, s3.faults.drop_rate = 0.02, 0.02
+    mirror = mirror_dataset(url, tmp_path / "cache")
+    with (
+        TokenLoader(local, settings, "train", loop=False) as a,
+        TokenLoader(mirror, settings, "train", loop=False) as b,
+    ):
+        expected = [x.clone() for x, _ in a]
+        got = [x.clone() for x, _ in b]
+        assert len(got) == len(expected) == a.batches_per_epoch
+        assert all(torch.equal(x, y) for x, y in zip(expected, got, strict=True))
+        pinned = 2 * num_workers * 2 + 2  # the shards of the batches in flight may exceed the bound
+        assert b.cache.peak_bytes <= max(6, pinned) * shard_bytes
+        assert b.cache.bytes_downloaded >= 8 * shard_bytes
+
+
+def test_a_cache_left_by_a_killed_run_is_verified_not_trusted(s3, tmp_path):
+    from dlx.data import storage
+    from dlx.data.loader.cache import ShardCache
+    from dlx.data.shards import read_manifest
+
+    local = _shard_dataset(tmp_path / "ds", n_shards=3)
+    storage.upload_tree(local, f"s3://{BUCKET}/killed/ds")
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    (folder / ".train-00000.bin.x1y2.tmp").write_bytes(b"half a download")
+    (folder / "train-00001.bin").write_bytes((local / "train-00001.bin").read_bytes())  # whole: kept
+    damaged = bytearray((local / "train-00002.bin").read_bytes())
+    damaged[10] ^= 1
+    (folder / "train-00002.bin").write_bytes(bytes(damaged))  # same size, other bytes: deleted
+    shards = read_manifest(local).split_shards("train")
+    cache = ShardCache(f"s3://{BUCKET}/killed/ds", folder, shards, 2, 1 << 30)
+    assert sorted(p.name for p in folder.iterdir()) == ["train-00001.bin"]
+    assert list(cache.present) == ["train-00001.bin"]
+
+
+def test_pretrain_from_a_bucket_matches_a_local_run(s3, tmp_path):
+    from dlx.data import storage
+
+    local = make_dataset(tmp_path / "data")
+    storage.upload_tree(local, f"s3://{BUCKET}/train/data")
+    common = [*TINY, "--train.max_steps", "4", "--eval.every", "2", "--eval.batches", "2", "--data.num_workers", "1"]
+    train_quietly([*common, "--data.path", str(local)], tmp_path / "local")
+    s3.faults.slowdown_rate = 0.02
+    remote = ["--data.path", f"s3://{BUCKET}/train/data", "--data.cache_dir", str(tmp_path / "cache")]
+    train_quietly([*common, *remote], tmp_path / "remote")
+    assert losses(tmp_path / "remote") == losses(tmp_path / "local")
+
+
+def test_pretrain_from_a_missing_bucket_is_one_line_exit_2(s3, tmp_path):
+    result = run_cli(["pretrain", *TINY, "--data.path", "s3://no-such-bucket/data", "--run-dir", "r"], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: data.path s3://no-such-bucket/data: bucket no-such-bucket does not exist; create it or fix the URL"
+    ]
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_prepare_from_a_bucket_into_a_bucket_equals_a_local_prepare(s3, tmp_path, monkeypatch):
+    import inspect
+    import json
+
+    from dlx.data import storage
+
+    monkeypatch.setenv("DLX_STAGING_DIR", str(tmp_path / "staging"))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i, module in enumerate((json.decoder, json.encoder, inspect)):
+        (corpus / f"{i}.jsonl").write_text(json.dumps({"text": inspect.getsource(module)}) + "\n")
+        storage.upload(corpus / f"{i}.jsonl", f"s3://{BUCKET}/corpus/{i}.jsonl")
+    options = ["--train-tokenizer", "300", "--val-documents", "1", "--workers", "1", "--no-progress"]
+    local = run_cli(["prepare", str(corpus), *options, "--out", "local"], tmp_path)
+    assert local.returncode == 0, local.stderr
+    s3.faults.slowdown_rate = s3.faults.drop_rate = 0.02
+    url = f"s3://{BUCKET}/prepared/web"
+    remote = run_cli(["prepare", f"s3://{BUCKET}/corpus/*.jsonl", *options, "--out", url], tmp_path, timeout=180)
+    assert remote.returncode == 0, remote.stderr
+    for name in sorted(
+        p.name for p in (tmp_path / "local").iterdir() if p.suffix == ".bin" or p.name == "tokenizer.json"
+    ):
+        assert storage.read_bytes(storage.join(url, name)) == (tmp_path / "local" / name).read_bytes(), name
+    published = json.loads(storage.read_bytes(storage.join(url, "manifest.json")))
+    assert published["shards"] == json.loads((tmp_path / "local" / "manifest.json").read_text())["shards"]
+
+
+def test_prepare_into_a_missing_bucket_is_one_line_exit_2(s3, tmp_path):
+    result = run_cli(["prepare", "--corpus", "stdlib", "--out", "s3://no-such-bucket/x"], tmp_path)
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip()
+        == "error: --out s3://no-such-bucket/x: bucket no-such-bucket does not exist; create it or fix the URL"
+    )
+
+
+@pytest.mark.slow
+def test_checkpoints_in_a_bucket_resume_on_a_fresh_machine_and_export(s3, tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    from dlx.data import storage
+    from dlx.train.remote_run import complete_checkpoints
+
+    monkeypatch.setenv("DLX_STAGING_DIR", str(tmp_path / "staging"))
+    data = make_dataset(tmp_path / "data")
+    command = [
+        *TINY,
+        "--data.path",
+        str(data),
+        "--eval.every",
+        "0",
+        "--checkpoint.every",
+        "2",
+        "--train.max_steps",
+        "4",
+    ]
+    train_quietly(command, tmp_path / "local")
+    url = f"s3://{BUCKET}/runs/r1"
+    s3.faults.slowdown_rate = s3.faults.drop_rate = 0.02
+    first = run_cli(["pretrain", *command, "--run-dir", url, "--resume", "auto"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert complete_checkpoints(url) == ["step-00000004", "step-00000002"]
+    storage.remove(storage.join(url, "checkpoints", "step-00000004", "COMPLETE"))  # its upload was cut short
+    shutil.rmtree(tmp_path / "staging")  # another machine: nothing local
+    second = run_cli(["pretrain", *command, "--run-dir", url, "--resume", "auto"], tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert "step-00000002" in second.stdout + second.stderr  # resumed from the newest complete checkpoint
+    assert complete_checkpoints(url) == ["step-00000004", "step-00000002"]
+    metrics = storage.read_bytes(storage.join(url, "metrics.jsonl")).decode().splitlines()
+    remote_losses = {r["step"]: r["loss"] for r in map(json.loads, metrics)}
+    assert remote_losses == losses(tmp_path / "local")  # steps 1-2 before the restart, 3-4 after: bit for bit
+    shutil.rmtree(tmp_path / "staging")
+    export = run_cli(["export-hf", url, str(tmp_path / "hf")], tmp_path)
+    assert export.returncode == 0, export.stderr
+    assert (tmp_path / "hf" / "config.json").is_file()
