@@ -62,19 +62,22 @@ def pretrain(
 
         staging = pull_run(run_dir)
         with RunSync(run_dir, staging):
-            return launch_run(recipe, overrides, staging, resume, auto)
-    launch_run(recipe, overrides, Path(run_dir) if run_dir else None, resume, auto)
+            return launch_run(recipe, overrides, staging, resume, auto, tune_budget_min if tune else None)
+    launch_run(recipe, overrides, Path(run_dir) if run_dir else None, resume, auto, tune_budget_min if tune else None)
 
 
-def launch_run(recipe: str | None, overrides: list[str], run_dir: Path | None, resume: bool, auto: bool) -> None:
+def launch_run(
+    recipe: str | None, overrides: list[str], run_dir: Path | None, resume: bool, auto: bool, tune_min: float | None
+) -> None:
+    """The run (the demo without a recipe), after `dlx tune` when `tune_min` minutes are given for it."""
     if recipe is None and not overrides and not (resume and run_dir):
         from dlx.train.demo import run_demo
 
         sys.exit(run_demo(resume=resume, run_dir=run_dir))
-    if tune:
+    if tune_min is not None:
         from dlx.cli.tune_commands import pretrain_tuned
 
-        sys.exit(pretrain_tuned(recipe, overrides, run_dir, resume, tune_budget_min))
+        sys.exit(pretrain_tuned(recipe, overrides, run_dir, resume, tune_min))
     from dlx.train.launch import launch
 
     sys.exit(launch(recipe, overrides, run_dir, "auto" if auto else resume))
