@@ -10,6 +10,9 @@ import pytest
 import torch.distributed as dist
 
 from dlx.parallel.heartbeat import PROCESS_KEY, Heartbeat, RankLost
+from prepare_helpers import tiny_tokenizer
+
+__all__ = ["tiny_tokenizer"]
 
 CLOSED = "[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:40123"
 
@@ -63,3 +66,51 @@ def test_a_killed_rank_on_another_host_is_named_when_its_heartbeat_stops():
         assert "at step 2, loss all-reduce (pid 4242 on node-b)" in str(lost)
     finally:
         ranks[0].close()
+
+
+WUDAO_KEYS = ("id", "uniqueKey", "titleUkey", "dataType", "title", "content")
+
+
+def write_wudao(path, texts: list[str]):
+    """WuDao's layout: one JSON array per file, the text in `content`."""
+    records = [
+        dict(zip(WUDAO_KEYS, (i, f"k{i}", f"t{i}", "news", f"title {i}", text), strict=True))
+        for i, text in enumerate(texts)
+    ]
+    path.write_text(json.dumps(records, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+WUDAO_HINT = (
+    "the records have no 'text' field (their fields: id, uniqueKey, titleUkey, dataType, title, content); give "
+    "--text-field content"
+)
+
+
+def test_tokenizer_extend_reads_wudao_json_with_text_field(tmp_path):
+    """`dlx tokenizer extend` takes `dlx prepare`'s --text-field: WuDao's JSON arrays give their `content`; without
+    the option, the line names the field it looked for, the records' fields, and the option to give."""
+    from cpt_helpers import base_tokenizer, chinese_text
+    from dlx.data.tokenizer_extend import extend_tokenizer
+    from dlx.errors import UserError
+
+    base = base_tokenizer(tmp_path / "base" / "tokenizer.json")
+    corpus = write_wudao(tmp_path / "part-0.json", [chinese_text(200, seed=s) for s in range(5)])
+    with pytest.raises(UserError) as refused:
+        extend_tokenizer(base, [str(corpus)], 20, tmp_path / "plain", sample_chars=10**6)
+    assert str(refused.value) == f"the corpus {corpus} holds no text: {WUDAO_HINT}"
+    assert not (tmp_path / "plain").exists()
+    result = extend_tokenizer(base, [str(corpus)], 20, tmp_path / "out", sample_chars=10**6, text_field="content")
+    assert result.added == 20 and result.after.tokens < result.before.tokens
+
+
+def test_prepare_without_text_field_names_the_field_and_the_fix(tmp_path, tiny_tokenizer):
+    from dlx.data.prepare.pipeline import prepare_dataset
+    from dlx.errors import UserError
+
+    corpus = write_wudao(tmp_path / "part-0.json", [f"document number {i} of the corpus" for i in range(30)])
+    with pytest.raises(UserError) as refused:
+        prepare_dataset([str(corpus)], tmp_path / "out", tokenizer=tiny_tokenizer, workers=1, progress=False)
+    assert str(refused.value) == (
+        f"no documents found in 1 input file(s) (30 bad records, 0 empty documents): {WUDAO_HINT}"
+    )
