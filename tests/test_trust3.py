@@ -114,3 +114,23 @@ def test_prepare_without_text_field_names_the_field_and_the_fix(tmp_path, tiny_t
     assert str(refused.value) == (
         f"no documents found in 1 input file(s) (30 bad records, 0 empty documents): {WUDAO_HINT}"
     )
+
+
+TORCH_LOADED = """
+import sys
+from dlx.cli.app import main
+sys.argv = ["dlx", "pretrain", sys.argv[1]]
+try:
+    main()
+except SystemExit as e:
+    print(f"exit {e.code}; torch loaded: {'torch' in sys.modules}")
+"""
+
+
+def test_a_bad_recipe_key_is_answered_before_torch_is_loaded(tmp_path):
+    """Loading torch takes seconds (8-11 s on a busy machine): a recipe error is found before it."""
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("model: {preset: debug}\ntrain: {max_stepz: 3}\n")
+    proc = subprocess.run([sys.executable, "-c", TORCH_LOADED, str(recipe)], capture_output=True, text=True, timeout=60)
+    assert proc.stderr.startswith("error: recipe: unknown key 'train.max_stepz'; train keys are max_steps,")
+    assert proc.stdout.strip() == "exit 2; torch loaded: False"
