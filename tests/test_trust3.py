@@ -134,3 +134,36 @@ def test_a_bad_recipe_key_is_answered_before_torch_is_loaded(tmp_path):
     proc = subprocess.run([sys.executable, "-c", TORCH_LOADED, str(recipe)], capture_output=True, text=True, timeout=60)
     assert proc.stderr.startswith("error: recipe: unknown key 'train.max_stepz'; train keys are max_steps,")
     assert proc.stdout.strip() == "exit 2; torch loaded: False"
+
+
+def test_an_error_alike_on_every_rank_is_printed_by_rank_0_with_the_retry(monkeypatch, capsys):
+    """A second job refused by the run lock (rank 0 decides for every rank) under `torchrun --max-restarts 2`: one
+    line per attempt, from rank 0, saying whether the launcher retries; a rank's own error is printed by that rank."""
+    from dlx.cli.app import print_user_error
+    from dlx.errors import UserError
+    from dlx.train.config import RunConfig
+    from dlx.train.step_plan import resolve_grad_accum
+
+    refusal = UserError("run folder r is being trained by pid 7 on vm (lock r/writer.lock)").alike_on_every_rank()
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
+    expected = {
+        ("0", "0"): "error: run folder r is being trained by pid 7 on vm (lock r/writer.lock) (torchrun attempt 1 of "
+        "3: the launcher will retry)\n",
+        ("1", "0"): "",
+        ("0", "2"): "error: run folder r is being trained by pid 7 on vm (lock r/writer.lock) (torchrun attempt 3 of "
+        "3, the last)\n",
+    }
+    for (rank, restarts), line in expected.items():
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", restarts)
+        print_user_error(refusal)
+        assert capsys.readouterr().err == line, (rank, restarts)
+    monkeypatch.setenv("RANK", "1")
+    print_user_error(UserError("shard x is damaged"))  # this rank's own: printed where it happened
+    assert capsys.readouterr().err.startswith("error: shard x is damaged (torchrun attempt 3 of 3")
+    config = RunConfig.model_validate(
+        {"train": {"global_batch_size": 12, "max_steps": 2}, "data": {"micro_batch_size": 4}}
+    )
+    with pytest.raises(UserError) as elastic:
+        resolve_grad_accum(config, 2)  # an elastic resume on 2 ranks: 12 is not a multiple of 4 × 2
+    assert elastic.value.every_rank

@@ -10,6 +10,8 @@ torchrun takes the same options and starts the same ranks. What differs is the e
 - SIGTERM to torchrun and every rank at once, as Slurm's `--signal` and its end-of-job kill do: the same.
 - Every rank stopped by a signal before torchrun got one (a rank's exit status 130 or 143, torchrun's
   ChildFailedError): the ranks' status, with one line.
+- Every rank stopped on a bad input (exit status 2; rank 0 printed the line, per attempt under `--max-restarts`):
+  exit 2 with one line, not torchrun's report of a failed child.
 
 Any other failure is torchrun's own (its error report and exit status).
 """
@@ -20,6 +22,8 @@ import os
 import signal
 import sys
 
+USER_ERROR = 2
+"""A rank's exit status after a bad input (dlx.errors.UserError), printed in one line by rank 0."""
 STOP_STATUSES = {128 + signal.SIGTERM, 128 + signal.SIGINT, 128 + signal.SIGHUP}
 
 
@@ -48,6 +52,9 @@ def run_torchrun(argv: list[str]) -> int:
         return 128 + int(e.sigval)
     except ChildFailedError as e:
         statuses = {failure.exitcode for failure in e.failures.values()}
+        if statuses == {USER_ERROR}:
+            print("dlx-torchrun: the ranks stopped on the error printed above (exit 2)", file=sys.stderr, flush=True)
+            return USER_ERROR
         if len(statuses) != 1 or not statuses <= STOP_STATUSES:
             raise
         status = statuses.pop()
