@@ -167,3 +167,21 @@ def test_an_error_alike_on_every_rank_is_printed_by_rank_0_with_the_retry(monkey
     with pytest.raises(UserError) as elastic:
         resolve_grad_accum(config, 2)  # an elastic resume on 2 ranks: 12 is not a multiple of 4 × 2
     assert elastic.value.every_rank
+
+
+def test_a_stale_lock_from_another_host_is_taken_over_with_a_line(tmp_path, capsys):
+    import time
+
+    from dlx.train.runlock import LOCK_FILE, STALE_S, RunLock
+
+    holder = {"pid": 4242, "host": "node-b", "started": 0.0, "alive": time.time() - STALE_S - 30}
+    (tmp_path / LOCK_FILE).write_text(json.dumps(holder) + "\n")
+    lock = RunLock(tmp_path)
+    lock.acquire()
+    try:
+        err = capsys.readouterr().err
+        assert err.startswith(f"run folder {tmp_path}: took over the stale lock of pid 4242 on node-b (no refresh for ")
+        assert err.endswith("s; a holder on another host counts for 120 s after its last)\n")
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["host"] != "node-b"
+    finally:
+        lock.release()
