@@ -185,3 +185,26 @@ def test_a_stale_lock_from_another_host_is_taken_over_with_a_line(tmp_path, caps
         assert json.loads((tmp_path / LOCK_FILE).read_text())["host"] != "node-b"
     finally:
         lock.release()
+
+
+def test_a_resume_with_keep_last_1_needs_room_for_one_more_checkpoint(tmp_path, monkeypatch):
+    """The resumed run's checkpoint is on the disk already: keep_last 1 needs room for the one a save adds."""
+    import shutil
+    from collections import namedtuple
+
+    from dlx.errors import UserError
+    from dlx.train.preflight import check_disk, checkpoint_bytes
+    from dlx.train.recipe import load_recipe
+    from train_helpers import TINY
+
+    config = load_recipe(
+        None, [*TINY, "--train.max_steps", "4", "--checkpoint.every", "2", "--checkpoint.keep_last", "1"]
+    )
+    size = checkpoint_bytes(config)
+    (tmp_path / "checkpoints" / "step-00000002").mkdir(parents=True)
+    usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 * size, 9 * size, size + size // 2))
+    found, note = check_disk(config, tmp_path, resume=True)
+    assert found.startswith("1 checkpoint(s) of ~") and note is None
+    with pytest.raises(UserError, match=r"less than 2 checkpoint\(s\) of ~"):
+        check_disk(config, tmp_path / "fresh", resume=False)
