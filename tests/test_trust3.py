@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -208,3 +210,18 @@ def test_a_resume_with_keep_last_1_needs_room_for_one_more_checkpoint(tmp_path, 
     assert found.startswith("1 checkpoint(s) of ~") and note is None
     with pytest.raises(UserError, match=r"less than 2 checkpoint\(s\) of ~"):
         check_disk(config, tmp_path / "fresh", resume=False)
+
+
+def test_sigterm_during_start_up_exits_143_with_a_line(tmp_path):
+    from dlx.faults import marker_name
+    from fault_helpers import finish, start_cli, wait_for_file
+    from train_helpers import TINY
+
+    env = {**os.environ, "DLX_FAULT_PAUSE": "start_up", "DLX_FAULT_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    proc = start_cli(["pretrain", *TINY, "--train.max_steps", "2", "--run-dir", str(tmp_path / "run")], tmp_path, env)
+    wait_for_file(tmp_path / marker_name("start_up"), proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = finish(proc)
+    assert proc.returncode == 143
+    assert err.strip() == "SIGTERM received outside the training loop (start-up or the end): stopped; exit 143"
+    assert not (tmp_path / "run").exists()
