@@ -225,3 +225,21 @@ def test_sigterm_during_start_up_exits_143_with_a_line(tmp_path):
     assert proc.returncode == 143
     assert err.strip() == "SIGTERM received outside the training loop (start-up or the end): stopped; exit 143"
     assert not (tmp_path / "run").exists()
+
+
+def test_a_truncated_shard_is_not_complete_and_verify_names_the_fix(tmp_path):
+    from train_helpers import make_dataset, run_cli
+
+    data = make_dataset(tmp_path / "data", val=False)
+    shard = sorted(data.glob("train-*.bin"))[0]
+    with shard.open("r+b") as f:
+        f.truncate(shard.stat().st_size - 2)
+    info = run_cli(["data", "info", str(data)], tmp_path)
+    assert info.stdout.splitlines()[0] == (
+        f"{data}: DAMAGED ({shard.name} missing or not of the size the manifest records; run `dlx data verify {data}`)"
+    )
+    verify = run_cli(["data", "verify", str(data)], tmp_path)
+    assert verify.returncode == 1
+    assert verify.stderr.splitlines()[-1].startswith(
+        "fix: the dataset cannot be trained on as it is: run `dlx prepare`"
+    )
