@@ -243,3 +243,23 @@ def test_a_truncated_shard_is_not_complete_and_verify_names_the_fix(tmp_path):
     assert verify.stderr.splitlines()[-1].startswith(
         "fix: the dataset cannot be trained on as it is: run `dlx prepare`"
     )
+
+
+def test_each_function_a_task_loads_is_named_in_one_line(tmp_path, capsys):
+    """lm-eval's `!function` imports Python from the task YAML's folder: one line names each, for a task given as a
+    YAML path and for one found in a task folder (eval.task_dir, `dlx eval --task-dir`)."""
+    pytest.importorskip("lm_eval")
+    from dlx.evals.harness import load_tasks
+    from test_evals import GENERATE_TASK, generate_task_dir
+
+    folder = generate_task_dir(tmp_path / "tasks")
+    load_tasks([GENERATE_TASK], str(folder), limit=1)
+    yaml_file, module = (folder / f"{GENERATE_TASK}.yaml").resolve(), (folder / "fingerprint.py").resolve()
+    line = f"{yaml_file} runs Python: !function fingerprint.process_results imports {module}"
+    assert named(capsys.readouterr().err) == [f"task {GENERATE_TASK}: {line}"]
+    load_tasks([str(folder / f"{GENERATE_TASK}.yaml")], None, limit=1)
+    assert named(capsys.readouterr().err) == [f"task {folder / GENERATE_TASK}.yaml: {line}"]
+
+
+def named(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "!function" in line]  # not datasets' progress bars
