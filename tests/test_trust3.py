@@ -263,3 +263,43 @@ def test_each_function_a_task_loads_is_named_in_one_line(tmp_path, capsys):
 
 def named(err: str) -> list[str]:
     return [line for line in err.splitlines() if "!function" in line]  # not datasets' progress bars
+
+
+def test_the_chunked_loss_holds_one_chunk_of_logits_at_a_time(monkeypatch):
+    """Each chunk's logits (n × vocab, fp32: 1.05 GB at 2,048 tokens × 128,256) are freed before the next chunk's
+    are made, with and without gradients; a chunk kept alive across the next one doubled the loss's peak."""
+    import weakref
+
+    import torch
+
+    from dlx.model import loss as loss_mod
+
+    alive_at_next: list[bool] = []
+    previous: list[weakref.ref] = []
+
+    def watch(tensor: torch.Tensor) -> None:
+        if previous:
+            alive_at_next.append(previous[-1]() is not None)
+        previous.append(weakref.ref(tensor))
+
+    def math_watched(logits, targets, z_loss, scale):
+        watch(logits)  # the gradient is made in place of the logits: the same storage
+        return loss_mod.chunk_loss_and_grad(logits, targets, z_loss, scale)
+
+    chunk_loss = loss_mod.chunk_loss
+
+    def chunk_loss_watched(logits, targets):
+        watch(logits)
+        return chunk_loss(logits, targets)
+
+    hidden = torch.randn(2, 24, 8, requires_grad=True)
+    output, targets = torch.nn.Linear(8, 64, bias=False), torch.randint(0, 64, (2, 24))
+    outputs = loss_mod.OutputLoss(chunk_logits=16 * 64)  # 16 tokens per chunk at most: 3 chunks of 16
+    outputs.math = math_watched
+    outputs(hidden, output, targets, 0.0).loss.backward()
+    assert alive_at_next == [False, False]
+    alive_at_next.clear(), previous.clear()
+    monkeypatch.setattr(loss_mod, "chunk_loss", chunk_loss_watched)
+    with torch.no_grad():
+        outputs(hidden, output, targets, 0.0)
+    assert alive_at_next == [False, False]
