@@ -37,7 +37,7 @@ from peers.record import environment, publish
 
 SPIN = "while True:\n    pass\n"
 TOKENIZER = '{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}, "added_tokens": []}'
-STEPS, CHECKPOINT_EVERY = 24, 4
+STEPS, CHECKPOINT_EVERY, EVAL_EVERY = 24, 4, 8
 STOPS = (("SIGKILL", "group"), ("SIGTERM", "trainer"), ("SIGINT", "group"))
 FIELDS = ("loss", "z_loss", "lr")
 RESUME_INTRO = (
@@ -78,7 +78,7 @@ model: {{preset: debug}}
 data: {{mix: {{{a}: 1.0, {b}: 3.0}}, document_mask: true, seq_len: 32, micro_batch_size: 4, num_workers: 1}}
 train: {{max_steps: {STEPS}, grad_accum: 2, lr: 3.0e-3, min_lr: 3.0e-4, schedule: wsd, z_loss: 1.0e-4,
          precision: fp32}}
-eval: {{every: 8, batches: 2}}
+eval: {{every: {EVAL_EVERY}, batches: 2}}
 checkpoint: {{every: {CHECKPOINT_EVERY}, keep_last: 2}}
 log: {{every: 1, progress: false}}
 """
@@ -209,6 +209,7 @@ def report(results: list[dict], reference_s: float | None, header: list[str]) ->
     seconds = [r["seconds"] for r in results]
     loads = [r["load"] for r in results if "load" in r]
     by_stop = {name: sum(1 for r in results if r["stop"][0] == name) for name, _ in STOPS}
+    compared = (len(results) - len(failed)) * (STEPS * len(FIELDS) + STEPS // EVAL_EVERY)
     lines = [
         f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z} — kill and resume a mixture run, looped",
         "",
@@ -218,6 +219,9 @@ def report(results: list[dict], reference_s: float | None, header: list[str]) ->
         "|---|---|",
         f"| iterations (stops: {', '.join(f'{n} {k}' for k, n in by_stop.items())}) | {len(results)} |",
         f"| iterations with any logged value different from the uninterrupted run | {len(differing)} |",
+        f"| logged values compared bit for bit (per iteration: {STEPS} steps × {', '.join(FIELDS)}, "
+        f"{STEPS // EVAL_EVERY} eval losses) | {compared:,} |",
+        f"| steps and evaluations whose logged values differ | {sum(len(r.get('differ', [])) for r in results)} |",
         f"| iterations whose resume failed | {len(failed)} |",
         f"| uninterrupted reference run ({STEPS} steps) | "
         f"{f'{reference_s:.1f} s' if reference_s is not None else 'not in the log'} |",

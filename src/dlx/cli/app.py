@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -96,10 +97,29 @@ def main() -> None:
     try:
         app(args=spell_bool_flags(typer.main.get_command(app), sys.argv[1:]))
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_user_error(e)
         sys.exit(e.exit_code)
     except WorkerError as e:  # a data worker's failure: its own traceback (where it failed), then one line
         if e.worker_traceback:
             print(e.worker_traceback, file=sys.stderr)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+def print_user_error(error: UserError) -> None:
+    """`error: ...` on one line; under torchrun, an error raised alike on every rank is printed by rank 0 alone, with
+    whether torchrun will start the job again (`--max-restarts`)."""
+    if error.every_rank and os.environ.get("RANK", "0") != "0":
+        return
+    print(f"error: {error}{launcher_note()}", file=sys.stderr, flush=True)
+
+
+def launcher_note() -> str:
+    """Under torchrun: which attempt this was and whether torchrun retries (it restarts the job after any failure)."""
+    if "TORCHELASTIC_MAX_RESTARTS" not in os.environ:
+        return ""
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    most = int(os.environ["TORCHELASTIC_MAX_RESTARTS"])
+    if restarts < most:
+        return f" (torchrun attempt {restarts + 1} of {most + 1}: the launcher will retry)"
+    return f" (torchrun attempt {restarts + 1} of {most + 1}, the last)" if most else ""

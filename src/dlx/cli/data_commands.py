@@ -91,7 +91,7 @@ def info(
         curation = {"curation": summarise(params, counts)} if params else {}
         print(json.dumps(summary | curation, indent=2))
         return
-    print(f"{folder}: {'complete' if summary['complete'] else 'INCOMPLETE (prepare did not finish)'}")
+    print(f"{folder}: {dataset_state(folder, summary['complete'])}")
     for key in ("tokens", "documents", "shards"):
         per_split = ", ".join(f"{s} {summary['splits'][s][key]:,}" for s in summary["splits"])
         print(f"  {key:<17} {summary[key]:>15,}  ({per_split})")
@@ -112,9 +112,40 @@ def verify(folder: Annotated[Path, typer.Argument(help="A prepared dataset folde
     for problem in problems:
         print(f"error: {folder}/{problem}", file=sys.stderr)
     if problems:
+        print(f"fix: {REPREPARE}", file=sys.stderr)
         raise typer.Exit(1)
     note = "" if manifest.complete else " (prepare did not finish: rerun it to complete the dataset)"
     print(f"{folder}: {len(manifest.shards)} shards and the tokenizer match the manifest{note}")
+
+
+REPREPARE = (
+    "the dataset cannot be trained on as it is: run `dlx prepare` again with its inputs, tokenizer and options into a "
+    "new --out (or restore the damaged files from a copy), then `dlx data verify` that folder"
+)
+
+
+def dataset_state(folder: Path, complete: bool) -> str:
+    """`complete`, or what is wrong, from the shards' sizes (a stat each; `dlx data verify` also hashes them)."""
+    if not complete:
+        return "INCOMPLETE (prepare did not finish)"
+    import numpy as np
+
+    from dlx.data.shards import read_manifest
+
+    manifest = read_manifest(folder)
+    itemsize = np.dtype(manifest.dtype).itemsize
+    wrong = [s.name for s in manifest.shards if _size(folder / s.name) != s.tokens * itemsize]
+    if not wrong:
+        return "complete"
+    names = ", ".join(wrong[:3]) + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else "")
+    return f"DAMAGED ({names} missing or not of the size the manifest records; run `dlx data verify {folder}`)"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
 
 
 def register(app: typer.Typer) -> None:

@@ -19,12 +19,15 @@ def extend(
     sample_chars: Annotated[
         int, typer.Option(help="Characters of the corpus (its first documents) to learn the merges on.")
     ] = 20_000_000,
+    text_field: Annotated[
+        str, typer.Option(help="JSON key / Parquet column of the text, as `dlx prepare` (WuDao: content).")
+    ] = "text",
 ) -> None:
     """Learn --add merges on a sample of CORPUS and append them to BASE: every existing id and special token stays
     where it is, new ids follow the last existing one. Prints characters and bytes per token before and after."""
     from dlx.data.tokenizer_extend import extend_tokenizer
 
-    result = extend_tokenizer(base, corpus, add, out, sample_chars)
+    result = extend_tokenizer(base, corpus, add, out, sample_chars, text_field)
     b, a = result.before, result.after
     print(
         f"added {result.added:,} tokens (ids {result.first_new_id:,}-{result.first_new_id + result.added - 1:,}) "

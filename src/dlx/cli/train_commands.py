@@ -44,8 +44,12 @@ def pretrain(
     ] = False,
     tune_budget_min: Annotated[float, typer.Option(help="--tune: minutes the search may take.")] = 5.0,
 ) -> None:
+    from dlx.faults import pause_point
     from dlx.train.recipe import split_command_line
+    from dlx.train.signals import stop_outside_training
 
+    stop_outside_training()  # SIGTERM before the training loop: one line, exit 143
+    pause_point("start_up")  # test-only, off by default: see dlx.faults
     if keys:
         from dlx.train.config import describe_keys
 

@@ -190,21 +190,30 @@ CARRIED_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 """Files beside the base tokenizer.json copied next to the extended one (they name the special tokens)."""
 
 
-def sample_corpus(specs: Sequence[str], max_chars: int) -> list[str]:
-    """The corpus's first documents, about `max_chars` characters (files, folders, globs as `dlx prepare` reads)."""
+def sample_corpus(specs: Sequence[str], max_chars: int, text_field: str = "text") -> list[str]:
+    """The corpus's first documents, about `max_chars` characters: the inputs `dlx prepare` reads (files, folders,
+    globs; plain text, JSON lines or arrays, Parquet, compressed), JSON's and Parquet's text in `text_field`."""
     from dlx.data.prepare.inputs import InputList
-    from dlx.data.prepare.readers import sample_documents
+    from dlx.data.prepare.readers import missing_field_hint, sample_documents
     from dlx.data.prepare.units import choose_unit_bytes, plan_units
 
     inputs = InputList(tuple(specs)).measure()
-    texts = sample_documents(plan_units(inputs, choose_unit_bytes(inputs.bytes)), "text", max_chars)
+    bad: list[str] = []
+    texts = sample_documents(plan_units(inputs, choose_unit_bytes(inputs.bytes)), text_field, max_chars, bad)
     if not texts:
-        raise UserError(f"the corpus {' '.join(specs)} holds no text; give files with the new domain's text")
+        hint = missing_field_hint(bad)
+        raise UserError(
+            f"the corpus {' '.join(specs)} holds no text"
+            + (f": {hint}" if hint else "; give files with the new domain's text")
+        )
     return texts
 
 
-def extend_tokenizer(base_path: Path, corpus: Sequence[str], add: int, out: Path, sample_chars: int) -> Extension:
-    """Learn `add` new tokens on a sample of `corpus`, append them to the base tokenizer and write it into `out`."""
+def extend_tokenizer(
+    base_path: Path, corpus: Sequence[str], add: int, out: Path, sample_chars: int, text_field: str = "text"
+) -> Extension:
+    """Learn `add` new tokens on a sample of `corpus` (JSON's and Parquet's text in `text_field`), append them to the
+    base tokenizer and write it into `out`."""
     from dlx.atomic import atomic_dir
     from dlx.data.prepare.tokenizer import tokenizer_file
 
@@ -215,7 +224,7 @@ def extend_tokenizer(base_path: Path, corpus: Sequence[str], add: int, out: Path
     path = tokenizer_file(base_path)
     data = read_base(path)
     base = Tokenizer.from_str(json.dumps(data))
-    texts = sample_corpus(corpus, sample_chars)
+    texts = sample_corpus(corpus, sample_chars, text_field)
     merges = learn_merges(base, word_counts(base, texts), add)
     extended_json, first = extend_json(data, merges)
     extended = Tokenizer.from_str(json.dumps(extended_json))

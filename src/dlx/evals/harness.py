@@ -5,12 +5,18 @@ lm-eval never touches the network here: HF_DATASETS_OFFLINE and HF_HUB_OFFLINE a
 (`offline`), so a task whose data is not on disk (a hub dataset never downloaded) fails when it is loaded, before step
 1, with one line. Local tasks read their documents from files (`dataset_path: json`, `dataset_kwargs.data_files`).
 The metrics (and their standard errors) are lm-eval's own; nothing here computes one.
+
+A task YAML is code: lm-eval's `!function module.name` imports `module.py` from the YAML's folder when the task is
+loaded. Before loading, one line per `!function` names the task, its YAML file and the Python file it imports
+(`function_lines`; rank 0 prints them under torchrun).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -125,6 +131,7 @@ def load_tasks(names: list[str], task_dir: str | None, limit: int | None, option
         if name.endswith((".yaml", ".yml")):
             if not path.is_file():
                 raise UserError(f"{option}: task file {name} does not exist")
+            announce(function_lines(name, [path]))  # before load_yaml imports them
             entries.append(load_yaml(path, resolve_func=True))
         else:
             entries.append(name)
@@ -137,9 +144,44 @@ def load_tasks(names: list[str], task_dir: str | None, limit: int | None, option
         if unknown:
             where = f" or in eval.task_dir {task_dir}" if task_dir else ""
             raise UserError(f"{option}: unknown task {unknown[0]!r}: not one of lm-eval's tasks{where}")
+        for name in wanted:
+            announce(function_lines(name, _indexed_yaml(manager, name)))
         for entry in entries:
             _load_offline(entry, manager, option)
     return TaskSet(list(names), entries, manager, limit)
+
+
+FUNCTION_TAG = re.compile(r"!function\s+([A-Za-z_][\w.]*)")
+INCLUDE_KEY = re.compile(r"^include:\s*['\"]?([^'\"\s#]+)", re.MULTILINE)
+
+
+def function_lines(task: str, yaml_files: list[Path]) -> list[str]:
+    """One line per `!function` in a task's YAML files (and the files they `include:`): the Python lm-eval imports."""
+    lines, seen, queue = [], set(), list(yaml_files)
+    while queue:
+        path = queue.pop(0).resolve()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        text = path.read_text(encoding="utf-8", errors="replace")
+        queue += [path.parent / include for include in INCLUDE_KEY.findall(text)]
+        for target in FUNCTION_TAG.findall(text):
+            module = path.parent / (target.rpartition(".")[0].replace(".", "/") + ".py")
+            lines.append(f"task {task}: {path} runs Python: !function {target} imports {module}")
+    return lines
+
+
+def _indexed_yaml(manager: Any, name: str) -> list[Path]:
+    """The YAML file lm-eval's index found the task in (None for tasks defined in Python)."""
+    entry = manager.task_index.get(name)
+    yaml_path = entry.get("yaml_path") if isinstance(entry, dict) else getattr(entry, "yaml_path", None)
+    return [Path(yaml_path)] if yaml_path and str(yaml_path).endswith((".yaml", ".yml")) else []
+
+
+def announce(lines: list[str]) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        for line in lines:
+            print(line, file=sys.stderr, flush=True)
 
 
 def _task_folders(names: list[str], task_dir: str | None, option: str) -> list[Path]:

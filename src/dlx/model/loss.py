@@ -116,6 +116,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 torch.mm(grad_logits, weight_c, out=grad_hidden[start : start + chunk_tokens])  # (n, D)
                 if grad_weight is not None:
                     accumulate_fp32(grad_weight, grad_logits.t(), h)  # (V, D)
+                del grad_logits  # else alive while the next chunk's logits are made: two chunks at the peak
         ctx.save_for_backward(grad_hidden, grad_weight, lift)
         ce, z = ce_sum * scale, z_sum * scale
         ctx.mark_non_differentiable(ce, z)
@@ -179,6 +180,7 @@ def chunked_loss_no_grad(
             logits = hidden[start : start + chunk_tokens] @ weight_c.t()  # (n, V)
             ce, z = chunk_loss(logits, targets[start : start + chunk_tokens])
             ce_sum, z_sum = ce_sum + ce, z_sum + z
+            del logits  # before the next chunk's are made: one chunk alive
     scale = 1.0 / (targets != IGNORE_INDEX).sum().clamp(min=1).float()
     ce, z = ce_sum * scale, z_sum * scale
     return LossParts(ce + z_loss * z, ce, z)

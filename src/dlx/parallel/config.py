@@ -28,3 +28,26 @@ class ParallelConfig(BaseModel):
     """FSDP: free the gathered weights after forward (ZeRO-3 style); false keeps them until backward (ZeRO-2 style)."""
     timeout_s: float = Field(600.0, gt=0, le=86400)
     """Seconds a rank waits for the others in a collective before it fails instead of hanging."""
+
+
+CP_KERNELS = ("default", "efficient", "math")
+"""train.attention settings context parallelism runs under: SDPA kernels that take a boolean mask."""
+
+
+def sequence_problem(cp: int, cp_path: bool, seq_len: int, attention: str, document_mask: bool = False) -> str | None:
+    """What parallel.cp cannot take in data.seq_len and train.attention, as one line; None if nothing. A mask is
+    always made at cp > 1, and with document masks at cp 1 (parallel.cp_path)."""
+    if cp == 1 and not cp_path:
+        return None
+    if seq_len % (2 * cp):
+        return (
+            f"data.seq_len {seq_len} does not split into 2 × parallel.cp = {2 * cp} equal chunks; pick a seq_len "
+            f"divisible by {2 * cp}"
+        )
+    if attention == "flex" or ((cp > 1 or document_mask) and attention not in CP_KERNELS):
+        return (
+            f"train.attention {attention} cannot run context parallelism's attention (SDPA with a boolean mask, "
+            f"which the flash and cuDNN kernels refuse; flex is not wired for it): set train.attention "
+            f"{', '.join(CP_KERNELS)}"
+        )
+    return None

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from dlx.model.document_mask import positions_in_documents
 from dlx.model.llama import causal_attention
 from dlx.model.loss import IGNORE_INDEX
+from dlx.parallel.config import CP_KERNELS, sequence_problem  # noqa: F401  (checked in the recipe, torch-free)
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -143,10 +144,6 @@ def context_group(rank: int, world_size: int, degree: int, tp: int) -> Any:
     return mine
 
 
-CP_KERNELS = ("default", "efficient", "math")
-"""train.attention settings context parallelism runs under: SDPA kernels that take a boolean mask."""
-
-
 def layout_problem(strategy: str, cp: int, tp: int, dp_replicate: int, world_size: int) -> str | None:
     """What is wrong with parallel.cp, parallel.dp_replicate and the rank count together, as one line; None if
     nothing."""
@@ -166,24 +163,5 @@ def layout_problem(strategy: str, cp: int, tp: int, dp_replicate: int, world_siz
         return (
             f"parallel.dp_replicate {dp_replicate} does not divide the {world_size} ranks of this run; pick a "
             f"divisor (ranks ÷ dp_replicate shard each replica)"
-        )
-    return None
-
-
-def sequence_problem(cp: int, cp_path: bool, seq_len: int, attention: str, document_mask: bool = False) -> str | None:
-    """What parallel.cp cannot take in data.seq_len and train.attention, as one line; None if nothing. A mask is
-    always made at cp > 1, and with document masks at cp 1 (parallel.cp_path)."""
-    if cp == 1 and not cp_path:
-        return None
-    if seq_len % (2 * cp):
-        return (
-            f"data.seq_len {seq_len} does not split into 2 × parallel.cp = {2 * cp} equal chunks; pick a seq_len "
-            f"divisible by {2 * cp}"
-        )
-    if attention == "flex" or ((cp > 1 or document_mask) and attention not in CP_KERNELS):
-        return (
-            f"train.attention {attention} cannot run context parallelism's attention (SDPA with a boolean mask, "
-            f"which the flash and cuDNN kernels refuse; flex is not wired for it): set train.attention "
-            f"{', '.join(CP_KERNELS)}"
         )
     return None

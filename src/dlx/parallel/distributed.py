@@ -162,7 +162,7 @@ def main_decides(fn: Callable[[], T]) -> T:
     dist.broadcast_object_list(box, src=0)
     kind, value = box[0]
     if kind == "error":
-        raise UserError(value)
+        raise UserError(value).alike_on_every_rank()
     if kind == "failed":
         raise MainFailed(value) from failure
     return value

@@ -16,6 +16,12 @@ Each beat also re-arms `faulthandler.dump_traceback_later`: a rank that makes no
 (just before its collective would time out) prints the Python stack of every thread to its stderr (a rank stuck in a
 collective shows where; a stopped or dead rank cannot print, and is the one the line names).
 
+A rank killed outright (SIGKILL, the out-of-memory killer) announces nothing, and its peers' collectives fail at
+once with "Connection closed by peer", while its last tick is still fresh. The peers then name the ranks whose process
+is gone: a pid no longer alive on this host, or, on another host, a tick that goes stale within STALE_S + TICK_S
+(`explain` waits that long for it). A rank that leaves after its own `explain` marks itself (LEFT_KEY) first, so
+that with 3 or more ranks the survivors name the killed rank, not a peer that already gave up because of it.
+
 One beat is a small `set` to the store (about 0.1 ms on a local TCPStore), a few per optimizer step.
 """
 
@@ -32,6 +38,7 @@ import threading
 import time
 from typing import Any
 
+import psutil
 import torch.distributed as dist
 
 from dlx.errors import UserError
@@ -39,6 +46,10 @@ from dlx.errors import UserError
 KEY = "heartbeat/rank{}"
 ALIVE_KEY = "alive/rank{}"
 FAILED_KEY = "failed/rank{}"
+LEFT_KEY = "left/rank{}"
+PROCESS_KEY = "process/rank{}"
+PEER_LOST = ("closed by peer", "connection reset", "broken pipe", "end of file", "connection refused")
+"""Words of a collective's error when a peer's connection went away (gloo, NCCL, the TCP store)."""
 TICK_S = 1.0
 STALE_S = 3.0
 READ_TIMEOUT_S = 5.0
@@ -63,6 +74,8 @@ class Heartbeat:
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         if self.active:
+            with contextlib.suppress(RuntimeError):
+                store.set(PROCESS_KEY.format(rank), json.dumps({"pid": os.getpid(), "host": self.host}))
             self._ticker = threading.Thread(target=self._tick, args=(store.clone(),), daemon=True, name="dlx-alive")
             self._ticker.start()
 
@@ -99,6 +112,7 @@ class Heartbeat:
         if not self.active or not isinstance(error, RuntimeError):  # collectives fail with RuntimeError
             return error
         self._stop.set()
+        self._mark_left()
         beats, alive = self.read_beats()
         mine = f"a collective failed on rank {self.rank} at {where(self.last)}"
         failed = self.read_failures()
@@ -106,6 +120,10 @@ class Heartbeat:
             first = sorted(failed, key=lambda rank: failed[rank]["time"])  # the first is the cause, the rest followed
             named = "; then ".join(describe_failure(rank, failed[rank]) for rank in first)
             return RankLost(f"{mine} because {named} (then this rank's collective: {one_line(error)})")
+        gone = self.ranks_gone(beats, alive, waits=any(words in str(error).lower() for words in PEER_LOST))
+        if gone:
+            named = "; ".join(gone)
+            return RankLost(f"{mine}: {named} (the collective's error: {one_line(error)})")
         now = time.time()
         waited = now - self.last.get("time", now)
         behind = ranks_behind(beats, alive, self.rank, now, waited >= DUMP_AT * self.timeout_s)
@@ -116,6 +134,50 @@ class Heartbeat:
             f"{mine}: {named}; parallel.timeout_s is {self.timeout_s:g} s (stacks of the ranks that waited are on "
             f"their stderr; the collective's error: {one_line(error)})"
         )
+
+    def ranks_gone(
+        self, beats: dict[int, dict[str, Any] | None], alive: dict[int, float], waits: bool = True
+    ) -> list[str]:
+        """Descriptions of the peers whose process ended without a word (killed): on this host, a pid no longer alive;
+        on another host, a tick that stopped (`waits`: until every such peer's tick is fresh again or STALE_S old).
+        Peers that marked themselves as leaving after their own `explain` are not counted."""
+        peers = [rank for rank in range(self.world_size) if rank != self.rank and not self._read(LEFT_KEY.format(rank))]
+        processes = {rank: json.loads(self._read(PROCESS_KEY.format(rank)) or "{}") for rank in peers}
+        dead = [rank for rank in peers if self._pid_gone(processes[rank])]
+        if dead:
+            return [describe_gone(rank, beats.get(rank), processes[rank], "its process is gone") for rank in dead]
+        remote = [rank for rank in peers if processes[rank].get("host", self.host) != self.host]
+        stopped = self._ticks_stopping(remote, alive) if waits else []
+        return [describe_gone(rank, beats.get(rank), processes[rank], "its heartbeat stopped") for rank in stopped]
+
+    def _pid_gone(self, process: dict[str, Any]) -> bool:
+        if process.get("host") != self.host or "pid" not in process:
+            return False
+        try:
+            return psutil.Process(process["pid"]).status() == psutil.STATUS_ZOMBIE  # killed, not yet reaped
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.Error:  # not ours to read: no judgement
+            return False
+
+    def _ticks_stopping(self, ranks: list[int], alive: dict[int, float]) -> list[int]:
+        """Of `ranks` (on other hosts), those whose tick stays unchanged for STALE_S (read again every TICK_S)."""
+        last = {rank: alive.get(rank, 0.0) for rank in ranks}
+        deadline = time.time() + STALE_S + TICK_S
+        while ranks and time.time() < deadline:
+            stale = [rank for rank in ranks if time.time() - last[rank] > STALE_S]
+            if len(stale) == len(ranks):
+                break
+            time.sleep(TICK_S / 2)
+            for rank in ranks:
+                tick = self._read(ALIVE_KEY.format(rank))
+                last[rank] = float(tick) if tick else last[rank]
+        return [rank for rank in ranks if time.time() - last[rank] > STALE_S]
+
+    def _mark_left(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.store.set_timeout(datetime.timedelta(seconds=READ_TIMEOUT_S))
+            self.store.set(LEFT_KEY.format(self.rank), repr(time.time()))
 
     def announce_failure(self, error: BaseException) -> None:
         """This rank failed on its own: write its error to the store for the peers' `explain`, and print it in one
@@ -185,6 +247,15 @@ def describe(rank: int, beat: dict[str, Any] | None, now: float) -> str:
     return (
         f"rank {rank} did not arrive (last heartbeat {now - beat['time']:.0f} s ago at step {beat['step']}, "
         f"{beat['phase']}; pid {beat['pid']} on {beat['host']})"
+    )
+
+
+def describe_gone(rank: int, beat: dict[str, Any] | None, process: dict[str, Any], how: str) -> str:
+    """`rank R failed: its process is gone (killed, e.g. SIGKILL or out of memory) after step S, phase (pid P on H)`"""
+    last = where(beat or {})
+    return (
+        f"rank {rank} failed: {how} (killed: SIGKILL, the out-of-memory killer or its node lost) at {last} "
+        f"(pid {process.get('pid', '?')} on {process.get('host', '?')})"
     )
 
 

@@ -28,9 +28,7 @@ from dlx.data.mixture.sources import check_mix, parse_mix
 from dlx.errors import UserError
 from dlx.model.args import ModelArgs
 from dlx.model.presets import PRESETS, resolve_model_args
-from dlx.parallel.config import ParallelConfig
-from dlx.parallel.context import sequence_problem
-from dlx.parallel.tensor import divisibility_problem
+from dlx.parallel.config import ParallelConfig, sequence_problem
 from dlx.parallel.traits import STRATEGY_TRAITS
 
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False, validate_assignment=True)
@@ -385,6 +383,8 @@ class RunConfig(BaseModel):
                 f"parallel.strategy {strategy} does not combine with parallel.tp {tp} (it does not take "
                 "tensor-parallel parameters); use parallel.strategy fsdp for FSDP × TP, or parallel.tp 1"
             )
+        from dlx.parallel.tensor import divisibility_problem  # torch: loaded once a recipe asks for tp > 1
+
         problem = divisibility_problem(self.model.args, tp)
         if problem:
             raise ValueError(problem)

@@ -13,7 +13,8 @@ Each check, what it proves, and what it costs:
 - batches: global_batch_size divides; the training data holds one batch (with data.mix, every source one window), and
   grad_accum micro-batches per rank when the run length is in epochs; with eval on, the validation split (of each
   data.mix source: each is evaluated on its own) holds at least one batch per rank. Arithmetic.
-- disk: free space for two checkpoints (a save writes the new one beside the previous), estimated from the parameter
+- disk: free space for two checkpoints (a save writes the new one beside the previous; a resumed run's checkpoints
+  already hold their room: one more), estimated from the parameter
   count, the optimizer and the checkpoint layout (`checkpoint_bytes`). One statvfs.
 
 Shard checksums are not read here (that is `dlx data verify`, or the loader as it maps each shard): reading 40 GB
@@ -98,7 +99,7 @@ def run_preflight(config: RunConfig, run_dir: Path, resume: bool, world_size: in
         ("dataset", lambda: check_dataset(datasets)),
         ("tokenizer", lambda: check_tokenizer(datasets, run_dir, resume)),
         ("batches", lambda: check_batches(config, datasets, world_size)),
-        ("disk", lambda: check_disk(config, run_dir)),
+        ("disk", lambda: check_disk(config, run_dir, resume)),
     ]
     results = []
     for name, check in checks:
@@ -268,22 +269,29 @@ def checkpoint_bytes(config: RunConfig) -> int:
     return 4 * params + optimizer + engine_copy
 
 
-def check_disk(config: RunConfig, run_dir: Path) -> tuple[str, str | None]:
+def check_disk(config: RunConfig, run_dir: Path, resume: bool = False) -> tuple[str, str | None]:
+    """Free space for the checkpoints the run will add: at the peak of a save keep_last + 1 are on the disk (the new one
+    beside the kept ones). A resumed run's checkpoints are on the disk already and need no more room."""
+    from dlx.train.checkpoint import list_checkpoints
+
     size = checkpoint_bytes(config)
     free = shutil.disk_usage(existing_ancestor(run_dir)).free
-    needed = 2 if config.checkpoint.every else 1  # a save writes the new checkpoint beside the previous one
+    keep_last = config.checkpoint.keep_last
+    on_disk = min(len(list_checkpoints(run_dir)), keep_last) if resume else 0
+    needed = 1 if on_disk or not config.checkpoint.every else 2  # a save writes the new one beside the previous
     found = f"{needed} checkpoint(s) of ~{_gb(size)} need {_gb(needed * size)}, {_gb(free)} free"
     if free < needed * size:
         raise UserError(
             f"{run_dir} is on a disk with {_gb(free)} free, less than {needed} checkpoint(s) of ~{_gb(size)} need "
             f"({_gb(needed * size)}); free space, or pick another --run-dir"
         )
-    keep = config.checkpoint.keep_last + 1
+    keep = keep_last + 1 - on_disk
     note = None
     if config.checkpoint.every and free < keep * size:
+        held = f" beside the {on_disk} on the disk" if on_disk else ""
         note = (
-            f"the disk has room for {free // size} checkpoints of ~{_gb(size)}, checkpoint.keep_last "
-            f"{config.checkpoint.keep_last} needs {keep} during a save: lower checkpoint.keep_last or free space"
+            f"the disk has room for {free // size} checkpoints of ~{_gb(size)}, checkpoint.keep_last {keep_last} "
+            f"needs {keep}{held} during a save: lower checkpoint.keep_last or free space"
         )
     return found, note
 

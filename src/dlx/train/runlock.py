@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -46,9 +47,19 @@ class RunLock:
             os.close(fd)
             raise UserError(self._busy(read_holder(self.path))) from None
         holder = read_holder(self.path)
-        if holder and holder.get("host") != socket.gethostname() and time.time() - holder.get("alive", 0) < STALE_S:
+        elsewhere = holder is not None and holder.get("host") != socket.gethostname()
+        silent_s = time.time() - _number(holder.get("alive")) if holder else 0.0
+        if elsewhere and silent_s < STALE_S:
             os.close(fd)  # held from another machine, whose lock this filesystem does not show us
             raise UserError(self._busy(holder))
+        if elsewhere:
+            print(
+                f"run folder {self.path.parent}: took over the stale lock of pid {holder.get('pid')} on "
+                f"{holder.get('host')} (no refresh for {silent_s:,.0f} s; a holder on another host counts for "
+                f"{STALE_S:.0f} s after its last)",
+                file=sys.stderr,
+                flush=True,
+            )
         self._fd, self._started = fd, time.time()
         self.refresh(force=True)
 
@@ -78,6 +89,10 @@ class RunLock:
             f"run folder {self.path.parent} is being trained by {who} (lock {self.path}); one writer per run: wait "
             "for it to end or stop it, or pick another --run-dir"
         )
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) else 0.0
 
 
 def read_holder(path: Path) -> dict[str, Any] | None:

@@ -2,6 +2,9 @@
 
 A scheduler (SLURM, Kubernetes) sends SIGTERM before it kills a job; dying mid-step would lose every step since the last
 checkpoint. A second Ctrl-C raises KeyboardInterrupt at once, for a user who does not want to wait.
+
+Before `GracefulStop` is entered (imports, the recipe, the process group) nothing of the run is written yet:
+`stop_outside_training` makes SIGTERM end the process there at once, with one line and exit status 143.
 """
 
 from __future__ import annotations
@@ -41,3 +44,19 @@ class GracefulStop:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+
+
+def stop_outside_training() -> None:
+    """SIGTERM, until a `GracefulStop` takes over (and once it has ended): one line, then exit 128 + 15 = 143."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_outside_training)
+
+
+def _exit_outside_training(signum: int, frame: FrameType | None) -> None:
+    name = signal.Signals(signum).name
+    print(
+        f"\n{name} received outside the training loop (start-up or the end): stopped; exit {128 + signum}",
+        file=sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(128 + signum)

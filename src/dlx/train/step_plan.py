@@ -60,7 +60,7 @@ def plan_steps(
                 f"the training split has {batches_per_epoch} micro-batches per epoch and rank, fewer than "
                 f"train.grad_accum ({grad_accum}): lower train.grad_accum or data.micro_batch_size, or prepare "
                 "more data"
-            )
+            ).alike_on_every_rank()
         total = max(1, math.ceil(train.epochs * steps_per_epoch))
     micro = config.data.micro_batch_size
     return StepPlan(windows_per_epoch, micro, grad_accum, world_size, config.data.seq_len, total, tp)
@@ -76,7 +76,7 @@ def resolve_grad_accum(config: RunConfig, world_size: int) -> int:
         raise UserError(
             f"train.global_batch_size {global_batch} is not a multiple of data.micro_batch_size × world size = "
             f"{micro} × {world_size} = {per_step}; pick a global batch that is, or another micro-batch or rank count"
-        )
+        ).alike_on_every_rank()
     return global_batch // per_step
 
 

@@ -11,6 +11,7 @@ import gzip
 import io
 import json
 import os
+import re
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -87,11 +88,15 @@ def read_unit(unit: WorkUnit, text_field: str) -> Iterator[Item]:
         yield from _guarded(f, _jsonl_range(f, unit.start, unit.end, text_field))
 
 
-def sample_documents(units: Iterable[WorkUnit], text_field: str, max_chars: int) -> list[str]:
-    """The first documents of the units, about max_chars of them."""
+def sample_documents(
+    units: Iterable[WorkUnit], text_field: str, max_chars: int, bad: list[str] | None = None
+) -> list[str]:
+    """The first documents of the units, about max_chars of them. `bad`: gets each bad record's reason."""
     sample, chars = [], 0
     for unit in units:
         for item in read_unit(unit, text_field):
+            if isinstance(item, BadRecord) and bad is not None:
+                bad.append(item.reason)
             if isinstance(item, str) and item:
                 sample.append(item)
                 chars += len(item)
@@ -131,6 +136,25 @@ def _text_document(path: str, data: bytes) -> Item:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         return BadRecord(path, data.count(b"\n", 0, e.start) + 1, f"invalid UTF-8 at byte {e.start}")
+
+
+TEXT_FIELDS = ("text", "content", "body", "document", "raw_content", "article", "passage", "story")
+"""Field names that usually hold a corpus's text (WuDao: content), in the order a suggestion prefers them."""
+_NO_FIELD = re.compile(r"no '(?P<field>.+?)' field \(keys: (?P<keys>.*)\)$")
+
+
+def missing_field_hint(reasons: Iterable[str]) -> str:
+    """For a corpus that gave no document: "the records have no 'text' field (their fields: id, title, content);
+    give --text-field content", from the first bad record that lacks the text field; "" when none lacks it."""
+    for reason in reasons:
+        found = _NO_FIELD.search(reason)
+        if found is None:
+            continue
+        keys = [key for key in found["keys"].split(", ") if key]
+        guess = next((name for name in TEXT_FIELDS if name in keys), None)
+        fix = f"give --text-field {guess}" if guess else "give --text-field with the field that holds the text"
+        return f"the records have no {found['field']!r} field (their fields: {', '.join(keys)}); {fix}"
+    return ""
 
 
 class NoText(ValueError):

@@ -27,7 +27,7 @@ from dlx.data.prepare.curation import deduplicate
 from dlx.data.prepare.inputs import InputList
 from dlx.data.prepare.options import PrepareOptions
 from dlx.data.prepare.progress import PrepareProgress
-from dlx.data.prepare.readers import BadRecord, read_file, read_unit
+from dlx.data.prepare.readers import BadRecord, missing_field_hint, read_file, read_unit
 from dlx.data.prepare.units import WorkUnit, plan_units
 from dlx.errors import UserError
 
@@ -252,9 +252,10 @@ def scan_corpus(
 def finish_scan(summary: ScanCounts, n_files: int, val_fraction: float | None, val_documents: int | None) -> None:
     """Check the corpus has documents to train on and set the validation threshold (UserError otherwise)."""
     if summary.documents == 0:
+        hint = missing_field_hint(summary.bad_examples)  # "where: why" lines; the reason ends each
         raise UserError(
             f"no documents found in {n_files} input file(s) ({summary.bad} bad records, "
-            f"{summary.empty} empty documents)"
+            f"{summary.empty} empty documents){': ' + hint if hint else ''}"
         )
     summary.val_threshold = val_threshold(summary, val_fraction, val_documents)
 
