@@ -29,6 +29,12 @@ and figures), table.md, steps.log, summary.txt, the two pretrain runs' metrics.j
 `--dry-run` runs every step on the CPU with the debug model, no compile, in seconds: the same code paths, float8 and
 torchtitan included (torch >= 2.11 runs float8 matmuls on a CPU with oneDNN's reference kernel, about a second a step
 here; without torchao that step is refused in one line and the others run). `--only a,b` reruns chosen steps.
+
+The rows of a second device call (`first_call=False` in ROWS: the context-parallel path at degree 1, `dlx tune`) run
+only when `--only` names them, so each call stays within its 9.5 minutes:
+
+    run(command="DLX_GIT_SHA=<sha> python3 benchmarks/gpu/next_contact.py --only cp-path,tune",
+        carry=["benchmarks/gpu/wheels"], timeout_s=600)
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ import run_gpu_bench  # noqa: E402  (puts src/ and benchmarks/ on sys.path)
 
 ROOT = run_gpu_bench.ROOT
 TARGETS = {"mfu": 0.60, "bare": 0.98, "hf": 1.15, "float8": 1.10, "float8_loss": 0.02, "plan": 0.15, "titan": 1.05}
+TARGETS |= {"cp_path": 0.97, "tune_mfu": 0.576, "tune_s": 600.0}
 TORCH_LOGS = "graph_breaks,recompiles"
 SEED_ROW = "the seed's row (its A100: HF Trainer 8.9 s/it, 42.73 GB)"
 
@@ -91,6 +98,9 @@ class Row:
     """The step's figures ({} when it failed) -> (measure, value, target, verdict)."""
     detail: Callable[[dict], list[str]] = lambda figures: []
     """The step's figures -> lines shown below the table (the figures behind the verdict)."""
+    first_call: bool = True
+    """Run by the first device call; False: only when `--only` names it (a second call), so the first stays within
+    9.5 minutes. A dry run runs every row."""
 
 
 def side_by_side_argv(work: Path, dry: bool) -> list[str]:
@@ -121,13 +131,58 @@ def titan_detail(figures: dict) -> list[str]:
     return [f"- dlx against torchtitan: {speeds}; {losses}"]
 
 
+def wave_argv(step: str) -> Callable[[Path, bool], list[str]]:
+    """wave_rows.py's worker for `step`, writing work / f"{step}.json"."""
+    return lambda work, dry: [
+        sys.executable,
+        str(HERE / "wave_rows.py"),
+        step,
+        "dry" if dry else "gpu",
+        str(work / f"{step}.json"),
+    ]
+
+
+def cp_path_row(figures: dict) -> tuple[str, str, str, str]:
+    value = figures.get("cp_over_plain")
+    measure = "context-parallel path at degree 1 ÷ plain path, tokens/s (llama3.2-1b bf16 compiled, 16,384 tokens)"
+    return (
+        measure,
+        shown(value, ".3f"),
+        f"≥ {TARGETS['cp_path']:.2f}",
+        verdict(value, (value or 0) >= TARGETS["cp_path"]),
+    )
+
+
+def tune_row(figures: dict) -> tuple[str, str, str, str]:
+    mfu, seconds = figures.get("mfu"), figures.get("seconds")
+    value = None if mfu is None or seconds is None else f"{mfu:.1%} in {seconds:.0f} s"
+    met = mfu is not None and mfu >= TARGETS["tune_mfu"] and (seconds or 0) <= TARGETS["tune_s"]
+    target = f"≥ {TARGETS['tune_mfu']:.1%} MFU in ≤ {TARGETS['tune_s']:.0f} s"
+    measure = "dlx tune recipes/llama3.2-1b.yaml: the winner's MFU, unattended"
+    return (measure, value or "—", target, verdict(mfu, met))
+
+
+def tune_detail(figures: dict) -> list[str]:
+    if not figures:
+        return []
+    return [
+        f"- dlx tune's winner: {figures['label']}, {figures['tokens_per_s'] or 0:,.0f} tokens/s; "
+        f"{figures['candidates']} candidates, measured: {figures['measured']}"
+    ]
+
+
 TITAN = "torchtitan"
-ROWS = [Row(TITAN, side_by_side_argv, 100, titan_row, titan_detail)]
+ROWS = [
+    Row(TITAN, side_by_side_argv, 100, titan_row, titan_detail),
+    Row("cp-path", wave_argv("cp-path"), 180, cp_path_row, first_call=False),
+    Row("tune", wave_argv("tune"), 240, tune_row, tune_detail, first_call=False),
+]
 """The comparisons run after the eight fixed steps, in this order."""
 
 
-def steps(work: Path, dry: bool) -> list[tuple[str, list[str], float]]:
-    """(name, argv, seconds allowed) in the order they run; the most wanted figures first, then ROWS."""
+def steps(work: Path, dry: bool, later: bool = False) -> list[tuple[str, list[str], float]]:
+    """(name, argv, seconds allowed) in the order they run; the most wanted figures first, then ROWS (with `later`,
+    the second call's rows too)."""
     python, shape = sys.executable, "dry" if dry else "gpu"
     worker = [python, str(HERE / "next_steps.py")]
     pretrain = [python, "-m", "dlx", "pretrain", "--run-dir"]
@@ -143,7 +198,7 @@ def steps(work: Path, dry: bool) -> list[tuple[str, list[str], float]]:
         ("seed-hf", [*worker, "seed-hf", shape, str(work / "seed-hf.json")], 40),
         ("plan", plan, 10),
     ]
-    chosen += [(row.step, row.argv(work, dry), row.seconds) for row in ROWS]
+    chosen += [(row.step, row.argv(work, dry), row.seconds) for row in ROWS if row.first_call or dry or later]
     return [(name, argv, DRY_STEP_S if dry else seconds) for name, argv, seconds in chosen]
 
 
@@ -183,6 +238,10 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def shown(value: float | None, form: str) -> str:
+    return "—" if value is None else format(value, form)
+
+
 def verdict(value: float | None, met: bool) -> str:
     return "not measured" if value is None else ("met" if met else "MISSED")
 
@@ -200,9 +259,6 @@ def target_rows(results: dict) -> list[tuple[str, str, str, str]]:
     loss_gap = abs(ratio(float8.get("loss"), bf16.get("loss")) - 1) if float8.get("loss") and bf16.get("loss") else None
     plan_gap = abs(ratio(plan.get("total_gb"), seed_dlx.get("peak_mem_gb")) - 1) if plan and seed_dlx else None
     peaks = (seed_dlx.get("peak_mem_gb"), seed_hf.get("peak_mem_gb"))
-
-    def shown(value: float | None, form: str) -> str:
-        return "—" if value is None else format(value, form)
 
     graph = (bf16.get("graph_breaks"), bf16.get("recompiles"))
     return [
@@ -333,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "runs/next-contact")))
     parser.add_argument("--only", help="comma-separated step names to run (a rerun of those that failed)")
     args = parser.parse_args(argv)
-    names = [name for name, _, _ in steps(Path("WORK"), args.dry_run)]
+    names = [name for name, _, _ in steps(Path("WORK"), args.dry_run, later=bool(args.only))]
     chosen = [name for name in names if not args.only or name in args.only.split(",")]
     if not chosen:
         return run_gpu_bench.fail(f"--only names no step; choose from {', '.join(names)}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -73,7 +75,8 @@ def run_tune_command(
 
     is_main = env_from_torchrun().is_main
     settings = TuneSettings(recipe, tuple(overrides), **options)
-    with measuring_bar(settings.budget_s, is_main and not as_json) as progress:
+    quiet = stdout_to_stderr() if as_json else contextlib.nullcontext()
+    with quiet, measuring_bar(settings.budget_s, is_main and not as_json) as progress:
         result = run_tune(settings, progress)
     if not is_main:
         return None
@@ -86,6 +89,22 @@ def run_tune_command(
         print(f"winner: {result.winner.layout.label()}")
         print("wrote " + ", ".join(str(path) for path in written))
     return summary
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Standard output sent to standard error, at the file descriptor too, while the search runs: what DeepSpeed and
+    its op builders print must not precede `--json`'s one object."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def pretrain_tuned(

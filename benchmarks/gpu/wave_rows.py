@@ -1,0 +1,79 @@
+"""next_contact.py's rows for the context-parallel path and `dlx tune`, one worker per row, each writing OUT.json.
+
+    python benchmarks/gpu/wave_rows.py cp-path gpu|dry OUT.json
+        `dlx bench` twice on one device, the plain path and the context-parallel code path at degree 1
+        (`--cp-path true`): llama3.2-1b bf16 compiled at 16,384 tokens, micro-batch 1; the ratio of their tokens/s.
+    python benchmarks/gpu/wave_rows.py tune gpu|dry OUT.json
+        `dlx tune recipes/llama3.2-1b.yaml --json` within the minutes the script can spare; the winner's layout,
+        tokens/s and MFU, and the search's own time.
+
+Dry (on the CPU, in CI): the debug model, a few steps, no compile, the same commands.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TUNE_BUDGET_MIN = 2.0
+"""The search's budget in the GPU run: the whole script stays under 9.5 minutes on one H200."""
+
+
+def bench_tokens_per_s(out: Path, dry: bool, cp_path: bool) -> dict[str, float]:
+    """One `dlx bench` point (the plain path, or the cp path at degree 1): its tokens/s, MFU and peak memory."""
+    model, seq, precision = ("debug", "64", "fp32") if dry else ("llama3.2-1b", "16384", "bf16")
+    argv = [sys.executable, "-m", "dlx", "bench", "--model", model, "--seq-len", seq, "--micro-batch", "1"]
+    argv += ["--precision", precision, "--steps", "2" if dry else "6", "--warmup", "1" if dry else "3"]
+    argv += ["--compile", "false" if dry else "true", "--cp-path", str(cp_path).lower(), "--out", str(out)]
+    subprocess.run(argv, check=True, cwd=ROOT)
+    with open(out / "bench.csv") as f:
+        row = next(csv.DictReader(f))
+    return {key: float(row[key]) for key in ("tokens_per_s", "mfu", "peak_mem_gb") if row.get(key)}
+
+
+def cp_path_row(dry: bool) -> dict:
+    with tempfile.TemporaryDirectory(prefix="dlx-cp-row-") as tmp:
+        plain = bench_tokens_per_s(Path(tmp) / "plain", dry, cp_path=False)
+        cp = bench_tokens_per_s(Path(tmp) / "cp", dry, cp_path=True)
+    return {"plain": plain, "cp_path": cp, "cp_over_plain": cp["tokens_per_s"] / plain["tokens_per_s"]}
+
+
+def tune_row(dry: bool) -> dict:
+    recipe = ROOT / "recipes" / ("debug.yaml" if dry else "llama3.2-1b.yaml")
+    with tempfile.TemporaryDirectory(prefix="dlx-tune-row-") as tmp:
+        argv = [sys.executable, "-m", "dlx", "tune", str(recipe), "--json", "--out", str(Path(tmp) / "tuned.yaml")]
+        argv += ["--budget-min", str(0.3 if dry else TUNE_BUDGET_MIN)]
+        if dry:
+            argv += ["--train.device", "cpu", "--keep", "train.compile"]
+        start = time.perf_counter()
+        result = subprocess.run(argv, check=True, cwd=ROOT, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+    tuned = json.loads(result.stdout)
+    winner = tuned["winner"]
+    return {
+        "seconds": seconds,
+        "label": winner["label"],
+        "tokens_per_s": winner["tokens_per_s"],
+        "mfu": winner["mfu"],
+        "measured": tuned["measured"],
+        "candidates": len(tuned["candidates"]),
+    }
+
+
+def main(argv: list[str]) -> int:
+    name, shape, out = argv
+    dry = shape == "dry"
+    results = {"cp-path": cp_path_row, "tune": tune_row}[name](dry)
+    Path(out).write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
