@@ -170,11 +170,14 @@ def saved_config(run_dir: Path) -> dict[str, Any]:
 
 
 def check_resume_compatible(saved: dict[str, Any], resolved: dict[str, Any]) -> None:
-    """A resumed run must be the same run: only RESUMABLE_CHANGES may differ from the saved config.yaml."""
+    """A resumed run must be the same run: only RESUMABLE_CHANGES may differ from the saved config.yaml. A key the
+    saved config does not hold (one added to dlx after the run started) may hold its default."""
     for section, values in resolved.items():
         before = saved.get(section) or {}
         for key, value in values.items():
             if (section, key) in RESUMABLE_CHANGES or before.get(key) == value:
+                continue
+            if key not in before and value == key_default(section, key):
                 continue
             if (section, key) == ("model", "init_from") and value is None:  # the checkpoint holds the weights
                 continue
@@ -191,3 +194,13 @@ def append_event(run_dir: Path, **fields: Any) -> None:
     """One line in events.jsonl: resumes, fall-backs, skipped batches, stops. Small, rare, flushed at once."""
     with open(run_dir / EVENTS_FILE, "a", encoding="utf-8") as f:
         f.write(json.dumps(fields, default=str) + "\n")
+
+
+def key_default(section: str, key: str) -> Any:
+    """The recipe key's default value, as a resolved config.yaml writes it."""
+    from dlx.train.config import RunConfig
+
+    field = RunConfig.model_fields.get(section)
+    if field is None or field.default_factory is None:
+        return None
+    return field.default_factory().model_dump(mode="json").get(key)
