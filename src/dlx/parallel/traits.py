@@ -53,39 +53,24 @@ class StrategyTraits:
 
 _FULL = {"checkpoint_format": "full", "resumes": ("full", "dcp"), "supports_tp": True, "trains_fp16": True}
 _DLX_RUN = {"owns_precision": False, "sharding_stage": 0, "skips_nan_steps": True, "runs_float8": True, "benched": True}
+_SHARDED = {
+    "always_grouped": True,
+    "owns_precision": False,
+    "sharding_stage": 3,
+    "gradient_buckets": False,
+    "checkpoint_format": "dcp",
+    "resumes": ("dcp",),
+    "trains_fp16": False,
+    "skips_nan_steps": True,
+    "runs_float8": True,
+    "benched": True,
+    "package": None,
+}
 _STRATEGIES = (
     StrategyTraits("none", always_grouped=False, gradient_buckets=False, package=None, **_FULL, **_DLX_RUN),
     StrategyTraits("ddp", always_grouped=False, gradient_buckets=True, package=None, **_FULL, **_DLX_RUN),
-    StrategyTraits(
-        "fsdp",
-        always_grouped=True,
-        owns_precision=False,
-        sharding_stage=3,
-        gradient_buckets=False,
-        checkpoint_format="dcp",
-        resumes=("dcp",),
-        supports_tp=True,
-        trains_fp16=False,
-        skips_nan_steps=True,
-        runs_float8=True,
-        benched=True,
-        package=None,
-    ),
-    StrategyTraits(
-        "hsdp",
-        always_grouped=True,
-        owns_precision=False,
-        sharding_stage=3,
-        gradient_buckets=False,
-        checkpoint_format="dcp",
-        resumes=("dcp",),
-        supports_tp=False,
-        trains_fp16=False,
-        skips_nan_steps=True,
-        runs_float8=True,
-        benched=True,
-        package=None,
-    ),
+    StrategyTraits("fsdp", supports_tp=True, **_SHARDED),
+    StrategyTraits("hsdp", supports_tp=False, **_SHARDED),  # tp joins fsdp's mesh, not hsdp's 2-D one
     StrategyTraits(
         "deepspeed",
         always_grouped=True,
