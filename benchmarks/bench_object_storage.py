@@ -84,7 +84,7 @@ def dlx_command(args: list[str], env: dict, cwd: Path) -> subprocess.Popen:
         env=env,
         text=True,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,  # a refusal's one line goes to stderr: read and shown like the steps
         start_new_session=True,
     )
 
