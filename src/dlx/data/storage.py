@@ -196,11 +196,14 @@ def upload_tree(local: str | os.PathLike, url: str) -> list[str]:
 
 def download(url: str, target: str | os.PathLike, sha256: str | None = None, size: int | None = None) -> int:
     """The object into `target`, whole or not at all: streamed into a temporary file beside it, hashed on the way, and
-    renamed into place only when its size and SHA-256 match the expected ones (when given). A mismatch is a UserError
-    naming the object; nothing is left behind. Returns the bytes downloaded (a retried attempt counts again)."""
+    renamed into place only when its size (given, else the object's own) and SHA-256 (when given) match. A short
+    stream is retried; a checksum mismatch is a UserError naming the object; nothing is left behind. Returns the bytes
+    downloaded (a retried attempt counts again)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fs, counted = filesystem(url), [0]
+    if size is None:  # a stream cut short can end like a whole one: the object's own size tells them apart
+        size = int(with_retries(url, lambda: fs.size(url)))
 
     def attempt() -> str:
         fd, tmp = make_temp_file(target)
