@@ -36,7 +36,7 @@ from dlx.data.curate.spec import build_spec
 from dlx.data.curate.stages import Curator, signature_dtype
 from dlx.data.prepare import prepare_dataset
 from dlx.data.prepare.tokenizer import train_bpe
-from peers.record import environment, record_section
+from peers.record import environment, publish
 
 SECTION = "Curation"
 INTRO = (
@@ -260,9 +260,7 @@ def main() -> None:
         peaks,
     )
     lines = [f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}", "", *header, "", *lines]
-    print("\n".join(lines))
-    if not args.no_record:
-        record_section(SECTION, INTRO, lines)
+    publish(SECTION, INTRO, lines, record=not args.no_record)
 
 
 def report(args, texts, kinds, planted, english, ours, theirs, seconds, sizes, peaks) -> list[str]:

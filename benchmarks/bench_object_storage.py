@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 from dataset_helpers import write_dataset  # noqa: E402
-from peers.record import environment, record_section  # noqa: E402
+from peers.record import environment, publish  # noqa: E402
 from s3_helpers import Faults, make_bucket, s3_server  # noqa: E402
 
 SECTION = "Object storage"
@@ -276,9 +276,7 @@ def main() -> None:
         f"{remote_s:.1f} s ({local_s / remote_s:.2f}× local throughput) |",
         f"| proxy: requests, 503s, dropped | {faults.requests}, {faults.slowdowns}, {faults.drops} |",
     ]
-    print("\n".join(lines))
-    if not args.no_record:
-        record_section(SECTION, INTRO, lines)
+    publish(SECTION, INTRO, lines, record=not args.no_record)
 
 
 if __name__ == "__main__":

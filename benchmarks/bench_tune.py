@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--no-record", action="store_true", help="Print only; do not append to BENCHMARKS.md.")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from peers.record import environment, record_section
+    from peers.record import environment, publish
 
     global OVERRIDES, KEEP
     if args.small:
@@ -67,9 +67,7 @@ def main() -> None:
     tuned, tune_s = run({**common, "budget_s": 60 * args.budget_min}, exhaustive=False)
     sweep, sweep_s = run({**common, "budget_s": 1e9, "max_measured": 10**6}, exhaustive=True)
     lines = [*header, *report(tuned, tune_s, sweep, sweep_s, args)]
-    print("\n".join(lines))
-    if not args.no_record:
-        record_section("Tune", INTRO, lines)
+    publish("Tune", INTRO, lines, record=not args.no_record)
 
 
 def report(tuned, tune_s: float, sweep, sweep_s: float, args) -> list[str]:
