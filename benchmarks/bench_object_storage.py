@@ -233,6 +233,7 @@ def main() -> None:
         work / "data",
         {"train": [rng.integers(1, 8192, 16_384) for _ in range(16)], "val": [rng.integers(1, 8192, 4096)]},
         8192,
+        tokenizer=word_tokenizer(),  # a resumed run compares the run folder's copy with the dataset's
     )
     with s3_server(Faults(latency_s=0.0, seed=0)) as endpoint:
         os.environ.update(endpoint.env())

@@ -223,3 +223,121 @@ def test_checkpoints_in_a_bucket_resume_on_a_fresh_machine_and_export(s3, tmp_pa
     export = run_cli(["export-hf", url, str(tmp_path / "hf")], tmp_path)
     assert export.returncode == 0, export.stderr
     assert (tmp_path / "hf" / "config.json").is_file()
+
+
+def _objects(endpoint, prefix: str) -> list[str]:
+    """The keys under `prefix` as moto holds them, asked past the proxy (no latency, no faults)."""
+    import boto3
+
+    env = endpoint.env()
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint.server_url,
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_DEFAULT_REGION"],
+    )
+    return [o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])]
+
+
+def _kill_mid_checkpoint_upload(endpoint, command: list[str], cwd, prefix: str, timeout_s: float = 90) -> list[str]:
+    """Start `dlx pretrain COMMAND` held before its first batch (`dlx.faults`) until its run files are in the bucket,
+    then SIGKILL its process group once a checkpoint's files are there without their marker (an upload in flight);
+    the keys the bucket held then."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    faults = cwd / "faults"
+    faults.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DLX_FAULT_PAUSE": "train_batch", "DLX_FAULT_DIR": str(faults)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlx", "pretrain", *command],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            keys = _objects(endpoint, prefix)
+            if f"{prefix}/config.yaml" in keys and (faults / "train_batch").exists():
+                (faults / "train_batch").unlink()  # the run files were sent before step 1: train on
+            started = {k.split("/")[-2] for k in keys if "/checkpoints/" in k}
+            marked = {k.split("/")[-2] for k in keys if k.endswith("/COMPLETE")}
+            if f"{prefix}/config.yaml" in keys and started - marked:
+                os.killpg(proc.pid, signal.SIGKILL)
+                return keys
+            time.sleep(0.05)
+        raise AssertionError(f"no checkpoint upload was seen in flight (exit {proc.poll()})")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_checkpoint_upload_resumes_with_the_same_command(s3, tmp_path, monkeypatch):
+    """A real SIGKILL of the training process while a checkpoint's upload is in flight (every request through the
+    proxy slowed down), then the same command: it resumes and its losses are those of an uninterrupted local run."""
+    import json
+
+    from dlx.data import storage
+
+    monkeypatch.setenv("DLX_STAGING_DIR", str(tmp_path / "staging"))
+    rng = np.random.default_rng(3)
+    data = write_dataset(tmp_path / "data", {"train": [rng.integers(1, 300, 4000) for _ in range(2)]}, 300)
+    command = [*TINY, "--data.path", str(data), "--eval.every", "0", "--checkpoint.every", "2"]
+    command += ["--train.max_steps", "8"]
+    train_quietly(command, tmp_path / "local")
+    url = f"s3://{BUCKET}/runs/killed"
+    remote = [*command, "--run-dir", url, "--resume", "auto"]
+    s3.faults.latency_s = 0.25
+    try:
+        held = _kill_mid_checkpoint_upload(s3, remote, tmp_path, url.partition(f"{BUCKET}/")[2])
+    finally:
+        s3.faults.latency_s = 0.0
+    assert held  # killed with the run's files and part of a checkpoint in the bucket
+    second = run_cli(["pretrain", *remote], tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert storage.read_bytes(storage.join(url, "tokenizer.json")) == (data / "tokenizer.json").read_bytes()
+    metrics = storage.read_bytes(storage.join(url, "metrics.jsonl")).decode().splitlines()
+    assert {r["step"]: r["loss"] for r in map(json.loads, metrics)} == losses(tmp_path / "local")
+
+
+def test_run_sync_sends_whole_changed_files_before_checkpoints(s3, tmp_path, monkeypatch):
+    import os
+
+    from dlx.data import storage
+    from dlx.train import remote_run
+
+    staging = tmp_path / "run"
+    (staging / "checkpoints" / "step-00000002").mkdir(parents=True)
+    (staging / "checkpoints" / "step-00000002" / "model.safetensors").write_bytes(b"w" * 100)
+    (staging / "config.yaml").write_text("a: 1\n")
+    (staging / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2')  # a record being appended
+    (staging / ".tokenizer.json.x1.tmp").write_text("{")  # an atomic write in progress
+    monkeypatch.setattr(remote_run, "list_checkpoints", lambda folder: sorted((folder / "checkpoints").iterdir()))
+    url = f"s3://{BUCKET}/sync/run"
+    sent = []
+    real_write, real_upload = storage.write_bytes, storage.upload
+    monkeypatch.setattr(storage, "write_bytes", lambda u, d: (sent.append(storage.basename(u)), real_write(u, d)))
+    monkeypatch.setattr(storage, "upload", lambda p, u: (sent.append(storage.basename(u)), real_upload(p, u)))
+    sync = remote_run.RunSync(url, staging)
+    sync.sync()
+    assert sent == ["config.yaml", "metrics.jsonl", "model.safetensors", "COMPLETE"]
+    assert storage.read_bytes(storage.join(url, "metrics.jsonl")) == b'{"step": 1}\n'
+    assert not storage.exists(storage.join(url, ".tokenizer.json.x1.tmp"))
+    sent.clear()
+    sync.sync()
+    assert sent == []  # nothing changed: nothing sent again
+    with open(staging / "metrics.jsonl", "a") as f:
+        f.write("}\n")
+    os.utime(staging / "config.yaml", ns=(1, 1))  # only an mtime changes: sent again
+    sync.sync()
+    assert sent == ["config.yaml", "metrics.jsonl"]
+    assert storage.read_bytes(storage.join(url, "metrics.jsonl")) == b'{"step": 1}\n{"step": 2}\n'

@@ -60,3 +60,13 @@ def test_unreadable_or_foreign_files_are_one_line(tmp_path):
     (tmp_path / "bad.json").write_text('{"vocab": {}}')
     with pytest.raises(UserError, match=r"is not a Hugging Face tokenizer\.json"):
         read_identity(tmp_path / "bad.json")
+
+
+def test_the_same_bytes_are_the_same_tokenizer_without_parsing(tmp_path):
+    a, b, c = (tmp_path / name for name in ("a.json", "b.json", "c.json"))
+    a.write_text("{}")
+    b.write_text("{}")
+    c.write_text("{ }")
+    assert same_tokenizer(a, b)  # a run folder's copy of a dataset's tokenizer.json, whatever it holds
+    with pytest.raises(UserError, match=r"is not a Hugging Face tokenizer\.json"):
+        same_tokenizer(a, c)

@@ -93,7 +93,19 @@ def describe_difference(a: TokenizerIdentity, b: TokenizerIdentity) -> str | Non
 
 
 def same_tokenizer(a: str | Path, b: str | Path) -> bool:
+    """True when the two tokenizer.json files give every text the same ids: the same bytes, else the same identity
+    (`read_identity`, which UserErrors on a file that is not a tokenizer.json)."""
+    if _same_bytes(Path(a), Path(b)):
+        return True
     return read_identity(a) == read_identity(b)
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    a, b = (p / "tokenizer.json" if p.is_dir() else p for p in (a, b))
+    try:
+        return a.stat().st_size == b.stat().st_size and a.read_bytes() == b.read_bytes()
+    except OSError:
+        return False  # read_identity names the unreadable one
 
 
 def describe_extension_problem(base: TokenizerIdentity, extended: TokenizerIdentity) -> str | None:

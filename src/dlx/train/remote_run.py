@@ -1,7 +1,7 @@
 """A run folder in object storage (`--run-dir s3://...`, gs://, hf://): the run trains in a local staging folder as
 it would in any run folder, and `RunSync` uploads it.
 
-    URL/config.yaml, tokenizer.json, metrics.jsonl, ...     the run folder's top-level files, uploaded at every sync
+    URL/config.yaml, tokenizer.json, metrics.jsonl, ...     the run folder's top-level files, sent whole when changed
     URL/checkpoints/step-00000100/...                       a checkpoint's files, uploaded once it is published locally
     URL/checkpoints/step-00000100/COMPLETE                  written last: the checkpoint is whole
 
@@ -106,11 +106,17 @@ def pull_source(path: str, role: str) -> str:
 
 
 class RunSync:
-    """Uploads a staging run folder to its URL every few seconds from a background thread and once more on exit."""
+    """Uploads a staging run folder to its URL every few seconds from a background thread and once more on exit.
+
+    The top-level files go first and again after each checkpoint (a checkpoint's upload can take minutes), each one
+    only when its size or mtime changed since it was last sent, and only as a whole file: one read between two equal
+    `stat`s, and an appended `.jsonl` up to its last complete line."""
 
     def __init__(self, url: str, staging: Path, every_s: float = SYNC_EVERY_S):
         self.url, self.staging, self.every_s = url, staging, every_s
         self.uploaded = set(complete_checkpoints(url)) if storage.exists(url) else set()
+        self.sent: dict[str, tuple[int, int]] = {}
+        """Top-level file name -> (size, mtime in ns) of the copy in the bucket."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.failure: BaseException | None = None
@@ -135,16 +141,58 @@ class RunSync:
                 self.failure = e
 
     def sync(self) -> None:
-        """Upload checkpoints not uploaded yet (marker last), remove pruned ones, then the top-level files."""
+        """The changed top-level files, then each checkpoint not uploaded yet (marker last) with the files again after
+        it, then the removal of pruned ones."""
+        self.sync_files()
         local = {p.name: p for p in list_checkpoints(self.staging)}
         for name in sorted(set(local) - self.uploaded):
             storage.upload_tree(local[name], storage.join(self.url, CHECKPOINTS_DIR, name))
             storage.write_bytes(storage.join(self.url, CHECKPOINTS_DIR, name, MARKER), b"")
             self.uploaded.add(name)
+            self.sync_files()
         for name in sorted(self.uploaded - set(local)):
             storage.remove(storage.join(self.url, CHECKPOINTS_DIR, name, MARKER))
             storage.remove(storage.join(self.url, CHECKPOINTS_DIR, name), recursive=True)
             self.uploaded.discard(name)
-        for path in sorted(self.staging.iterdir()) if self.staging.is_dir() else []:
-            if path.is_file() and not path.name.startswith(".") and not path.name.endswith(".lock"):
-                storage.upload(path, storage.join(self.url, path.name))
+
+    def sync_files(self) -> None:
+        """Each top-level file whose size or mtime changed since it was sent, as one whole object."""
+        for path in top_level_files(self.staging):
+            stamp = file_stamp(path)
+            if stamp is None or self.sent.get(path.name) == stamp:
+                continue
+            data = whole_copy(path, stamp)
+            if data is not None:  # else it changed while read: the next sync sends it
+                storage.write_bytes(storage.join(self.url, path.name), data)
+                self.sent[path.name] = stamp
+
+
+def top_level_files(staging: Path) -> list[Path]:
+    """The run folder's own files: not its temporary files (`.NAME.XXXX.tmp`), not the writer's lock."""
+    if not staging.is_dir():
+        return []
+    return sorted(
+        p for p in staging.iterdir() if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".lock")
+    )
+
+
+def file_stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_size, stat.st_mtime_ns
+
+
+def whole_copy(path: Path, stamp: tuple[int, int]) -> bytes | None:
+    """The file's bytes when it did not change while they were read, an appended `.jsonl` cut after its last complete
+    line (a record being written is sent at the next sync); None when it changed."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if file_stamp(path) != stamp or len(data) != stamp[0]:
+        return None
+    if path.suffix == ".jsonl":
+        return data[: data.rfind(b"\n") + 1]
+    return data

@@ -5,12 +5,12 @@ new run's folder holds before step 1 (config.yaml, the tokenizer, where the init
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from dlx.atomic import atomic_write_bytes
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.data.source import BatchSource
 from dlx.parallel.distributed import DistEnv, main_decides
@@ -123,12 +123,13 @@ def release_run_dir(lock: RunLock, resume: bool) -> None:
 
 
 def create_run_dir(config: RunConfig, run_dir: Path, data_info: DatasetInfo, init: InitSource | None = None) -> None:
-    """config.yaml, the tokenizer (the dataset's, else the initial weights'), where the initial weights came from."""
+    """config.yaml, the tokenizer (the dataset's, else the initial weights'), where the initial weights came from;
+    each file written whole (a reader or an upload sees it complete or absent)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_resolved(config, run_dir)
     tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
     if tokenizer is not None:
-        shutil.copyfile(tokenizer, run_dir / TOKENIZER_FILE)
+        atomic_write_bytes(run_dir / TOKENIZER_FILE, Path(tokenizer).read_bytes())  # never seen half-copied
     if init is not None:
         folder.append_event(run_dir, event="init_from", path=init.given, weights=init.weights, kind=init.kind)
 
