@@ -95,13 +95,16 @@ def test_loader_from_a_bucket_gives_the_local_batches_within_its_cache_bound(s3,
         TokenLoader(local, settings, "train", loop=False) as a,
         TokenLoader(mirror, settings, "train", loop=False) as b,
     ):
-        expected = [x.clone() for x, _ in a]
-        got = [x.clone() for x, _ in b]
-        assert len(got) == len(expected) == a.batches_per_epoch
-        assert all(torch.equal(x, y) for x, y in zip(expected, got, strict=True))
+        expected = torch.cat([x.clone() for x, _ in a])
+        got = torch.cat([x.clone() for x, _ in b])
+        assert b.order == "shard-blocks-3" and a.order == "shuffled"  # 8 shards through a cache of 6
+        assert len(got) == len(expected) == a.batches_per_epoch * 2
+        got_rows, expected_rows = set(map(tuple, got.tolist())), set(map(tuple, expected.tolist()))
+        assert len(got_rows) == len(got)  # no window twice in the epoch
+        assert len(got_rows - expected_rows) <= 749 % 2  # the same windows but each order's skipped tail
         pinned = 2 * num_workers * 2 + 2  # the shards of the batches in flight may exceed the bound
         assert b.cache.peak_bytes <= max(6, pinned) * shard_bytes
-        assert b.cache.bytes_downloaded >= 8 * shard_bytes
+        assert 8 * shard_bytes <= b.cache.bytes_downloaded <= (8 + 3) * shard_bytes  # + ≤ 1 per block edge
 
 
 def test_a_cache_left_by_a_killed_run_is_verified_not_trusted(s3, tmp_path):

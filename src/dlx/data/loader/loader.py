@@ -18,6 +18,7 @@ from dlx.data.loader.cache import CachedPlan, ShardCache
 from dlx.data.loader.feed import ReaderJob
 from dlx.data.loader.order import Cursor, Order, advance, make_state, read_state, schedule, settle
 from dlx.data.loader.plan import SplitPlan
+from dlx.data.loader.shard_blocks import block_size, shard_window_bounds
 from dlx.data.loader.windows import SplitSpec, count_windows
 from dlx.data.remote import remote_origin
 from dlx.data.shards import SPLITS, Manifest, open_shard, read_manifest
@@ -50,7 +51,12 @@ class TokenLoader(FeedLoader):
         manifest, spec = open_split(folder, split) if remote is None else open_remote_split(folder, split, settings)
         s = settings  # short: the message below names five of its fields
         n_windows = count_windows(spec.n_tokens, s.seq_len)
-        self._order = Order(n_windows, int(s.micro_batch_size), int(s.world_size), int(s.rank), int(s.seed), s.shuffle)
+        bounded = remote is not None and s.shuffle and s.cache_bytes > 0  # a smaller cache: shard blocks
+        blocks = block_size([t * spec_itemsize(spec) for _, t in spec.shards], s.cache_bytes) if bounded else 0
+        bounds = shard_window_bounds([t for _, t in spec.shards], s.seq_len, n_windows) if blocks else ()
+        self._order = Order(
+            n_windows, int(s.micro_batch_size), int(s.world_size), int(s.rank), int(s.seed), s.shuffle, blocks, bounds
+        )
         if self._order.batches_per_epoch == 0:
             raise UserError(
                 f"dataset {folder} has {spec.n_tokens:,} {split!r} tokens, fewer than one batch needs "
@@ -84,6 +90,11 @@ class TokenLoader(FeedLoader):
     def windows_per_epoch(self) -> int:
         """Windows of seq_len + 1 tokens read per epoch by all ranks together, after the tail is skipped."""
         return self._order.batches_per_epoch * self._order.step_windows
+
+    @property
+    def order(self) -> str:
+        """The window order as the loader state records it: shuffled, sequential or shard-blocks-K."""
+        return self._order.name
 
     @property
     def batches_per_epoch(self) -> int:

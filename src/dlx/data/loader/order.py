@@ -1,6 +1,7 @@
 """Order: which windows each rank reads, batch by batch, epoch after epoch.
 
-Epoch `e` visits the windows in the order `permutation(seed, e)` (or 0, 1, 2, ... without shuffling). That order is cut
+Epoch `e` visits the windows in the order `permutation(seed, e)` (or 0, 1, 2, ... without shuffling; or, for a split
+read through a cache smaller than itself, the shard-block order of `dlx.data.loader.shard_blocks`). That order is cut
 into global steps of `world_size * micro_batch_size` windows; in each step rank `r` takes the `r`-th block of
 `micro_batch_size`. So the ranks' shares are disjoint and together cover each window at most once per epoch.
 
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dlx.data.loader.shard_blocks import block_permutation
 from dlx.errors import UserError
 
 
@@ -43,6 +45,17 @@ class Order:
     """Seeds the per-epoch permutation together with the epoch number."""
     shuffle: bool
     """False: every epoch reads windows 0, 1, 2, ... (evaluation)."""
+    block_shards: int = 0
+    """With shuffle: > 0 shuffles in blocks of this many shards (`shard_blocks`), 0 shuffles windows."""
+    shard_bounds: tuple[int, ...] = ()
+    """For block_shards > 0: the first window of each shard, then n_windows (`shard_blocks.shard_window_bounds`)."""
+
+    @property
+    def name(self) -> str:
+        """What the loader state records as the order: `shuffled`, `sequential` or `shard-blocks-K`."""
+        if not self.shuffle:
+            return "sequential"
+        return f"shard-blocks-{self.block_shards}" if self.block_shards else "shuffled"
 
     @property
     def step_windows(self) -> int:
@@ -60,7 +73,10 @@ class Order:
         """The epoch's window order; identical on every rank and in every worker."""
         if not self.shuffle:
             return np.arange(self.n_windows, dtype=np.int64)
-        return np.random.default_rng([self.seed, epoch]).permutation(self.n_windows)
+        rng = np.random.default_rng([self.seed, epoch])
+        if self.block_shards:
+            return block_permutation(self.shard_bounds, self.block_shards, rng)
+        return rng.permutation(self.n_windows)
 
     def rank_share(self, permutation: np.ndarray, consumed: int) -> np.ndarray:
         """Window ids of this rank's micro-batch in the step that starts at position `consumed` of the order."""
@@ -111,6 +127,10 @@ class EpochWindows:
         return self.order.rank_share(self._permutation, cursor.consumed)
 
 
+ORDER_HINT = (
+    "; a dataset in object storage read through a cache smaller than it is shuffled in shard blocks sized by the "
+    "cache (data.cache_gb)"
+)
 STATE_FORMAT = "dlx-loader-state"
 STATE_VERSION = 1
 
@@ -125,7 +145,7 @@ def make_state(order: Order, cursor: Cursor, split: str, seq_len: int) -> dict:
         "seq_len": seq_len,
         "n_windows": order.n_windows,
         "seed": order.seed,
-        "order": "shuffled" if order.shuffle else "sequential",
+        "order": order.name,
         # For the record only: a resume may use another world size or micro-batch size.
         "world_size": order.world_size,
         "micro_batch_size": order.micro_batch_size,
@@ -144,7 +164,8 @@ def read_state(state: dict, order: Order, split: str, seq_len: int) -> Cursor:
         if state.get(key) != expected[key]:
             raise UserError(
                 f"cannot resume the data loader: it was saved with {key}={state.get(key)!r}, this run has "
-                f"{key}={expected[key]!r} (same dataset, seq_len, seed and shuffle are needed to continue exactly)"
+                f"{key}={expected[key]!r} (same dataset, seq_len, seed and shuffle are needed to continue exactly"
+                f"{ORDER_HINT if key == 'order' else ''})"
             )
     epoch, consumed = int(state["epoch"]), int(state["consumed"])
     if epoch < 0 or not 0 <= consumed <= order.n_windows:
