@@ -344,3 +344,15 @@ def test_run_sync_sends_whole_changed_files_before_checkpoints(s3, tmp_path, mon
     sync.sync()
     assert sent == ["config.yaml", "metrics.jsonl"]
     assert storage.read_bytes(storage.join(url, "metrics.jsonl")) == b'{"step": 1}\n{"step": 2}\n'
+
+
+def test_pretrain_through_a_smaller_cache_says_it_reads_in_shard_blocks(s3, tmp_path):
+    from dlx.data import storage
+
+    local = _shard_dataset(tmp_path / "ds")
+    storage.upload_tree(local, f"s3://{BUCKET}/blocks/ds")
+    cache = ["--data.cache_dir", str(tmp_path / "cache"), "--data.cache_gb", str(4 * 3000 * 2 / 1e9)]
+    command = ["pretrain", *TINY, "--data.path", f"s3://{BUCKET}/blocks/ds", *cache, "--train.max_steps", "2"]
+    result = run_cli([*command, "--eval.every", "0", "--run-dir", "r"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "data order: shard-blocks-2 (the dataset is larger than data.cache_gb" in result.stdout
