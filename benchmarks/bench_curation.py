@@ -1,6 +1,7 @@
 """Curation in `dlx prepare` against datatrove's MinHash deduplication, on one synthetic corpus in the same run.
 
-The corpus: originals of three kinds (English-like word text, Chinese text, C-like programs), plus planted near
+The corpus: originals of three kinds (English-like word text, Chinese text, CodeNet-like C++ solutions: about four
+independent solutions per task, sharing its constants and output format, which are not duplicates), plus planted near
 duplicates (30 % of the corpus): words replaced (English), characters replaced (Chinese), identifiers renamed and the
 layout reformatted (code). Measured:
 - near-duplicate clusters: the pairs of documents each method puts in one cluster, their Jaccard agreement with
@@ -58,20 +59,41 @@ def chinese(rng: random.Random) -> str:
     return "".join(rng.choice(HAN) + ("。" if rng.random() < 0.05 else "") for _ in range(rng.randint(150, 400)))
 
 
-def program(rng: random.Random) -> str:
-    names = [f"v{rng.randrange(10**6)}" for _ in range(6)]
-    lines = ["#include <cstdio>", "int main() {"] + [f"    int {n} = {rng.randrange(100)};" for n in names]
-    for _ in range(rng.randint(10, 25)):
+def problem(rng: random.Random) -> dict:
+    """A CodeNet-like task: its input limits, constants and output format, shared by all its solutions."""
+    return {
+        "consts": [rng.choice((10**9 + 7, 998244353, 10**5, 2 * 10**5, 10**9)), *rng.sample(range(2, 100), 3)],
+        "format": rng.choice(('"%d\\n"', '"%lld\\n"', '"%d %d\\n"', '"Yes\\n"', '"%.6f\\n"')),
+        "io": rng.choice(("scanf", "cin")),
+    }
+
+
+def program(rng: random.Random, task: dict) -> str:
+    """One solution to `task`, written independently of its other solutions: its own names, statements and order,
+    the task's constants and output format."""
+    names = [f"v{rng.randrange(10**6)}" for _ in range(rng.randint(3, 7))]
+    lit = lambda: rng.choice(task["consts"] + [0, 1, 2, rng.randrange(100)])  # noqa: E731
+    head = ["#include <cstdio>", "#include <iostream>", "using namespace std;"] if rng.random() < 0.5 else []
+    lines = [*head, "#include <bits/stdc++.h>", "int main() {"]
+    lines += [f"    long long {n} = {lit()};" for n in names]
+    read = f"    cin >> {names[0]};" if task["io"] == "cin" else f'    scanf("%d", &{names[0]});'
+    lines.append(read)
+    for _ in range(rng.randint(6, 20)):
         a, b, c = (rng.choice(names) for _ in range(3))
-        shape = rng.randrange(4)
+        shape = rng.randrange(6)
         if shape == 0:
-            lines.append(f"    {a} = {b} {rng.choice(OPS)} {c} {rng.choice(OPS)} {rng.randrange(50)};")
+            lines.append(f"    {a} = ({b} {rng.choice(OPS)} {c} {rng.choice(OPS)} {lit()}) % {task['consts'][0]};")
         elif shape == 1:
-            lines.append(f"    for (int i = 0; i < {rng.randrange(99)}; i++) {{ {a} {rng.choice(OPS)}= i; }}")
+            lines.append(f"    for (int i = 0; i < {b}; i++) {{ {a} {rng.choice(OPS)}= i {rng.choice(OPS)} {lit()}; }}")
         elif shape == 2:
             lines.append(f"    if ({a} > {b}) {{ {c} = {a} {rng.choice(OPS)} {b}; }} else {{ {c}++; }}")
+        elif shape == 3:
+            lines.append(f"    while ({a} > {lit()}) {{ {a} /= {rng.randrange(2, 10)}; {b}++; }}")
+        elif shape == 4:
+            lines.append(f"    {a} = max({a}, {b} {rng.choice(OPS)} {lit()});")
         else:
-            lines.append(f'    printf("%d {rng.randrange(9)}\\n", {a});')
+            lines.append(f"    {c} += {a} * {b} % {lit()};")
+    lines.append(f"    printf({task['format']}, {names[-1]});")
     return "\n".join([*lines, "    return 0;", "}"]) + "\n"
 
 
@@ -97,7 +119,12 @@ def make_corpus(n_originals: int, seed: int = 7) -> tuple[list[str], list[str], 
     rng = random.Random(seed)
     vocab = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 10))) for _ in range(5000)]
     kinds = [("en", "zh", "code")[i % 3] for i in range(n_originals)]
-    makers = {"en": lambda: english(rng, vocab), "zh": lambda: chinese(rng), "code": lambda: program(rng)}
+    tasks = [problem(rng) for _ in range(max(1, n_originals // 12))]  # about 4 independent solutions per task
+    makers = {
+        "en": lambda: english(rng, vocab),
+        "zh": lambda: chinese(rng),
+        "code": lambda: program(rng, rng.choice(tasks)),
+    }
     texts, groups = [makers[k]() for k in kinds], list(range(n_originals))
     for _ in range(round(n_originals * 0.3 / 0.7)):
         g = rng.randrange(n_originals)
