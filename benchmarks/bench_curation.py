@@ -1,6 +1,7 @@
 """Curation in `dlx prepare` against datatrove's MinHash deduplication, on one synthetic corpus in the same run.
 
-The corpus: originals of three kinds (English-like word text, Chinese text, C-like programs), plus planted near
+The corpus: originals of three kinds (English-like word text, Chinese text, CodeNet-like C++ solutions: about four
+independent solutions per task, sharing its constants and output format, which are not duplicates), plus planted near
 duplicates (30 % of the corpus): words replaced (English), characters replaced (Chinese), identifiers renamed and the
 layout reformatted (code). Measured:
 - near-duplicate clusters: the pairs of documents each method puts in one cluster, their Jaccard agreement with
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dlx.data.curate import text as curate_text
 from dlx.data.curate.dedup import components, find_duplicates
 from dlx.data.curate.spec import build_spec
 from dlx.data.curate.stages import Curator, signature_dtype
@@ -47,6 +49,11 @@ INTRO = (
 WATCHED = ["src/dlx/data/curate", "src/dlx/data/prepare", "benchmarks/bench_curation.py"]
 HAN = [chr(0x4E00 + i) for i in range(0, 3000, 3)]
 OPS = ["+", "-", "*", "/", "%", "<<", "^", "&"]
+NAMES = ["n", "m", "k", "a", "b", "c", "x", "y", "s", "t", "ans", "res", "cnt", "sum", "mx", "mn", "cur", "tmp"]
+NAMES += ["val", "len2", "total", "best", "lo", "hi", "mid", "dp", "acc", "num", "q", "r"]
+"""What contestants call their variables: independent solutions share many of them."""
+RENAMED = [f"{name}_{i}" for i, name in enumerate(reversed(NAMES))]
+NAME_OR_STRING = re.compile(r'"(?:\\.|[^"\\])*"|\b(?:' + "|".join(NAMES) + r")\b")
 WUDAO_BYTES, WUDAO_DOC_BYTES = 200e9, 3.4e3
 
 
@@ -58,20 +65,41 @@ def chinese(rng: random.Random) -> str:
     return "".join(rng.choice(HAN) + ("。" if rng.random() < 0.05 else "") for _ in range(rng.randint(150, 400)))
 
 
-def program(rng: random.Random) -> str:
-    names = [f"v{rng.randrange(10**6)}" for _ in range(6)]
-    lines = ["#include <cstdio>", "int main() {"] + [f"    int {n} = {rng.randrange(100)};" for n in names]
-    for _ in range(rng.randint(10, 25)):
+def problem(rng: random.Random) -> dict:
+    """A CodeNet-like task: its input limits, constants and output format, shared by all its solutions."""
+    return {
+        "consts": [rng.choice((10**9 + 7, 998244353, 10**5, 2 * 10**5, 10**9)), *rng.sample(range(2, 100), 3)],
+        "format": rng.choice(('"%d\\n"', '"%lld\\n"', '"%d %d\\n"', '"Yes\\n"', '"%.6f\\n"')),
+        "io": rng.choice(("scanf", "cin")),
+    }
+
+
+def program(rng: random.Random, task: dict) -> str:
+    """One solution to `task`, written independently of its other solutions: its own names, statements and order,
+    the task's constants and output format."""
+    names = rng.sample(NAMES, rng.randint(3, 7))
+    lit = lambda: rng.choice(task["consts"] + [0, 1, 2, rng.randrange(100)])  # noqa: E731
+    head = ["#include <cstdio>", "#include <iostream>", "using namespace std;"] if rng.random() < 0.5 else []
+    lines = [*head, "#include <bits/stdc++.h>", "int main() {"]
+    lines += [f"    long long {n} = {lit()};" for n in names]
+    read = f"    cin >> {names[0]};" if task["io"] == "cin" else f'    scanf("%d", &{names[0]});'
+    lines.append(read)
+    for _ in range(rng.randint(6, 20)):
         a, b, c = (rng.choice(names) for _ in range(3))
-        shape = rng.randrange(4)
+        shape = rng.randrange(6)
         if shape == 0:
-            lines.append(f"    {a} = {b} {rng.choice(OPS)} {c} {rng.choice(OPS)} {rng.randrange(50)};")
+            lines.append(f"    {a} = ({b} {rng.choice(OPS)} {c} {rng.choice(OPS)} {lit()}) % {task['consts'][0]};")
         elif shape == 1:
-            lines.append(f"    for (int i = 0; i < {rng.randrange(99)}; i++) {{ {a} {rng.choice(OPS)}= i; }}")
+            lines.append(f"    for (int i = 0; i < {b}; i++) {{ {a} {rng.choice(OPS)}= i {rng.choice(OPS)} {lit()}; }}")
         elif shape == 2:
             lines.append(f"    if ({a} > {b}) {{ {c} = {a} {rng.choice(OPS)} {b}; }} else {{ {c}++; }}")
+        elif shape == 3:
+            lines.append(f"    while ({a} > {lit()}) {{ {a} /= {rng.randrange(2, 10)}; {b}++; }}")
+        elif shape == 4:
+            lines.append(f"    {a} = max({a}, {b} {rng.choice(OPS)} {lit()});")
         else:
-            lines.append(f'    printf("%d {rng.randrange(9)}\\n", {a});')
+            lines.append(f"    {c} += {a} * {b} % {lit()};")
+    lines.append(f"    printf({task['format']}, {names[-1]});")
     return "\n".join([*lines, "    return 0;", "}"]) + "\n"
 
 
@@ -87,8 +115,8 @@ def near_copy(text: str, kind: str, rng: random.Random) -> str:
         for _ in range(max(1, len(chars) * 2 // 100)):
             chars[rng.randrange(len(chars))] = rng.choice(HAN)
         return "".join(chars)
-    names = {name: f"x{rng.randrange(10**6)}" for name in re.findall(r"\bv\d+\b", text)}
-    renamed = re.sub(r"\bv\d+\b", lambda m: names[m.group(0)], text)
+    names = dict(zip(NAMES, rng.sample(RENAMED, len(NAMES)), strict=True))
+    renamed = NAME_OR_STRING.sub(lambda m: names.get(m.group(0), m.group(0)), text)  # strings stay
     return "\n".join(line.strip().replace(" = ", "=").replace(" + ", "+") for line in renamed.splitlines()) + "\n"
 
 
@@ -97,7 +125,12 @@ def make_corpus(n_originals: int, seed: int = 7) -> tuple[list[str], list[str], 
     rng = random.Random(seed)
     vocab = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 10))) for _ in range(5000)]
     kinds = [("en", "zh", "code")[i % 3] for i in range(n_originals)]
-    makers = {"en": lambda: english(rng, vocab), "zh": lambda: chinese(rng), "code": lambda: program(rng)}
+    tasks = [problem(rng) for _ in range(max(1, n_originals // 12))]  # about 4 independent solutions per task
+    makers = {
+        "en": lambda: english(rng, vocab),
+        "zh": lambda: chinese(rng),
+        "code": lambda: program(rng, rng.choice(tasks)),
+    }
     texts, groups = [makers[k]() for k in kinds], list(range(n_originals))
     for _ in range(round(n_originals * 0.3 / 0.7)):
         g = rng.randrange(n_originals)
@@ -222,12 +255,51 @@ def peak_rss_mb(corpus: Path, out: Path, tokenizer: Path) -> tuple[float, float]
     return float(base) / 1024, int(peak) / 1024
 
 
+LITERALS_KEPT = curate_text.code_tokens
+
+
+def literal_blind_tokens(text: str) -> list[str]:
+    """The code shingles' tokens as they were before literals were kept: numbers became `0`, strings `S`."""
+    tokens = LITERALS_KEPT(text)
+    return ["0" if t[0].isdigit() else "S" if t[0] in "\"'" else t for t in tokens]
+
+
+def blinded_code_row(texts: list[str], kinds: list[str], planted: set) -> str:
+    """Code-only recall and precision of dlx's clusters with literal-blind code shingles (the ablation of the fix)."""
+    curate_text.code_tokens = literal_blind_tokens
+    try:
+        found = pairs_of(dlx_clusters(texts)[0])
+    finally:
+        curate_text.code_tokens = LITERALS_KEPT
+    code = lambda pairs: {p for p in pairs if kinds[p[0]] == "code"}  # noqa: E731
+    recall, precision = scores(code(found), code(planted))
+    row = f"code only, dlx with literals blinded (the shingles before): recall {recall:.3f}, precision {precision:.3f}"
+    return f"| {row} | | | | |"
+
+
+def near_only(args) -> list[str]:
+    """The near-duplicate table alone: dlx's clusters and datatrove's on the same corpus."""
+    texts, kinds, groups = make_corpus(args.originals)
+    with tempfile.TemporaryDirectory(prefix="dlx-bench-curation-") as tmp:
+        corpus = write_jsonl(Path(tmp) / "in" / "corpus.jsonl", texts)
+        ours, theirs = dlx_clusters(texts)[0], datatrove_clusters(corpus, Path(tmp) / "dt")[0]
+    english = {i for i, k in enumerate(kinds) if k == "en"}
+    planted = pairs_of(dict(enumerate(groups)))
+    lines = near_report(args, texts, kinds, planted, english, pairs_of(ours), pairs_of(theirs))
+    return [*lines, blinded_code_row(texts, kinds, planted)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--originals", type=int, default=2800, help="original documents (plus 30 %% planted copies)")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to BENCHMARKS.md")
+    parser.add_argument("--near-only", action="store_true", help="only the near-duplicate table (no pass timings)")
     args = parser.parse_args()
     header = environment(WATCHED)
+    if args.near_only:
+        lines = near_only(args)
+        stamp = f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}"
+        return publish(SECTION, INTRO, [stamp, "", *header, "", *lines], record=not args.no_record)
     texts, kinds, groups = make_corpus(args.originals)
     planted = pairs_of(dict(enumerate(groups)))
     english = {i for i, k in enumerate(kinds) if k == "en"}
@@ -263,15 +335,15 @@ def main() -> None:
     publish(SECTION, INTRO, lines, record=not args.no_record)
 
 
-def report(args, texts, kinds, planted, english, ours, theirs, seconds, sizes, peaks) -> list[str]:
-    dlx_dedup_s, datatrove_s, dedup_only_s, every_s = seconds
+def near_report(args, texts, kinds, planted, english, ours, theirs) -> list[str]:
+    """The near-duplicate table: pairs found, agreement with datatrove, recall and precision (overall, per kind)."""
     n, nbytes = len(texts), sum(len(t.encode()) for t in texts)
     agree = len(ours & theirs) / max(len(ours | theirs), 1)
     en = lambda pairs: {p for p in pairs if p[0] in english and p[1] in english}  # noqa: E731
     agree_en = len(en(ours) & en(theirs)) / max(len(en(ours) | en(theirs)), 1)
     lines = [
         f"Corpus: {n:,} documents ({nbytes / 1e6:.1f} MB; {args.originals:,} originals, one third each English-like, "
-        f"Chinese, C-like code; {n - args.originals:,} planted near copies, {len(planted):,} planted pairs).",
+        f"Chinese, CodeNet-like C++; {n - args.originals:,} planted near copies, {len(planted):,} planted pairs).",
         "",
         "| method | pairs found | agreement with datatrove (all / English) | recall | precision |",
         "|---|---:|---:|---:|---:|",
@@ -281,9 +353,20 @@ def report(args, texts, kinds, planted, english, ours, theirs, seconds, sizes, p
         agreement = f"{agree:.3f} / {agree_en:.3f}" if name.startswith("dlx") else "1 / 1"
         lines.append(f"| {name} | {len(pairs):,} | {agreement} | {recall:.3f} | {precision:.3f} |")
     for kind in ("en", "zh", "code"):
-        picked = {p for p in planted if kinds[p[0]] == kind}
-        r_ours, r_theirs = (len(x & picked) / max(len(picked), 1) for x in (ours, theirs))
-        lines.append(f"| recall on {kind} only: dlx {r_ours:.3f}, datatrove {r_theirs:.3f} | | | | |")
+        of_kind = lambda pairs, kind=kind: {p for p in pairs if kinds[p[0]] == kind}  # noqa: E731
+        (r_ours, p_ours), (r_theirs, p_theirs) = (scores(of_kind(x), of_kind(planted)) for x in (ours, theirs))
+        p_theirs = f"{p_theirs:.3f}" if of_kind(theirs) else "none found"
+        lines.append(
+            f"| {kind} only: recall dlx {r_ours:.3f}, datatrove {r_theirs:.3f}; precision dlx {p_ours:.3f}, "
+            f"datatrove {p_theirs} | | | | |"
+        )
+    return lines
+
+
+def report(args, texts, kinds, planted, english, ours, theirs, seconds, sizes, peaks) -> list[str]:
+    dlx_dedup_s, datatrove_s, dedup_only_s, every_s = seconds
+    n, nbytes = len(texts), sum(len(t.encode()) for t in texts)
+    lines = near_report(args, texts, kinds, planted, english, ours, theirs)
     rate = lambda s: n / s  # noqa: E731 - documents per second on one core
     lines += ["", "| pass (1 core) | seconds | documents/s/core | ÷ datatrove's dedup alone |", "|---|---:|---:|---:|"]
     for name, s in (

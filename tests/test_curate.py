@@ -17,6 +17,7 @@ from dlx.data.curate.quality import failed_rule, load_rules
 from dlx.data.curate.report import decontamination_note
 from dlx.data.curate.spec import build_spec
 from dlx.data.curate.stages import Curator
+from dlx.data.curate.text import code_tokens
 from dlx.data.prepare import encode, merge_tasks, prepare_dataset, prepare_task, tasks
 from dlx.data.prepare.curation import REPORT_FILE
 from dlx.errors import UserError
@@ -109,6 +110,31 @@ def test_near_duplicates_found_for_edited_chinese_and_renamed_code():
     reason, clusters = find_duplicates(curator.take_signatures(), near=True)
     assert reason.tolist() == [0, 0, 0, 2, 2, 1]
     assert clusters == {"2": 2}
+
+
+def test_code_shingles_blind_identifiers_and_layout_but_keep_literals_and_operators():
+    assert code_tokens("s+=k*k;") == code_tokens("total += index * index ;") == ["I", "+", "=", "I", "*", "I", ";"]
+    assert code_tokens('printf("%d", 10);') == ["printf", "(", '"%d"', ",", "10", ")", ";"]
+    assert code_tokens("x = y % 7;") != code_tokens("x = y % 9;") != code_tokens("x = y / 9;")
+
+
+def table_program(constants: list[int]) -> str:
+    body = "".join(f"    t[{i}] = (t[{i - 1}] * {c} + {c + 1}) % 1000000007;\n" for i, c in enumerate(constants, 1))
+    return "#include <cstdio>\nlong long t[64];\nint main() {\n    t[0] = 1;\n" + body + "    return 0;\n}\n"
+
+
+def test_programs_that_differ_in_their_literals_are_not_near_duplicates():
+    """Same statements with other constants compute something else: another program, not a copy, while the same
+    program renamed and reformatted is one."""
+    rng = random.Random(3)
+    ours, other = table_program(rng.sample(range(10, 999), 20)), table_program(rng.sample(range(10, 999), 20))
+    renamed = ours.replace("t[", "table[").replace(" = ", "=").replace("    ", "")
+    curator = Curator(build_spec(dedup="near"), signatures=True)
+    for i, t in enumerate([ours, other, renamed]):
+        curator.sign(0, i, t, i, "x")
+    reason, clusters = find_duplicates(curator.take_signatures(), near=True)
+    assert reason.tolist() == [0, 0, 2]
+    assert clusters == {"2": 1}
 
 
 def test_quality_rules_are_cjk_and_code_aware_and_yaml_is_checked(tmp_path):

@@ -1,6 +1,6 @@
 """Text normalisation and the shingles that MinHash and decontamination hash: characters for CJK, words for
-space-separated languages, identifier-blind tokens for source code. Every hash here is deterministic across
-processes and machines (no Python `hash`)."""
+space-separated languages, identifier-blind tokens for source code (literals and operators kept). Every hash here is
+deterministic across processes and machines (no Python `hash`)."""
 
 from __future__ import annotations
 
@@ -72,20 +72,13 @@ def word_tokens(text: str) -> list[str]:
 
 
 def code_tokens(text: str) -> list[str]:
-    """Tokens of source code with identifiers, numbers and strings replaced by their class (keywords kept), so a
-    renamed variable or a reformatted layout leaves the sequence unchanged."""
-    out = []
-    for tok in _CODE_TOKEN.findall(text):
-        first = tok[0]
-        if first.isalpha() or first == "_":
-            out.append(tok if tok.lower() in KEYWORDS else "I")
-        elif first.isdigit():
-            out.append("0")
-        elif first in "\"'":
-            out.append("S")
-        else:
-            out.append(tok)
-    return out
+    """Tokens of source code with identifiers replaced by `I` (keywords kept), literals and operators as written, so
+    a renamed variable or a reformatted layout leaves the sequence unchanged while programs that differ in their
+    numbers, strings or operators (what they compute) do not."""
+    return [
+        tok if not (tok[0].isalpha() or tok[0] == "_") or tok.lower() in KEYWORDS else "I"
+        for tok in _CODE_TOKEN.findall(text)
+    ]
 
 
 def token_ids(tokens: list[str]) -> np.ndarray:
@@ -108,7 +101,7 @@ def ngram_hashes(ids: np.ndarray, n: int) -> np.ndarray:
 
 CODE_TOKENS_PER_WORD = 3
 """Code shingles are this many times longer: code tokens are mostly punctuation, and with identifiers blinded two
-unrelated programs share many short runs (`I = I + I ;`)."""
+unrelated programs share many short runs (`I = I + 1 ;`)."""
 
 
 def shingles(text: str, n: int) -> np.ndarray:
