@@ -73,6 +73,8 @@ class Curator:
         self.signatures = signatures and spec.dedup is not None
         self.labels = [label for label, _ in spec.sources] or ["corpus"]
         self.records: list[tuple] = []
+        self.redacted = False
+        """Whether the last document `process` kept had PII replaced."""
 
     def process(self, text: str, path: str, counts: dict) -> str | None:
         """The text to keep (redacted when asked), or None when a stage removes it (counted in `counts`)."""
@@ -82,12 +84,14 @@ class Curator:
         mine["in"][0] += 1
         mine["in"][1] += nbytes
         reason = self._removal(text, mine)
+        self.redacted = False
         if reason is not None:
             count_removed(counts, source, reason, nbytes, text)
             return None
         if self.spec.pii:
             found: Counter = Counter()
             text = redact(text, found)
+            self.redacted = bool(found)
             for kind, n in found.items():
                 mine["redacted"][kind] = mine["redacted"].get(kind, 0) + n
         return text

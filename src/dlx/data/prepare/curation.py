@@ -19,7 +19,12 @@ from dlx.errors import UserError
 
 DROPS_FILE = "curation-drops.npy"
 REPORT_FILE = "curation.md"
+VERDICTS_FILE = "curation-verdicts.npy"
 DROP_DTYPE = np.dtype([("unit", "<u4"), ("ordinal", "<u4")])
+VERDICT_DTYPE = np.dtype([("unit", "<u4"), ("position", "<u4"), ("verdict", "u1")])
+"""A document the per-document stages removed or redacted: its unit, its position among the unit's non-empty
+documents, and REMOVED or REDACTED (the documents not listed are kept as they are)."""
+REMOVED, REDACTED = 1, 2
 
 
 def deduplicate(curation: dict, sigs: np.ndarray, spec: CurateSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -40,10 +45,31 @@ def deduplicate(curation: dict, sigs: np.ndarray, spec: CurateSpec) -> tuple[np.
 
 
 def drops_bytes(drops: np.ndarray) -> bytes:
-    """DROPS_FILE's content: a plain .npy array (read back without pickle)."""
+    """DROPS_FILE's (or VERDICTS_FILE's) content: a plain .npy array (read back without pickle)."""
     buffer = io.BytesIO()
     np.save(buffer, drops, allow_pickle=False)
     return buffer.getvalue()
+
+
+def verdicts_of(counts_verdicts: list[np.ndarray]) -> np.ndarray:
+    """The per-unit verdicts of a scan as one array, in (unit, position) order."""
+    return np.concatenate(counts_verdicts) if counts_verdicts else np.zeros(0, dtype=VERDICT_DTYPE)
+
+
+class UnitVerdicts:
+    """VERDICTS_FILE, memory-mapped (a worker reads the few pages of each unit it encodes)."""
+
+    def __init__(self, path: str):
+        try:
+            self.table = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (FileNotFoundError, ValueError) as e:
+            folder = Path(path).parent
+            raise UserError(f"{path} is missing or damaged ({e}); delete {folder} and run prepare again") from None
+        self.units = self.table["unit"]
+
+    def __call__(self, unit: int) -> np.ndarray:
+        lo, hi = np.searchsorted(self.units, unit, side="left"), np.searchsorted(self.units, unit, side="right")
+        return np.asarray(self.table[lo:hi])
 
 
 def read_drops(out: Path) -> np.ndarray:

@@ -16,7 +16,16 @@ from typing import Any
 
 from dlx.atomic import atomic_write_bytes
 from dlx.data.pool import InlinePool, WorkerPool, make_pool
-from dlx.data.prepare.curation import DROPS_FILE, REPORT_FILE, DropIndex, read_drops, report_files
+from dlx.data.prepare.curation import (
+    DROPS_FILE,
+    REPORT_FILE,
+    VERDICTS_FILE,
+    DropIndex,
+    drops_bytes,
+    read_drops,
+    report_files,
+    verdicts_of,
+)
 from dlx.data.prepare.encode import encode_corpus, initial_resume_state, spool_dir
 from dlx.data.prepare.encoders import choose_encoder, spread
 from dlx.data.prepare.inputs import InputList
@@ -130,7 +139,7 @@ def _scan_and_tokenize(
     ui: PrepareProgress,
 ) -> tuple[ScanCounts, TokenizerInfo]:
     """The read-only first half of a fresh run: scan, report bad input, load or train the tokenizer."""
-    scan = scan_corpus(pool, inputs, choose_unit_bytes(inputs.bytes), opts, ui)
+    scan = scan_corpus(pool, inputs, choose_unit_bytes(inputs.bytes), opts, ui, verdicts=opts.curate.active)
     if scan.bad:
         ui.note(f"warning: skipped {scan.bad} bad record(s) (--strict makes them fatal); the first:")
         for example in scan.bad_examples:
@@ -156,7 +165,11 @@ def _write_start(out: Path, opts: PrepareOptions, request: dict, scan: ScanCount
         "scan": scan.record(),
         "resume": initial_resume_state(choose_unit_bytes(request["bytes"])),
     }
-    extra = report_files(scan.curation, request, scan.drops) if opts.curate.active else None
+    extra = None
+    if opts.curate.active:  # the encode pass follows the scan's per-document decisions instead of redoing them
+        extra = report_files(scan.curation, request, scan.drops) | {
+            VERDICTS_FILE: drops_bytes(verdicts_of(scan.verdicts))
+        }
     return start_dataset(out, source, tok.json_text, tok.sha256, tok.vocab_size, tok.eos_id, tok.bos_id, extra)
 
 
@@ -187,9 +200,12 @@ def _encode(
         bos_id=manifest.bos_id,
         dtype=manifest.dtype,
         spool_dir=spool_dir(out),
+        verdicts_file=str(out / VERDICTS_FILE) if opts.curate.active else None,
     )
     drops = DropIndex(read_drops(out) if (out / DROPS_FILE).exists() or opts.curate.dedup else None)
-    return encode_corpus(pool, out, inputs, manifest, setup, opts.shard_tokens, ui, drops)
+    manifest = encode_corpus(pool, out, inputs, manifest, setup, opts.shard_tokens, ui, drops)
+    (out / VERDICTS_FILE).unlink(missing_ok=True)  # needed by the encode pass only
+    return manifest
 
 
 def totals(m: Manifest) -> str:

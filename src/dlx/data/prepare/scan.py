@@ -15,15 +15,17 @@ import hashlib
 import heapq
 import itertools
 import math
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from dlx.data.curate.pii import redact
 from dlx.data.curate.spec import CurateSpec
 from dlx.data.curate.stages import Curator, fold
 from dlx.data.pool import InlinePool, WorkerPool
-from dlx.data.prepare.curation import deduplicate
+from dlx.data.prepare.curation import REDACTED, REMOVED, VERDICT_DTYPE, deduplicate
 from dlx.data.prepare.inputs import InputList
 from dlx.data.prepare.options import PrepareOptions
 from dlx.data.prepare.progress import PrepareProgress
@@ -61,14 +63,17 @@ class ScanRule:
     """The per-document curation stages to run (None: none)."""
     signatures: bool = False
     """Collect each kept document's deduplication signature (`ScanCounts.signatures`)."""
+    verdicts: bool = False
+    """Record what the per-document stages decided (`ScanCounts.verdicts`), for a later pass to follow."""
 
     @classmethod
-    def of(cls, opts: PrepareOptions, signatures: bool = False) -> ScanRule:
-        """The rule of these options; `signatures` when this pass feeds the global deduplication."""
+    def of(cls, opts: PrepareOptions, signatures: bool = False, verdicts: bool = False) -> ScanRule:
+        """The rule of these options; `signatures` when this pass feeds the global deduplication, `verdicts` when a
+        later pass over the same units follows this one's per-document decisions."""
         curate = opts.curate if opts.curate.active else None
         fraction = int((opts.val_fraction or 0.0) * HASH_SPACE)
         sign = signatures and curate is not None and curate.dedup is not None
-        return cls(opts.text_field, opts.strict, opts.val_documents or 0, fraction, curate, sign)
+        return cls(opts.text_field, opts.strict, opts.val_documents or 0, fraction, curate, sign, verdicts)
 
 
 @dataclass
@@ -97,6 +102,9 @@ class ScanCounts:
     """Deduplication signatures of the kept documents, per unit in order (scan pass only; never saved)."""
     drops: np.ndarray | None = None
     """The documents deduplication removed, (unit, ordinal) in order (`curation.deduplicate`; never saved)."""
+    verdicts: list[np.ndarray] = field(default_factory=list)
+    """The documents the per-document stages removed or redacted, VERDICT_DTYPE per unit in order (scan pass of a
+    one-machine run only; never saved in a task's state)."""
 
     def add(self, other: ScanCounts, keep_smallest: int) -> None:
         """Fold in the counts of the units that follow."""
@@ -108,6 +116,7 @@ class ScanCounts:
         self.smallest = list(itertools.islice(heapq.merge(self.smallest, other.smallest), keep_smallest))
         self.sample.extend(other.sample)
         self.signatures.extend(other.signatures)
+        self.verdicts.extend(other.verdicts)
         if other.curation:
             fold(self.curation or _started(self.curation), other.curation)
 
@@ -145,7 +154,7 @@ class ScanCounts:
         return cls(**data)
 
 
-_UNSAVED = ("sample", "signatures", "drops")
+_UNSAVED = ("sample", "signatures", "drops", "verdicts")
 
 
 def _started(curation: dict) -> dict:
@@ -164,17 +173,25 @@ def _items(unit: WorkUnit, text_field: str) -> Iterator[tuple[str, str | BadReco
             yield unit.files[0].path, item
 
 
-def documents(unit: WorkUnit, rule: ScanRule, counts: ScanCounts, sample_chars: int = 0) -> Iterator[tuple[str, int]]:
+def documents(
+    unit: WorkUnit, rule: ScanRule, counts: ScanCounts, sample_chars: int = 0, verdicts: np.ndarray | None = None
+) -> Iterator[tuple[str, int]]:
     """(text, hash) of every non-empty document of a unit that the curation stages keep (redacted when asked),
-    counting everything read into `counts`."""
+    counting everything read into `counts`. Given the unit's `verdicts` (recorded by an earlier pass with
+    `rule.verdicts`), the per-document stages do not run again: their decisions are followed."""
     heap: list[int] = []  # the keep_smallest smallest hashes, negated (a max-heap)
     chars = ordinal = 0
     counts.nbytes += unit.nbytes
     counts.files += unit.files_completed
-    curator = Curator(rule.curate, rule.signatures) if rule.curate is not None else None
+    curator = Curator(rule.curate, rule.signatures) if rule.curate is not None and verdicts is None else None
     if curator is not None:
         _started(counts.curation)
-    for path, item in _items(unit, rule.text_field):
+    items = _items(unit, rule.text_field)
+    if verdicts is not None:
+        items = _following(items, verdicts)
+    elif curator is not None:
+        items = _curated(items, curator, counts, unit.index if rule.verdicts else None)
+    for path, item in items:
         if isinstance(item, BadRecord):
             if rule.strict:
                 raise UserError(f"{item.where()}: {item.reason} (--strict stops at the first bad record)")
@@ -184,8 +201,6 @@ def documents(unit: WorkUnit, rule: ScanRule, counts: ScanCounts, sample_chars: 
             continue
         if not item:
             counts.empty += 1
-            continue
-        if curator is not None and (item := curator.process(item, path, counts.curation)) is None:
             continue
         h = document_hash(item)
         if curator is not None:
@@ -208,6 +223,45 @@ def documents(unit: WorkUnit, rule: ScanRule, counts: ScanCounts, sample_chars: 
         counts.signatures = [curator.take_signatures()]
 
 
+Items = Iterator[tuple[str, "str | BadRecord"]]
+
+
+def _curated(items: Items, curator: Curator, counts: ScanCounts, unit: int | None) -> Items:
+    """The items with the per-document stages applied: removed documents left out, kept ones redacted when asked;
+    with `unit`, what was decided is recorded in `counts.verdicts` (by position among the unit's non-empty
+    documents)."""
+    decided: list[tuple[int, int, int]] = []
+    position = 0
+    for path, item in items:
+        if isinstance(item, BadRecord) or not item:
+            yield path, item
+            continue
+        kept = curator.process(item, path, counts.curation)
+        if unit is not None and (kept is None or curator.redacted):
+            decided.append((unit, position, REMOVED if kept is None else REDACTED))
+        position += 1
+        if kept is not None:
+            yield path, kept
+    if unit is not None:
+        counts.verdicts = [np.array(decided, dtype=VERDICT_DTYPE)]
+
+
+def _following(items: Items, verdicts: np.ndarray) -> Items:
+    """The items as `_curated` left them, from its recorded verdicts (this unit's, in position order)."""
+    positions, kinds = verdicts["position"].tolist(), verdicts["verdict"].tolist()
+    position, at = 0, 0
+    for path, item in items:
+        if isinstance(item, BadRecord) or not item:
+            yield path, item
+            continue
+        verdict = kinds[at] if at < len(positions) and positions[at] == position else None
+        at += verdict is not None
+        position += 1
+        if verdict == REMOVED:
+            continue
+        yield path, redact(item, Counter()) if verdict == REDACTED else item
+
+
 @dataclass(frozen=True)
 class ScanRequest:
     unit: WorkUnit
@@ -225,12 +279,17 @@ def scan_unit(req: ScanRequest) -> ScanCounts:
 
 
 def scan_corpus(
-    pool: InlinePool | WorkerPool, inputs: InputList, unit_bytes: int, opts: PrepareOptions, ui: PrepareProgress
+    pool: InlinePool | WorkerPool,
+    inputs: InputList,
+    unit_bytes: int,
+    opts: PrepareOptions,
+    ui: PrepareProgress,
+    verdicts: bool = False,
 ) -> ScanCounts:
     """Scan every unit (in parallel), deduplicate (when asked), then fix the validation threshold; UserError if there
-    is nothing to train on."""
+    is nothing to train on. `verdicts`: record the per-document decisions for the encode pass to follow."""
     budget = TRAIN_SAMPLE_CHARS if opts.train_vocab_size else CHECK_SAMPLE_CHARS
-    rule = ScanRule.of(opts, signatures=True)
+    rule = ScanRule.of(opts, signatures=True, verdicts=verdicts)
     requests = (
         ScanRequest(u, rule, math.ceil(budget * u.nbytes / max(inputs.bytes, 1)))
         for u in plan_units(inputs, unit_bytes)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dlx.data.prepare.curation import UnitVerdicts
 from dlx.data.prepare.encoders import Encoder, make_encoder
 from dlx.data.prepare.parts import DOC_DTYPE, part_paths, signature_path
 from dlx.data.prepare.scan import ScanCounts, ScanRule, documents
@@ -33,6 +34,8 @@ class EncodeSetup:
     """Where parts are written."""
     durable: bool = False
     """fsync each part before reporting it done (a task keeps its parts; a one-machine run copies and deletes them)."""
+    verdicts_file: str | None = None
+    """The scan's per-document decisions (`curation.VERDICTS_FILE`) to follow instead of running the stages again."""
 
 
 @dataclass
@@ -45,12 +48,14 @@ class UnitTokens:
 
 _setup: EncodeSetup | None = None
 _encoder: Encoder | None = None
+_verdicts: UnitVerdicts | None = None
 
 
 def setup_encoder(setup: EncodeSetup) -> None:
     """Once per worker: build the encoder (tens of ms for tiktoken, more for a 128k vocabulary)."""
-    global _setup, _encoder
+    global _setup, _encoder, _verdicts
     _setup, _encoder = setup, make_encoder(setup.encoder, setup.tokenizer_json)
+    _verdicts = UnitVerdicts(setup.verdicts_file) if setup.verdicts_file else None
 
 
 def encode_unit(unit: WorkUnit) -> UnitTokens:
@@ -58,7 +63,8 @@ def encode_unit(unit: WorkUnit) -> UnitTokens:
     assert _setup is not None and _encoder is not None, "setup_encoder must run first"
     counts = ScanCounts()
     with _Part(part_paths(_setup.spool_dir, unit.index), _setup, _encoder) as part:
-        for text, h in documents(unit, _setup.rule, counts):
+        verdicts = _verdicts(unit.index) if _verdicts is not None else None
+        for text, h in documents(unit, _setup.rule, counts, verdicts=verdicts):
             part.add(text, h)
     if _setup.rule.signatures:  # a task's signatures, for the deduplication at the merge
         with open(signature_path(_setup.spool_dir, unit.index), "wb") as f:
