@@ -74,13 +74,31 @@ def test_enumeration_covers_the_space_once():
     assert len(layouts) == 3 * (5 * 3 + 6 * 4)
 
 
+def test_hsdp_is_searched_where_the_world_size_makes_a_two_dimensional_mesh():
+    def replicas(world_size):
+        space = SearchSpace(world_size=world_size, global_batch=8, tps=(1,), compile=(False,), checkpointing=("none",))
+        return sorted({layout.dp_replicate for layout in enumerate_layouts(space) if layout.strategy == "hsdp"})
+
+    assert replicas(1) == replicas(2) == []
+    assert replicas(4) == [2]
+    assert replicas(8) == [2, 4]
+
+
+def test_calibration_keeps_the_prior_of_a_term_no_measurement_exercises():
+    costs = [LayoutCost(0.01, 0.02 * a, 0.03 * a, 0.01, 0.0) for a in (1, 2, 4, 8)]
+    model = calibrate(costs, [0.05 + 0.03 * a for a in (1, 2, 4, 8)])
+    assert model.coefficients[4:] == pytest.approx(
+        (1.0, 1.0, 1.0), rel=1e-12
+    )  # comm, scores, compiled: never nonzero, kept at their price
+
+
 def test_calibration_recovers_a_synthetic_model_and_its_order():
     rng = np.random.default_rng(0)
-    costs = [LayoutCost(*rng.uniform(0.01, 1.0, 4)) for _ in range(12)]
-    true = np.array([2.0, 0.5, 1.5, 3.0])
+    costs = [LayoutCost(*rng.uniform(0.01, 1.0, 7)) for _ in range(12)]
+    true = np.array([2.0, 0.5, 1.5, 3.0, 0.7, 1.2, 0.4])
     seconds = [float(cost.terms() @ true) for cost in costs]
-    model = calibrate(costs[:8], seconds[:8], ridge=1e-6)
-    assert np.allclose(model.coefficients, true, rtol=1e-3)
+    model = calibrate(costs[:8], seconds[:8], ridge=0.0)
+    assert np.allclose(model.coefficients, true, rtol=1e-9)
     predicted = [model.predict(cost) for cost in costs[8:]]
     assert np.argsort(predicted).tolist() == np.argsort(seconds[8:]).tolist()
 

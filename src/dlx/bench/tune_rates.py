@@ -36,7 +36,7 @@ def measure_rates(
         matmul[(kind, tokens)] = timed[(kind, capped)]
     measured_link = all_reduce_gbps(device) if group_active() and dist.get_world_size() > 1 else None
     link = measured_link or link_gbps or ASSUMED_LINK_GBPS.get(device.type, 1.0)
-    return Rates(matmul, copy_gbps(device), link, measured_link is not None)
+    return Rates(matmul, copy_gbps(device), link, measured_link is not None, device.type)
 
 
 def timed_tokens(args: ModelArgs, device: torch.device, tokens: int) -> int:

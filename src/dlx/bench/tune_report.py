@@ -104,8 +104,7 @@ def markdown_lines(result: TuneResult) -> list[str]:
         f"- world size {result.world_size}, global batch {result.global_batch} × {result.seq_len} tokens, "
         f"{result.precision}, {result.device}; {how}; {result.elapsed_s:.0f} s",
         f"- memory rule: {result.rule.describe()}",
-        f"- time model coefficients (compute, memory, comm, per micro-step): "
-        f"{', '.join(f'{x:.3g}' for x in result.model.coefficients)} after {result.model.measured_points} measured",
+        f"- time model coefficients ({result.model.describe()}) after {result.model.measured_points} measured",
         "",
         "| layout | predicted step s | measured step s | tokens/s | MFU % | estimate GB | peak GB | why dropped |",
         "|---|---|---|---|---|---|---|---|",

@@ -30,12 +30,22 @@ class StrategyRow:
     """The strategy's own `parallel` keys, one mapping per variant searched."""
     single_replica_only: bool = False
     """Only where there is one data-parallel replica (strategy none)."""
+    replica_groups: bool = False
+    """One variant per parallel.dp_replicate that makes a 2-D mesh: a divisor of the data-parallel ranks strictly
+    between 1 (which is fsdp) and all of them (which is replication alone) (strategy hsdp)."""
+
+    def variants_at(self, dp: int) -> tuple[dict[str, Any], ...]:
+        """The variants searched where there are `dp` data-parallel ranks."""
+        if self.replica_groups:
+            return tuple({"dp_replicate": d} for d in divisors_of(dp) if 1 < d < dp)
+        return self.variants
 
 
 STRATEGY_ROWS = (
     StrategyRow("none", single_replica_only=True),
     StrategyRow("ddp"),
     StrategyRow("fsdp"),
+    StrategyRow("hsdp", replica_groups=True),
     StrategyRow("deepspeed", ({"zero_stage": 1}, {"zero_stage": 2}, {"zero_stage": 3})),
 )
 """The strategies searched, in order of preference when predictions tie."""
@@ -71,6 +81,10 @@ class Layout:
     @property
     def zero_stage(self) -> int:
         return int(dict(self.strategy_keys).get("zero_stage", 2))
+
+    @property
+    def dp_replicate(self) -> int:
+        return int(dict(self.strategy_keys).get("dp_replicate", 1))
 
     def recipe_keys(self) -> dict[str, dict[str, Any]]:
         """The recipe keys this layout sets, by section."""
@@ -155,7 +169,7 @@ def enumerate_layouts(space: SearchSpace) -> list[Layout]:
         if row.single_replica_only and dp > 1:
             continue
         for variant, checkpointing, micro, compile_on, float8, attention in itertools.product(
-            row.variants,
+            row.variants_at(dp),
             space.checkpointing,
             divisors_of(space.global_batch // dp),
             space.compile,
