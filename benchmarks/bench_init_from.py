@@ -95,13 +95,13 @@ def load(contender: str, folder: str):
     import torch
 
     if contender == "dlx init_from fp32":
-        from dlx.train.init_from import resolve_source
         from dlx.train.model_build import build_model
         from dlx.train.recipe import load_recipe
+        from dlx.train.trained import resolve_trained
 
         options = ["--model.init_from", folder, "--model.max_seq_len", "2048", "--train.max_steps", "1"]
         config = load_recipe(None, [*options, "--data.seq_len", "64"])
-        return build_model(config, torch.device("cpu"), resolve_source(folder))
+        return build_model(config, torch.device("cpu"), resolve_trained(folder, "model.init_from"))
     if contender == "dlx load_hf bf16":
         from dlx.model.hf import load_hf
 

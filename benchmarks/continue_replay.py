@@ -25,8 +25,7 @@ import torch
 
 from dlx.data.prepare.tokenizer import train_bpe
 from dlx.data.tokenizer_extend import extend_json, learn_merges, word_counts
-from dlx.train.checkpoint import load_checkpoint_model
-from dlx.train.trained import find_tokenizer, resolve_trained
+from dlx.train.trained import load_trained, resolve_trained
 
 
 @dataclass(frozen=True)
@@ -80,8 +79,8 @@ def train(run_dir: Path, plan: ReplayPlan, steps: int, options: dict[str, str]) 
 @torch.no_grad()
 def bits_per_byte(run_dir: Path, text: str, seq_len: int) -> float:
     """The model's summed cross-entropy over every token of `text` after the first, in bits per UTF-8 byte."""
-    checkpoint = resolve_trained(run_dir)
-    model, tokenizer = load_checkpoint_model(checkpoint).eval(), find_tokenizer(checkpoint)
+    trained = load_trained(resolve_trained(run_dir, "continue_replay"), torch.device("cpu"))
+    model, tokenizer = trained.model.eval(), trained.tokenizer
     ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False).ids)
     nats = 0.0
     for start in range(0, len(ids) - 1, seq_len):

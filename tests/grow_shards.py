@@ -16,12 +16,13 @@ from torch.distributed.fsdp import fully_shard
 from dlx.model.hf import read_hf_args
 from dlx.model.io import empty_model
 from dlx.model.llama import Transformer
-from dlx.train.init_from import load_initial_weights, resolve_source
+from dlx.train.model_build import load_initial_weights
+from dlx.train.trained import resolve_trained
 
 
 def main(hf_dir: str, tokenizer: str, vocab_size: str, report: str) -> None:
     dist.init_process_group("gloo")
-    source = resolve_source(hf_dir)
+    source = resolve_trained(hf_dir, "model.init_from")
     args = read_hf_args(hf_dir).model_copy(update={"vocab_size": int(vocab_size)})
     with torch.device("meta"):
         model = Transformer(args)

@@ -14,12 +14,13 @@ from torch.distributed.fsdp import fully_shard
 
 from dlx.model.hf import load_hf, read_hf_args
 from dlx.model.llama import Transformer
-from dlx.train.init_from import load_initial_weights, resolve_source
+from dlx.train.model_build import load_initial_weights
+from dlx.train.trained import resolve_trained
 
 
 def main(hf_dir: str, report: str) -> None:
     dist.init_process_group("gloo")
-    source = resolve_source(hf_dir)
+    source = resolve_trained(hf_dir, "model.init_from")
     with torch.device("meta"):
         model = Transformer(read_hf_args(hf_dir))
     for block in model.layers:

@@ -23,7 +23,7 @@ from dlx.train.checkpoint import (
     load_checkpoint_model,
     read_checkpoint,
 )
-from dlx.train.init_from import resolve_source
+from dlx.train.trained import resolve_trained
 from train_helpers import TINY, train_quietly
 
 pytestmark = [pytest.mark.faults]
@@ -80,7 +80,7 @@ def test_planted_dcp_metadata_runs_nothing_on_any_load_path(run_dir, tmp_path):
     with pytest.raises(UserError, match=r"\.metadata refused: it names pathlib\.Path\.write_text"):
         load_checkpoint_model(newest)  # dlx generate, dlx eval, dlx export-hf CHECKPOINT
     with pytest.raises(UserError, match=r"metadata cannot be read .*refused"):
-        resolve_source(newest).check()  # model.init_from
+        resolve_trained(newest, "model.init_from").check()  # model.init_from
     assert not marker.exists(), "a planted pickle ran"
 
 

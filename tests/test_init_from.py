@@ -14,10 +14,10 @@ import torch
 from dlx.errors import UserError
 from dlx.model.io import load_model, save_model
 from dlx.train.data import build_train_loader
-from dlx.train.init_from import resolve_source
 from dlx.train.launch import launch
 from dlx.train.model_build import build_model
 from dlx.train.recipe import load_recipe
+from dlx.train.trained import resolve_trained
 from hf_helpers import BASE, next_token_loss, write_hf_llama
 from train_helpers import TINY, losses, make_dataset, run_cli, train_quietly
 
@@ -55,7 +55,7 @@ def test_logits_equal_transformers_after_init_from(layout, hf_dir, dataset, tmp_
     config = load_recipe(None, from_hf(folder, dataset))
     args = config.model.args
     assert (args.dim, args.n_layers, args.kv_heads, args.vocab_size, args.ffn_hidden_dim) == (64, 2, 2, 300, 200)
-    model = build_model(config, CPU, resolve_source(folder)).eval()
+    model = build_model(config, CPU, resolve_trained(folder, "model.init_from")).eval()
     assert next(model.parameters()).dtype == torch.float32  # trained in fp32 master weights, whatever was stored
     hf = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     tokens = torch.randint(0, 300, (2, 48), generator=torch.Generator().manual_seed(1))
@@ -197,12 +197,12 @@ def test_init_from_a_run_a_checkpoint_and_a_model_folder(tmp_path):
         (previous, "checkpoint", previous),
         (tmp_path / "model", "model", tmp_path / "model"),
     ]:
-        source = resolve_source(given)
+        source = resolve_trained(given, "model.init_from")
         assert (source.kind, source.weights, source.notes) == (kind, weights, ())
         built, saved = build_model(config, CPU, source).state_dict(), load_model(weights).state_dict()
         assert all(torch.equal(built[name], saved[name]) for name in saved)
     (newest / "model.safetensors").write_bytes(b"\0" * 16)  # a damaged newest checkpoint is passed over, and said so
-    source = resolve_source(run_dir)
+    source = resolve_trained(run_dir, "model.init_from")
     assert source.weights == previous and "step-00000002 is damaged" in source.notes[0]
     options = [*BASE, "--model.init_from", str(run_dir), "--train.max_steps", "1"]
     assert launch(None, options, tmp_path / "b", resume=False) == 0

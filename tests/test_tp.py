@@ -26,8 +26,9 @@ from dlx.parallel.strategy import Strategy, check_format
 from dlx.parallel.tensor import check_layout
 from dlx.train.checkpoint import load_checkpoint_model
 from dlx.train.config import build_config
-from dlx.train.init_from import load_initial_weights, resolve_source
 from dlx.train.launch import launch
+from dlx.train.model_build import load_initial_weights
+from dlx.train.trained import resolve_trained
 from test_parallel import LOSS_TOLERANCE, PARAM_TOLERANCE, RUN, TESTS, final_weights, max_difference, torchrun
 from train_helpers import losses, run_cli, train_quietly
 
@@ -145,7 +146,7 @@ def test_export_hf_reads_a_dcp_checkpoint(tp2_run, tmp_path):
     assert sorted(exported) == sorted(dlx_to_hf_name(name) for name in saved)
     assert all(torch.equal(exported[dlx_to_hf_name(name)], tensor) for name, tensor in saved.items())
     run_dir = resumable_copy(tp2_run[0], tmp_path)  # its newest checkpoint is step 2: DCP shards only
-    found = resolve_source(run_dir, role="dlx export-hf")
+    found = resolve_trained(run_dir, "dlx export-hf")
     assert found.weights == run_dir / "checkpoints" / step2.name
     earlier = load_checkpoint_model(found.weights).state_dict()
     assert not torch.equal(earlier["output.weight"], saved["output.weight"])
@@ -156,7 +157,7 @@ def test_init_from_reads_a_checkpoint_that_has_dcp_shards_only(tp2_run, tmp_path
     one process (the weights export-hf reads) and shard-wise under fsdp 2 (the same first loss); with neither weights
     shards it is one line."""
     step2 = tp2_run[0] / "checkpoints" / "step-00000002"
-    source = resolve_source(step2)
+    source = resolve_trained(step2, "model.init_from")
     assert source.in_shards
     source.check()
     model = empty_model(source.args(), "cpu")
@@ -174,7 +175,7 @@ def test_init_from_reads_a_checkpoint_that_has_dcp_shards_only(tp2_run, tmp_path
     shutil.copytree(step2, no_shards)
     shutil.rmtree(no_shards / "dcp")
     with pytest.raises(UserError, match=r"no-shards: the checkpoint is damaged \(dcp/\.metadata is missing\)"):
-        resolve_source(no_shards)
+        resolve_trained(no_shards, "model.init_from")
 
 
 def test_materialised_model_is_the_seeded_init():

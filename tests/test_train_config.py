@@ -138,6 +138,6 @@ def test_validation_reads_no_weights_the_recipe_loader_does(tmp_path):
     missing = str(tmp_path / "gone")
     raw = {"model": {"preset": "debug", "init_from": missing}, "data": {"seq_len": 16}, "train": {"max_steps": 1}}
     config = build_config(raw)
-    assert config.model.init_source is None and config.model.args == resolve_model_args("debug")
+    assert config.model.init is None and config.model.args == resolve_model_args("debug")
     with pytest.raises(UserError, match=r"^recipe: model\.init_from \S+gone does not exist or is not a folder"):
         load_recipe(None, [], base=raw)

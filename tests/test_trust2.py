@@ -31,8 +31,9 @@ from dlx.errors import UserError
 from dlx.metrics.estimate import plan_memory
 from dlx.parallel.distributed import DistEnv
 from dlx.train import memory_check
-from dlx.train.init_from import InitSource, bos_difference
+from dlx.train.model_build import bos_difference
 from dlx.train.recipe import load_recipe
+from dlx.train.trained import TrainedSource
 from prepare_helpers import make_documents, read_documents, write_jsonl
 from train_helpers import TINY, make_dataset, train_quietly
 
@@ -123,7 +124,7 @@ def test_data_info_and_the_encoders_state_the_choice(llama_style, corpus, tmp_pa
 
 def test_init_from_says_when_the_data_starts_documents_otherwise(llama_style, corpus, tmp_path):
     plain = prepared(tmp_path / "plain", corpus, llama_style, add_bos=False)
-    source = InitSource(tmp_path, "hf", tmp_path, llama_style)
+    source = TrainedSource(str(tmp_path), tmp_path, "hf", tmp_path, llama_style)
     note = bos_difference(source, plain / "tokenizer.json")
     assert note is not None and "puts no BOS before its documents" in note and "again with --bos" in note
     assert "\n" not in note

@@ -20,8 +20,8 @@ from dlx.data.shards import read_manifest, verify_shards
 from dlx.data.source import LoaderSettings
 from dlx.errors import UserError
 from dlx.train.checkpoint import DamagedCheckpoint, find_resumable, list_checkpoints, read_checkpoint
-from dlx.train.init_from import resolve_source
 from dlx.train.launch import launch
+from dlx.train.trained import resolve_trained
 from train_helpers import TINY, make_dataset, train_quietly
 
 pytestmark = pytest.mark.usefixtures("in_process_training")
@@ -98,7 +98,7 @@ def test_same_size_garbage_is_damaged_and_the_resume_falls_back(run_dir, name, c
     with pytest.raises(DamagedCheckpoint, match=f"{name} has the recorded size but not the recorded SHA-256"):
         read_checkpoint(newest)
     with pytest.raises(UserError, match=r"the checkpoint is damaged .*SHA-256"):
-        resolve_source(newest)  # model.init_from
+        resolve_trained(newest, "model.init_from")  # model.init_from
     assert find_resumable(run_dir, say=lambda line: None).path == previous
 
 

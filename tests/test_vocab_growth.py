@@ -16,10 +16,10 @@ from cpt_helpers import base_tokenizer, chinese_text, english_texts
 from dlx.data.tokenizer_extend import extend_tokenizer
 from dlx.errors import UserError
 from dlx.model.hf import save_hf
-from dlx.train.init_from import resolve_source
 from dlx.train.launch import launch
 from dlx.train.model_build import build_model
 from dlx.train.recipe import load_recipe
+from dlx.train.trained import resolve_trained
 from hf_helpers import BASE, write_hf_llama
 from train_helpers import make_dataset
 
@@ -71,7 +71,7 @@ def test_the_vocabulary_grows_to_a_multiple_of_pad_vocab_to(setup):
 
 def test_old_logits_are_the_base_models_and_new_rows_the_mean_of_their_pieces(setup):
     config = load_recipe(None, from_hf(setup))
-    grown = build_model(config, CPU, resolve_source(setup["hf"])).eval()
+    grown = build_model(config, CPU, resolve_trained(setup["hf"], "model.init_from")).eval()
     base = transformers.LlamaForCausalLM.from_pretrained(setup["hf"], dtype=torch.float32).eval()
     tokens = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -91,7 +91,7 @@ def test_old_logits_are_the_base_models_and_new_rows_the_mean_of_their_pieces(se
 
 def test_the_grown_export_round_trips_through_transformers(setup, tmp_path):
     config = load_recipe(None, from_hf(setup))
-    grown = build_model(config, CPU, resolve_source(setup["hf"])).eval()
+    grown = build_model(config, CPU, resolve_trained(setup["hf"], "model.init_from")).eval()
     out = save_hf(grown, tmp_path / "export", tokenizer=setup["ext"])
     hf = transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     assert json.loads((out / "config.json").read_text())["vocab_size"] == 384

@@ -42,7 +42,7 @@ from dlx.parallel import distributed
 from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.precision import resolve_precision
 from dlx.train.config import RunConfig
-from dlx.train.recipe import apply_overrides, load_recipe, parse_overrides, read_recipe_file, resolve_init_from
+from dlx.train.recipe import apply_overrides, load_recipe, parse_overrides, read_recipe_file
 
 STOP_MARGIN = 0.05
 """Stop once the best unmeasured prediction is this much slower than the best measured step."""
@@ -170,9 +170,8 @@ def candidates_of(
         float8=(kept["train.float8"],) if "train.float8" in kept else space.float8,
     )
     layouts = [layout for layout in enumerate_layouts(space) if holds_kept(layout.as_dict(), kept)]
-    init_from = resolve_init_from(raw.get("model"), False)
     rule = memory_rule(device, settings.memory_limit_gb, settings.margin)
-    return admit(raw, layouts, args, init_from, world_size, device, precision, rule), rule
+    return admit(raw, layouts, base, world_size, device, precision, rule), rule
 
 
 def holds_kept(values: dict[str, Any], kept: dict[str, Any]) -> bool:

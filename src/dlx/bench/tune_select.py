@@ -24,7 +24,6 @@ from dlx.bench.tune_model import LayoutCost, training_shape
 from dlx.bench.tune_space import Layout, layout_recipe
 from dlx.errors import UserError
 from dlx.metrics.estimate import plan_memory
-from dlx.model.args import ModelArgs
 from dlx.parallel.tensor import check_layout
 from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.train.config import RunConfig, build_config
@@ -85,19 +84,19 @@ def memory_rule(device: torch.device, limit_gb: float | None, margin: float | No
 def admit(
     raw: dict[str, Any],
     layouts: list[Layout],
-    args: ModelArgs,
-    init_from: Any,
+    base: RunConfig,
     world_size: int,
     device: torch.device,
     precision: str,
     rule: MemoryRule,
 ) -> list[Candidate]:
-    """Every layout as a candidate; those the recipe refuses or the memory rule does not admit carry `drop`."""
-    candidates = []
+    """Every layout as a candidate; those the recipe refuses or the memory rule does not admit carry `drop`. `base`:
+    the recipe as loaded, whose model (and model.init_from's weights, read once) every layout shares."""
+    candidates, args = [], base.model.args
     for layout in layouts:
         candidate = Candidate(layout)
         try:
-            candidate.config = build_config(layout_recipe(raw, layout), init_from)
+            candidate.config = build_config(layout_recipe(raw, layout), base.model.init)
             check_layout(candidate.config.parallel, world_size)
         except UserError as e:
             candidate.drop = str(e).removeprefix("recipe: ")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -37,21 +36,25 @@ def eval_checkpoint(
     dlx's passkey retrieval; print lm-eval's table, or with --json its results object ({"results": {task:
     {"acc,none": ...}}, ...}; passkey's cells as tasks of their own)."""
     from dlx.errors import UserError
-    from dlx.train.remote_run import pull_source
     from dlx.train.tasks import evaluate_checkpoint
+    from dlx.train.trained import resolve_trained, say_on_stderr
 
-    path = Path(pull_source(path, "dlx eval"))
     names = [name.strip() for name in tasks.split(",") if name.strip()]
     if not names:
         raise UserError("--tasks names no task; give lm-eval task names or YAML paths, e.g. dlx_stdlib_next_line")
     harness = [name for name in names if name != "passkey"]
-    results = evaluate_checkpoint(path, harness, task_dir, limit, device) if harness else {"results": {}}
+    if harness:
+        from dlx.evals.harness import check_lm_eval
+
+        check_lm_eval("dlx eval")  # before a URL's model is downloaded
+    found = resolve_trained(path, "dlx eval", say_on_stderr)
+    results = evaluate_checkpoint(found, harness, task_dir, limit, device) if harness else {"results": {}}
     if "passkey" in names:
         from dlx import device as dev
         from dlx.evals.passkey import passkey_results, run_passkey, score_table
         from dlx.train.trained import load_trained
 
-        trained = load_trained(path, dev.resolve_device(device))
+        trained = load_trained(found, dev.resolve_device(device))
         scores = run_passkey(trained.model, trained.tokenizer, None, (0.0, 0.5, 1.0), limit or 5, 0)
         results["results"].update(passkey_results(scores))
         if not as_json:

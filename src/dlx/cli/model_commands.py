@@ -13,8 +13,8 @@ def params(
     model: Annotated[
         str,
         typer.Argument(
-            help="A preset name (see `dlx params --list`), a YAML/JSON of ModelArgs, or a Hugging Face or dlx model "
-            "folder (its config.json / model_args.json)."
+            help="A preset name (see `dlx params --list`), a YAML/JSON of ModelArgs, or a trained model: a run "
+            "folder, a checkpoint, a Hugging Face or dlx model folder (also as an s3://, gs://, hf:// URL)."
         ),
     ] = "",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
@@ -44,7 +44,9 @@ def params(
             )
         console.print(table)
         return
-    args = resolve_model_args(model)
+    from dlx.train.trained import model_args_of
+
+    args = model_args_of(model, "dlx params")
     stats = model_stats(args)
     if as_json:
         payload = {
@@ -93,17 +95,15 @@ def export_hf(
     from dlx.device import PRECISION_DTYPES
     from dlx.errors import UserError
     from dlx.model.hf import save_hf
-    from dlx.train.checkpoint import load_checkpoint_model
-    from dlx.train.init_from import export_context, resolve_source
+    from dlx.train.init_from import export_context
+    from dlx.train.trained import resolve_trained, say_on_stderr
 
     if dtype != "keep" and dtype not in PRECISION_DTYPES:
         raise UserError(f"--dtype {dtype!r}: choose keep, {', '.join(PRECISION_DTYPES)}")
-    from dlx.train.remote_run import pull_source
-
-    found = resolve_source(pull_source(source, "dlx export-hf"), role="dlx export-hf")
+    found = resolve_trained(source, "dlx export-hf", say_on_stderr)
     if found.kind == "hf":
         raise UserError(f"{source} is a Hugging Face folder already; give a run folder, checkpoint or dlx model folder")
-    model = load_checkpoint_model(found.weights)  # model.safetensors, or the whole weights read from dcp/
+    model = found.load()  # model.safetensors, or the whole weights read from dcp/
     if dtype != "keep":
         model.to(PRECISION_DTYPES[dtype])
     context, why = export_context(found)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -23,8 +22,12 @@ def _numbers(text: str, kind: type, option: str) -> list:
 
 def passkey(
     path: Annotated[
-        Path,
-        typer.Argument(metavar="RUN_DIR_OR_CHECKPOINT", help="A run folder or a checkpoint."),
+        str,
+        typer.Argument(
+            metavar="RUN_DIR_OR_CHECKPOINT",
+            help="A run folder, a checkpoint, a dlx or Hugging Face model folder; also an s3://, gs://, hf:// run "
+            "folder or checkpoint.",
+        ),
     ],
     lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens, comma-separated.")] = "256,512,1024",
     depths: Annotated[str, typer.Option(help="Needle depths, fractions of the context, comma-separated.")] = "0,0.5,1",
@@ -37,9 +40,9 @@ def passkey(
     and the answer's log-likelihood (teacher-forced, one forward pass per prompt)."""
     from dlx import device as dev
     from dlx.evals.passkey import run_passkey, score_table
-    from dlx.train.trained import load_trained
+    from dlx.train.trained import load_trained, resolve_trained, say_on_stderr
 
-    trained = load_trained(path, dev.resolve_device(device))
+    trained = load_trained(resolve_trained(path, "dlx passkey", say_on_stderr), dev.resolve_device(device))
     length_list, depth_list = _numbers(lengths, int, "--lengths"), _numbers(depths, float, "--depths")
     scores = run_passkey(trained.model, trained.tokenizer, length_list, depth_list, samples, seed)
     if as_json:

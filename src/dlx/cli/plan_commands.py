@@ -12,7 +12,8 @@ def plan(
     model: Annotated[
         str,
         typer.Argument(
-            help="A preset name, a YAML/JSON of ModelArgs, or a Hugging Face or dlx model folder (its config.json)."
+            help="A preset name, a YAML/JSON of ModelArgs, or a trained model: a run folder, a checkpoint, a "
+            "Hugging Face or dlx model folder (also as an s3://, gs://, hf:// URL)."
         ),
     ],
     seq_len: Annotated[int, typer.Option(help="Tokens per sequence.")] = 2048,
@@ -74,10 +75,10 @@ def plan_summary(model: str, shape: Any, gpu: str, mfu: float, memory_gb: float)
     from dlx.metrics.communication import communication_bytes
     from dlx.metrics.estimate import GB, max_micro_batch, plan_memory
     from dlx.metrics.peak import gpu_peak
-    from dlx.model.presets import resolve_model_args
     from dlx.parallel.tensor import divisibility_problem
+    from dlx.train.trained import model_args_of
 
-    args = resolve_model_args(model)
+    args = model_args_of(model, "dlx plan")
     problem = divisibility_problem(args, shape.tp, "--tp")
     if problem:
         raise UserError(problem.replace("model.", "the model's "))

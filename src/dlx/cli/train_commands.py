@@ -101,9 +101,11 @@ def take_auto(args: list[str]) -> tuple[list[str], bool]:
 
 def generate(
     path: Annotated[
-        Path,
+        str,
         typer.Argument(
-            metavar="RUN_DIR_OR_CHECKPOINT", help="A run folder (its newest complete checkpoint) or a checkpoint."
+            metavar="RUN_DIR_OR_CHECKPOINT",
+            help="A run folder (its newest complete checkpoint), a checkpoint, a dlx or Hugging Face model folder; "
+            "also an s3://, gs://, hf:// run folder or checkpoint.",
         ),
     ],
     prompt: Annotated[str, typer.Option("--prompt", help="Text to continue.")],

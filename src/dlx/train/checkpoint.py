@@ -380,9 +380,9 @@ def with_observer_states(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-def read_checkpoint(path: Path, checksums: bool = True) -> LoadedCheckpoint:
-    """Read and check every file of a checkpoint into memory; DamagedCheckpoint says what is wrong. `checksums=False`
-    skips the SHA-256s (the ranks reading a checkpoint rank 0 has just verified)."""
+def read_model_state(path: Path, checksums: bool = True) -> TrainerState:
+    """trainer_state.json (`read_trainer_state`) and the layout's own metadata checked safe to read (DCP's .metadata,
+    DeepSpeed's files): what reading the weights needs, without reading them; DamagedCheckpoint otherwise."""
     state = read_trainer_state(path, checksums)
     try:
         if state.format == "dcp":
@@ -391,6 +391,13 @@ def read_checkpoint(path: Path, checksums: bool = True) -> LoadedCheckpoint:
             check_deepspeed_files(path / DEEPSPEED_FOLDER)  # rank 0 decides before the ranks load together
     except UserError as e:
         raise DamagedCheckpoint(str(e).split("; ")[0]) from None
+    return state
+
+
+def read_checkpoint(path: Path, checksums: bool = True) -> LoadedCheckpoint:
+    """Read and check every file of a checkpoint into memory; DamagedCheckpoint says what is wrong. `checksums=False`
+    skips the SHA-256s (the ranks reading a checkpoint rank 0 has just verified)."""
+    state = read_model_state(path, checksums)
     try:
         weights = load_file(str(path / WEIGHTS_FILE)) if state.format == "full" else {}  # else in dcp/ or deepspeed/
         train_state = torch.load(path / OPTIMIZER_STATE_FILE, map_location="cpu", weights_only=True)

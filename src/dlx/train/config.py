@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import (
     BaseModel,
@@ -31,6 +31,15 @@ from dlx.model.presets import PRESETS, resolve_model_args
 from dlx.parallel.config import ParallelConfig, sequence_problem
 from dlx.parallel.traits import STRATEGY_TRAITS
 
+
+class ResolvedInit(Protocol):
+    """model.init_from as the recipe loader resolved it (`dlx.train.init_from.InitFrom`): the recipe takes its model
+    shape from it."""
+
+    @property
+    def args(self) -> ModelArgs: ...
+
+
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False, validate_assignment=True)
 
 
@@ -46,7 +55,7 @@ class ModelSection(BaseModel):
     pad_vocab_to: int = Field(64, ge=1, le=1 << 16)
     """init_from with data whose tokenizer extends the weights': the grown vocabulary is a multiple of this."""
     _args: ModelArgs | None = PrivateAttr(None)
-    _source: Any = PrivateAttr(None)
+    _init: ResolvedInit | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _resolve(self, info: ValidationInfo) -> ModelSection:
@@ -54,9 +63,9 @@ class ModelSection(BaseModel):
         problem = model_overrides_problem(overrides)
         if problem:
             raise ValueError(problem)
-        weights = (info.context or {}).get("init_from")
-        if self.init_from and weights is not None:
-            self._source, self._args = weights
+        init = (info.context or {}).get("init")
+        if self.init_from and init is not None:
+            self._init, self._args = init, init.args
             return self
         try:
             self._args = resolve_model_args(self.preset, **overrides)
@@ -72,9 +81,9 @@ class ModelSection(BaseModel):
         return self._args
 
     @property
-    def init_source(self) -> Any:
-        """The `dlx.train.init_from.InitSource` the recipe loader resolved init_from to; None without one."""
-        return self._source
+    def init(self) -> Any:
+        """init_from as the recipe loader resolved it (`dlx.train.init_from.resolve_init`); None without one."""
+        return self._init
 
     def resolved(self) -> dict[str, Any]:
         """The preset name, init_from and every ModelArgs field, as written into the run folder."""
@@ -456,12 +465,12 @@ def _allowed_keys(section: str) -> str:
     return f"{section} keys are {', '.join(info.alias or key for key, info in fields.items())}"
 
 
-def build_config(raw: dict[str, Any], init_from: tuple[Any, ModelArgs] | None = None) -> RunConfig:
-    """Validate a recipe mapping into a RunConfig, or raise UserError with one line. Reads no file: `init_from` is
-    model.init_from resolved by the recipe loader (its InitSource and the weights' shape); without it the model's
+def build_config(raw: dict[str, Any], init: ResolvedInit | None = None) -> RunConfig:
+    """Validate a recipe mapping into a RunConfig, or raise UserError with one line. Reads no file: `init` is
+    model.init_from resolved by the recipe loader (its weights and the run's model shape); without it the model's
     shape comes from the preset and the `model.*` keys (as in a run folder's config.yaml, which spells every field)."""
     try:
-        return RunConfig.model_validate(raw, context={"init_from": init_from})
+        return RunConfig.model_validate(raw, context={"init": init})
     except ValidationError as e:
         # One line even when the message quotes a value that holds a line break.
         raise UserError(f"recipe: {describe_error(e)}".replace("\n", "\\n")) from None

@@ -10,8 +10,7 @@ import yaml
 
 from dlx.atomic import atomic_write_text
 from dlx.errors import UserError
-from dlx.model.args import ModelArgs
-from dlx.train.config import SECTIONS, RunConfig, build_config, model_overrides_problem
+from dlx.train.config import SECTIONS, RunConfig, build_config
 from dlx.train.folder import RUN_CONFIG_FILE
 
 
@@ -143,59 +142,17 @@ def apply_overrides(raw: dict[str, Any], overrides: list[tuple[str, str, str]]) 
 def load_recipe(
     path: str | Path | None, overrides: list[str], base: dict[str, Any] | None = None, resuming: bool = False
 ) -> RunConfig:
-    """The recipe file (or `base`, or the defaults), with command-line overrides, validated; model.init_from's
-    folder read here, once. `resuming`: the run continues from its checkpoint, so init_from's weights may be gone
-    (the run folder's config.yaml then gives the shape)."""
+    """The recipe file (or `base`, or the defaults), with command-line overrides, validated once; model.init_from's
+    folder read here, once (`dlx.train.init_from.resolve_init`). `resuming`: the run continues from its checkpoint, so
+    init_from's weights may be gone (the run folder's config.yaml then gives the shape)."""
     raw = read_recipe_file(path) if path is not None else dict(base or {})
     raw = apply_overrides(raw, parse_overrides(overrides))
-    resolved = resolve_init_from(raw.get("model"), resuming)
-    config = build_config(raw, resolved)
-    grown = vocabulary_after_growth(config)
-    if grown is None:
-        return config
-    raw = {**raw, "model": {**raw.get("model", {}), "vocab_size": grown}}
-    return build_config(raw, resolve_init_from(raw["model"], resuming, resolved[0] if resolved else None))
+    init = None
+    if isinstance(raw.get("model"), dict) and raw["model"].get("init_from"):
+        from dlx.train.init_from import resolve_init  # torch: only for a recipe that needs it
 
-
-def resolve_init_from(model: Any, resuming: bool, source: Any = None) -> tuple[Any, ModelArgs] | None:
-    """model.init_from's InitSource and the weights' shape (checked against the preset and `model.*` keys); None
-    without init_from, when validation will refuse the section anyway, or when a resumed run's weights are gone.
-    `source`: the InitSource already resolved for this recipe (its folder is not read again)."""
-    if not isinstance(model, dict) or not isinstance(model.get("init_from"), str) or not model["init_from"]:
-        return None
-    overrides = {key: value for key, value in model.items() if key not in ("preset", "init_from", "pad_vocab_to")}
-    if (resuming and not Path(model["init_from"]).exists()) or model_overrides_problem(overrides):
-        return None
-    from dlx.train.init_from import resolve_init_args, resolve_source  # torch: only for a recipe that needs it
-
-    try:
-        source = source or resolve_source(model["init_from"])
-        return source, resolve_init_args(source, model.get("preset"), overrides)
-    except UserError as e:
-        message = str(e)
-        raise UserError(f"recipe: {message}" if message.startswith("model.") else f"recipe: model: {message}") from None
-
-
-def vocabulary_after_growth(config: RunConfig) -> int | None:
-    """With model.init_from and a dataset whose tokenizer extends the weights' beyond their rows: the vocabulary the
-    model grows to (`dlx.train.vocab_growth`); None otherwise."""
-    init_from = config.model.init_from
-    if not init_from or config.model.init_source is None:  # a resumed run whose initial weights are gone
-        return None
-    from dlx.train.vocab_growth import dataset_tokenizer, grown_vocab_size
-
-    data = dataset_tokenizer(config.data.path, config.data.mix)
-    args = config.model.args
-    if data is None or data[1] <= args.vocab_size:
-        return None
-    source = config.model.init_source
-    if source.in_shards:
-        raise UserError(
-            f"model.init_from {init_from}: growing the vocabulary reads {source.weights}/model.safetensors, which this "
-            "sharded checkpoint lacks; give a checkpoint with full weights (checkpoint.full_weights last or every)"
-        )
-    where = f"data.path {config.data.path}" if not config.data.mix else "the data.mix sources"
-    return grown_vocab_size(args.vocab_size, source.tokenizer, data, config.model.pad_vocab_to, where)
+        init = resolve_init(raw, resuming)
+    return build_config(raw, init)
 
 
 def config_yaml(config: RunConfig) -> str:

@@ -20,11 +20,11 @@ from dlx.train import folder
 from dlx.train.config import CheckpointSection, RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo
-from dlx.train.init_from import InitSource
 from dlx.train.optim import ScheduledLR
 from dlx.train.recipe import write_resolved
 from dlx.train.runlock import RunLock
 from dlx.train.step_plan import StepPlan
+from dlx.train.trained import TrainedSource
 
 
 def unused_checkpoint_keys(section: CheckpointSection, checkpoint_format: str) -> list[str]:
@@ -122,7 +122,7 @@ def release_run_dir(lock: RunLock, resume: bool) -> None:
     lock.release()
 
 
-def create_run_dir(config: RunConfig, run_dir: Path, data_info: DatasetInfo, init: InitSource | None = None) -> None:
+def create_run_dir(config: RunConfig, run_dir: Path, data_info: DatasetInfo, init: TrainedSource | None = None) -> None:
     """config.yaml, the tokenizer (the dataset's, else the initial weights'), where the initial weights came from;
     each file written whole (a reader or an upload sees it complete or absent)."""
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,6 @@ from dlx.train.attention import choose_for_run
 from dlx.train.config import RunConfig
 from dlx.train.console import RunConsole
 from dlx.train.data import DatasetInfo, build_train_loader
-from dlx.train.init_from import InitSource
 from dlx.train.model_build import build_run_strategy, initial_weights, meta_model, resolve_initial_weights
 from dlx.train.objective import Objective, build_objective
 from dlx.train.observe import build_observers, check_observers
@@ -35,6 +34,7 @@ from dlx.train.runlock import RunLock
 from dlx.train.signals import GracefulStop
 from dlx.train.start import build_header, check_start
 from dlx.train.step_plan import StepPlan, plan_steps
+from dlx.train.trained import TrainedSource
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ class Run:
     """The start-up header, repeated in report.md."""
     objective: Objective = field(default_factory=Objective)
     """The z-loss (train.z_loss) and document ids for the model (data.document_mask), in the step and in eval."""
-    init: InitSource | None = None
-    """Where the initial weights came from (model.init_from), when they were loaded."""
+    init: TrainedSource | None = None
+    """Where the run's starting weights came from, when it started from trained ones (not its checkpoint)."""
     lock: RunLock | None = None
     """The run folder's writer lock, held by rank 0 (dlx.train.runlock)."""
     heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(None, 0, 1, 0.0))

@@ -14,13 +14,9 @@ from dlx import device as dev
 from dlx.data.prepare.tokenizer import document_bos_id, encode_prompt
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.errors import UserError
-from dlx.model.hf import HF_CONFIG_FILE, load_hf
-from dlx.model.io import ARGS_FILE
-from dlx.train.checkpoint import load_checkpoint_model
 from dlx.train.config import EvalSection
-from dlx.train.init_from import find_tokenizer_file
 from dlx.train.observer import Observer
-from dlx.train.trained import find_tokenizer, resolve_trained
+from dlx.train.trained import load_trained, resolve_trained, say_on_stderr
 
 if TYPE_CHECKING:
     from dlx.metrics.logger import MetricsLogger
@@ -28,7 +24,7 @@ if TYPE_CHECKING:
 
 
 def sample_text(
-    path: Path,
+    path: str | Path,
     prompt: str,
     max_new_tokens: int = 100,
     temperature: float = 0.8,
@@ -37,15 +33,11 @@ def sample_text(
     seed: int = 0,
     device: str = "auto",
 ) -> str:
-    checkpoint = resolve_trained(path)
-    tokenizer = find_tokenizer(checkpoint)
-    bos_id = trained_bos_id(find_tokenizer_file(checkpoint))
-    torch_device = dev.resolve_device(device)
-    if (checkpoint / HF_CONFIG_FILE).is_file() and not (checkpoint / ARGS_FILE).is_file():  # a Hugging Face folder
-        model = load_hf(checkpoint, torch_device)
-    else:
-        model = load_checkpoint_model(checkpoint, torch_device)
-    return continue_text(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed, bos_id)
+    trained = load_trained(resolve_trained(path, "dlx generate", say_on_stderr), dev.resolve_device(device))
+    bos_id = trained_bos_id(trained.source.tokenizer)
+    return continue_text(
+        trained.model, trained.tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed, bos_id
+    )
 
 
 def trained_bos_id(tokenizer_file: Path) -> int | None:

@@ -21,13 +21,14 @@ from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.precision import Precision, build_precision
 from dlx.train.config import RunConfig
 from dlx.train.data import DatasetInfo, inspect_dataset
-from dlx.train.init_from import InitSource, describe_changes
+from dlx.train.init_from import describe_changes
 from dlx.train.memory_check import check_memory
 from dlx.train.observe import bpb_note, check_wandb_installed
 from dlx.train.observer import ObserverList
 from dlx.train.preflight import Preflight, run_preflight
 from dlx.train.restore import resolve_run_dir
 from dlx.train.step_plan import StepPlan, header_lines
+from dlx.train.trained import TrainedSource
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def build_header(
     meter: ThroughputMeter,
     preflight: Preflight | None,
     observers: ObserverList,
-    init: InitSource | None,
+    init: TrainedSource | None,
     data_info: DatasetInfo,
 ) -> list[str]:
     """The start-up header: the step plan, the model and device, the meter's conventions, what preflight checked,

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from dlx.parallel.distributed import DistEnv
     from dlx.precision import Precision
     from dlx.train.console import RunConsole
+    from dlx.train.trained import TrainedSource
 
 
 def load_run_tasks(config: EvalSection, tokenizer: Path | None, main_decides: Any) -> TaskSet | None:
@@ -136,22 +137,22 @@ def build_task_evaluation(
 
 
 def evaluate_checkpoint(
-    path: Path, tasks: list[str], task_dir: str | None, limit: int | None, device: str = "auto"
+    found: TrainedSource, tasks: list[str], task_dir: str | None, limit: int | None, device: str = "auto"
 ) -> dict[str, Any]:
-    """`dlx eval`: lm-eval's results object for a run folder's newest checkpoint, a checkpoint (whole weights or DCP
-    shards of any layout) or a dlx model folder, through the adapter a run uses, with its tokenizer."""
+    """`dlx eval`: lm-eval's results object for the model `dlx.train.trained.resolve_trained` found (a run folder's
+    newest checkpoint, a checkpoint of any layout or a dlx model folder, local or a URL), through the adapter a run
+    uses, with its tokenizer."""
     from dlx import device as dev
     from dlx.evals.adapter import build_adapter
     from dlx.evals.harness import check_lm_eval, load_tasks
-    from dlx.train.checkpoint import load_checkpoint_model
-    from dlx.train.init_from import resolve_source
 
     check_lm_eval("dlx eval")
-    found = resolve_source(path, role="dlx eval")
     if found.kind == "hf":
-        raise UserError(f"{path} is a Hugging Face folder; evaluate it with `lm_eval --model hf`, or give a dlx run")
+        raise UserError(
+            f"{found.given} is a Hugging Face folder; evaluate it with `lm_eval --model hf`, or give a dlx run"
+        )
     if found.tokenizer is None:
         raise UserError(f"no tokenizer.json beside {found.weights} or in its run folder; copy the dataset's there")
     task_set = load_tasks(tasks, task_dir, limit, option="--tasks")
-    model = load_checkpoint_model(found.weights, dev.resolve_device(device)).eval()
+    model = found.load(dev.resolve_device(device)).eval()
     return task_set.run(build_adapter(model, found.tokenizer))

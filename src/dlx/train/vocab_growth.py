@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 
+from dlx.data.mixture.sources import parse_mix
 from dlx.data.shards import TOKENIZER_FILE, read_manifest
-from dlx.data.tokenizer_identity import describe_extension_problem, is_extension, read_identity
+from dlx.data.tokenizer_identity import describe_extension_problem, read_identity
 from dlx.errors import UserError
 from dlx.model.io import StoredTensor
 from dlx.parallel.materialize import local_region
@@ -26,10 +28,18 @@ from dlx.parallel.materialize import local_region
 VOCAB_TENSORS = ("tok_embeddings.weight", "output.weight")
 
 
-def dataset_tokenizer(data_path: str | None, mix: dict[str, float] | None) -> tuple[Path, int] | None:
+def dataset_tokenizer(data_path: Any, mix: Any) -> tuple[Path, int] | None:
     """The dataset's tokenizer.json and vocabulary size (a data.mix's first source: they share one); None for
-    synthetic data or a folder that is not a prepared dataset (the data checks say why later)."""
-    folder = Path(next(iter(sorted(mix))) if mix else data_path or "")
+    synthetic data, a folder that is not a prepared dataset or a data section validation refuses (the data checks
+    say why later). `mix` as the recipe gives it: a mapping, or `PATH=W,...`."""
+    if isinstance(mix, str):
+        try:
+            mix = parse_mix(mix)
+        except ValueError:
+            return None
+    if mix and (not isinstance(mix, dict) or not all(isinstance(key, str) for key in mix)):
+        return None
+    folder = Path(next(iter(sorted(mix))) if mix else data_path if isinstance(data_path, str) else "")
     if not (folder / TOKENIZER_FILE).is_file():
         return None
     try:
@@ -38,20 +48,32 @@ def dataset_tokenizer(data_path: str | None, mix: dict[str, float] | None) -> tu
         return None
 
 
-def grown_vocab_size(
-    weights_vocab: int, weights_tokenizer: Path | None, data: tuple[Path, int] | None, pad_to: int, where: str
-) -> int | None:
-    """The vocabulary the model grows to when the data's tokens outnumber the weights' rows and the weights come with
-    a tokenizer; None when it does not grow. The data's tokenizer must extend the weights' (one line otherwise)."""
-    if data is None or data[1] <= weights_vocab or weights_tokenizer is None:
-        return None  # without the weights' tokenizer nothing says the data's extends it: the data check refuses it
-    tokenizer, data_vocab = data
-    problem = describe_extension_problem(read_identity(weights_tokenizer), read_identity(tokenizer))
+def data_extends_weights(weights_tokenizer: Path | None, data_tokenizer: Path | None, where: str) -> bool:
+    """Whether the data's tokenizer is a strict extension of the weights' (`dlx tokenizer extend`: every old token at
+    its id, new ones after), whose new rows start from their pieces; False when it is the weights' own or either is
+    unknown. A tokenizer that is neither is one line naming `where` (the data) and the fix."""
+    if weights_tokenizer is None or data_tokenizer is None:
+        return False
+    base, data = read_identity(weights_tokenizer), read_identity(data_tokenizer)
+    problem = describe_extension_problem(base, data)
     if problem is not None:
         raise UserError(
             f"{where} was prepared with a tokenizer that is neither model.init_from's {weights_tokenizer} nor an "
-            f"extension of it ({problem}); prepare it with that tokenizer or one `dlx tokenizer extend` made from it"
+            f"extension of it ({problem}); prepare the data again with --tokenizer {weights_tokenizer} (or one "
+            "`dlx tokenizer extend` made from it)"
         )
+    return data.vocab_size > base.vocab_size
+
+
+def grown_vocab_size(
+    weights_vocab: int, weights_tokenizer: Path | None, data: tuple[Path, int], pad_to: int, where: str
+) -> int | None:
+    """The vocabulary the model grows to when the data's tokens outnumber the weights' rows and the weights come with
+    a tokenizer; None when it does not grow. The data's tokenizer must extend the weights' (one line otherwise)."""
+    tokenizer, data_vocab = data
+    if data_vocab <= weights_vocab or weights_tokenizer is None:
+        return None  # without the weights' tokenizer nothing says the data's extends it: the data check refuses it
+    data_extends_weights(weights_tokenizer, tokenizer, where)
     return pad_to * math.ceil(data_vocab / pad_to)
 
 
@@ -88,10 +110,3 @@ def fill_grown(
         target = params[name]
         local = target.to_local() if hasattr(target, "to_local") else target
         local.copy_(whole[local_region(target)].to(local.dtype))
-
-
-def extends(weights_tokenizer: Path | None, data_tokenizer: Path | None) -> bool:
-    """The data's tokenizer is a strict extension of the weights' (new rows to initialise from pieces)."""
-    if weights_tokenizer is None or data_tokenizer is None:
-        return False
-    return is_extension(read_identity(weights_tokenizer), read_identity(data_tokenizer))
