@@ -68,28 +68,25 @@ def communication_rows(work: Path) -> list[str]:
 
 
 def plan_rows() -> list[str]:
-    rows = [
+    header = [
         "| model | seq len | cp | peak GB per GPU | activations GB | cp sent GB/step | FSDP sent GB/step |",
         "|---|---|---|---|---|---|---|",
     ]
-    for model in ("llama3.2-1b", "llama3-8b"):
-        args = resolve_model_args(model)
-        for seq_len in (32768, 65536, 131072):
-            for cp in (1, 8):
-                shape = TrainingShape(
-                    seq_len=seq_len,
-                    micro_batch=1,
-                    strategy="fsdp",
-                    world_size=8,
-                    cp=cp,
-                    activation_checkpointing="full",
-                )
-                plan, sent = plan_memory(args, shape), communication_bytes(args, shape)
-                rows.append(
-                    f"| {model} | {seq_len:,} | {cp} | {plan.total_gb:.1f} | {plan.activations_gb:.2f} | "
-                    f"{sent.context_parallel / 1e9:.2f} | {sent.sharding / 1e9:.2f} |"
-                )
-    return rows
+    models, seq_lens = ("llama3.2-1b", "llama3-8b"), (32768, 65536, 131072)
+    return header + [plan_row(model, seq_len, cp) for model in models for seq_len in seq_lens for cp in (1, 8)]
+
+
+def plan_row(model: str, seq_len: int, cp: int) -> str:
+    """`dlx plan`'s peak memory and communication for one model at one sequence length and cp degree (8 GPUs)."""
+    args = resolve_model_args(model)
+    shape = TrainingShape(
+        seq_len=seq_len, micro_batch=1, strategy="fsdp", world_size=8, cp=cp, activation_checkpointing="full"
+    )
+    plan, sent = plan_memory(args, shape), communication_bytes(args, shape)
+    return (
+        f"| {model} | {seq_len:,} | {cp} | {plan.total_gb:.1f} | {plan.activations_gb:.2f} | "
+        f"{sent.context_parallel / 1e9:.2f} | {sent.sharding / 1e9:.2f} |"
+    )
 
 
 def main() -> None:

@@ -47,7 +47,7 @@ from dlx.train.model_build import build_model, build_run_strategy
 from dlx.train.objective import build_objective
 from dlx.train.step_plan import plan_steps
 from dlx.train.trainer import accumulate_gradients
-from peers.contenders import round_parser, spread
+from peers.contenders import batches_per_second, round_parser, spread
 from peers.record import environment, publish
 
 TOKENS_PER_STEP = 2048
@@ -147,13 +147,7 @@ def write_synthetic_dataset(folder: Path, n_tokens: int, offset: int) -> Path:
 
 def loader_tokens_per_second(make: Callable, seconds: float) -> float:
     with make() as it:
-        for _ in itertools.islice(it, 20):  # warm-up: worker start, first pages
-            pass
-        n, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            for _ in itertools.islice(it, 50):
-                n += 1
-        return n * LOADER_BATCH * LOADER_SEQ / (time.perf_counter() - start)
+        return batches_per_second(it, seconds, chunk=50) * LOADER_BATCH * LOADER_SEQ
 
 
 def mixture_sampling(rounds: int, seconds: float) -> dict[str, list[float]]:

@@ -51,6 +51,7 @@ import loader_contest as contest
 from dlx.data.loader.windows import SplitSpec, TokenWindows
 from dlx.data.shards import Manifest, ShardInfo, sha256_file, write_manifest
 from loader_contenders import CONTENDERS, make_loader
+from peers.contenders import batches_per_second
 from peers.record import environment, record_section
 
 VOCAB, SEQ, BATCH, PREFETCH = 8192, 256, 8, 4
@@ -182,13 +183,7 @@ def gil_tax(folder: Path, turns: int, busy_rounds: int, block: int = 5) -> tuple
 def tokens_per_second(contender: str, folder: Path, seconds: float, num_workers: int) -> float:
     options = {"seq_len": SEQ, "micro_batch_size": BATCH, "num_workers": num_workers, "prefetch": PREFETCH}
     with make_loader(contender, folder, **options) as it:
-        for _ in itertools.islice(it, 20):  # warm-up: worker start
-            pass
-        n, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            for _ in itertools.islice(it, 100):
-                n += 1
-        return n * BATCH * SEQ / (time.perf_counter() - start)
+        return batches_per_second(it, seconds, chunk=100) * BATCH * SEQ
 
 
 def demo_train_tokens_per_second(batches: list[Batch], steps: int) -> float:

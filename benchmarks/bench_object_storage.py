@@ -17,6 +17,7 @@ import argparse
 import inspect
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -123,26 +124,11 @@ def kill_and_resume(endpoint, data_url: str, local_data: Path, work: Path) -> di
     from dlx.train.remote_run import complete_checkpoints
 
     env = {**os.environ, **endpoint.env(), "DLX_STAGING_DIR": str(work / "staging"), "OMP_NUM_THREADS": "1"}
-    common = [
-        "--model.preset",
-        "demo",
-        "--data.seq_len",
-        "256",
-        "--data.micro_batch_size",
-        "4",
-        "--train.max_steps",
-        "16",
-        "--checkpoint.every",
-        "4",
-        "--eval.every",
-        "0",
-        "--log.every",
-        "1",
-        "--log.progress",
-        "false",
-        "--train.precision",
-        "fp32",
-    ]
+    common = shlex.split(
+        "--model.preset demo --data.seq_len 256 --data.micro_batch_size 4 --train.max_steps 16"
+        " --checkpoint.every 4 --eval.every 0 --log.every 1 --log.progress false"
+        " --train.precision fp32"
+    )
     proc = dlx_command(["pretrain", *common, "--data.path", str(local_data), "--run-dir", "local"], env, work)
     run_until(proc, None)
     reference = losses_of((work / "local" / "metrics.jsonl").read_text().splitlines())

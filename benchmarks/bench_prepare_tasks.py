@@ -26,8 +26,6 @@ import argparse
 import datetime
 import json
 import math
-import os
-import platform
 import re
 import shlex
 import shutil
@@ -41,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from bench_tokenize import build_corpus
+from bench_tokenize import add_corpus_options, build_corpus
 from dlx.data.prepare import merge_tasks, prepare_task, units
 from dlx.data.prepare.inputs import InputList
 from dlx.data.prepare.parts import copy_split
@@ -49,10 +47,11 @@ from dlx.data.prepare.readers import read_file
 from dlx.data.prepare.tokenizer import train_bpe
 from dlx.data.prepare.writer import ShardWriter
 from dlx.data.shards import read_manifest
-from peers.record import cpu_name, machine_load
+from peers.record import environment as shared_environment
+from peers.record import package_versions, publish
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTION = "## Prepare across machines"
+SECTION = "Prepare across machines"
 CORPUS_TB = 5.0
 NODES, CORES = 16, 64
 SYNTHETIC_DOC_CHARS = 1000
@@ -270,17 +269,9 @@ def projection(part1: dict, part2: dict) -> list[str]:
 
 
 def environment(tok_name: str) -> list[str]:
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    cpu = cpu_name()
-    from importlib.metadata import version
-
-    return [
-        f"- command: `{shlex.join(['python', *sys.argv])}` (from the repository root)",
-        f"- git: {sha.strip()}; python {platform.python_version()}, tokenizers {version('tokenizers')}, "
-        f"tiktoken {version('tiktoken')}, ijson {version('ijson')}, numpy {version('numpy')}",
-        f"- hardware: {cpu}, {os.cpu_count()} logical CPUs; {machine_load()}",
-        f"- tokenizer: {tok_name}",
-    ]
+    """The command, git SHA, versions and hardware (peers.record), the tokenizer libraries, and the tokenizer."""
+    libraries = package_versions("tokenizers", "tiktoken", "ijson", "numpy")
+    return [*shared_environment(["src/dlx", "benchmarks"]), f"- libraries: {libraries}", f"- tokenizer: {tok_name}"]
 
 
 def report(part1: dict, part2: dict, arrays: dict, corpus_mb: float, rounds: int) -> list[str]:
@@ -333,29 +324,12 @@ def report(part1: dict, part2: dict, arrays: dict, corpus_mb: float, rounds: int
     return lines
 
 
-def record_results(path: Path, lines: list[str]) -> None:
-    """Append this run at the end of its section (the section is created at the end of the file if missing)."""
-    text = path.read_text()
-    entry = "\n".join(lines) + "\n"
-    start = text.find(f"\n{SECTION}\n")
-    if start < 0:
-        intro = f"\n\n{SECTION}\n\nMeasured by `benchmarks/bench_prepare_tasks.py`; see its docstring.\n\n"
-        text = text.rstrip("\n") + intro + entry
-    else:
-        end = text.find("\n## ", start + 1)
-        end = len(text) if end < 0 else end + 1
-        text = text[:end].rstrip("\n") + "\n\n" + entry + ("\n" + text[end:] if end < len(text) else "")
-    path.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of part 1")
     parser.add_argument("--units", type=int, default=10_000, help="work units of part 2")
     parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--code-mb", type=float, default=24.0)
-    parser.add_argument("--english-mb", type=float, default=6.0)
-    parser.add_argument("--chinese-mb", type=float, default=8.0)
+    add_corpus_options(parser, code_mb=24.0, english_mb=6.0, chinese_mb=8.0)
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to BENCHMARKS.md")
     args = parser.parse_args()
     docs = build_corpus(args.code_mb, args.english_mb, args.chinese_mb)
@@ -377,9 +351,9 @@ def main() -> None:
         *report(part1, part2, arrays, corpus_mb, args.rounds),
         *projection(part1, part2),
     ]
-    print("\n".join(lines))
-    if not args.no_record:
-        record_results(ROOT / "BENCHMARKS.md", lines)
+    publish(
+        SECTION, "Measured by `benchmarks/bench_prepare_tasks.py`; see its docstring.", lines, record=not args.no_record
+    )
 
 
 if __name__ == "__main__":

@@ -59,14 +59,8 @@ def write_source(folder: Path, seed: int, n_tokens: int) -> Path:
         tokens.tofile(path)
         info = ShardInfo(name=path.name, split=split, tokens=n, documents=int((tokens == 0).sum()) or 1, sha256="")
         shards.append(info.model_copy(update={"sha256": sha256_file(path)}))
-    manifest = Manifest(
-        dtype="uint16",
-        vocab_size=512,
-        eos_id=0,
-        tokenizer_sha256=sha256_file(folder / "tokenizer.json"),
-        shards=shards,
-        complete=True,
-    )
+    sha = sha256_file(folder / "tokenizer.json")
+    manifest = Manifest(dtype="uint16", vocab_size=512, eos_id=0, tokenizer_sha256=sha, shards=shards, complete=True)
     write_manifest(folder, manifest)
     return folder
 

@@ -179,9 +179,7 @@ def main() -> None:
     header = environment(["src/dlx", "benchmarks"])
     with tempfile.TemporaryDirectory(prefix="dlx-bench-heal-") as name:
         tmp = Path(name)
-        data = args.data or tmp / "stdlib-8k"
-        if args.data is None:
-            prepare_demo_data(data)
+        data = demo_data(args.data, tmp)
         healed = restart(tmp, data, args.steps, kill_after=args.steps // 2)
         spike_rows = spikes(tmp, data, args.steps * 2, at=args.steps + 5)
         hang_s, named = hang(tmp, data, args.timeout_s)
@@ -221,14 +219,20 @@ def restart_rows(healed: dict[str, float | str]) -> list[str]:
     ]
 
 
+def demo_data(given: Path | None, tmp: Path) -> Path:
+    """The dataset given, else the demo's stdlib dataset prepared under `tmp`."""
+    data = given or tmp / "stdlib-8k"
+    if given is None:
+        prepare_demo_data(data)
+    return data
+
+
 def restart_only(args: argparse.Namespace) -> None:
     """The restart measurement alone, on a larger preset (its checkpoint is what the restart reads back)."""
     header = environment(["src/dlx", "benchmarks"])
     with tempfile.TemporaryDirectory(prefix="dlx-bench-heal-") as name:
         tmp = Path(name)
-        data = args.data or tmp / "stdlib-8k"
-        if args.data is None:
-            prepare_demo_data(data)
+        data = demo_data(args.data, tmp)
         healed = restart(tmp, data, args.steps, kill_after=args.steps // 2, model=args.restart_only)
     lines = [
         f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z} (restart only: {args.restart_only})",

@@ -26,26 +26,21 @@ import ast
 import datetime
 import json
 import os
-import platform
 import random
-import shlex
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-import tokenizers
 from tokenizers import Tokenizer
 
 from dlx.data.prepare import prepare_dataset
 from dlx.data.prepare.encoders import TiktokenEncoder
 from dlx.data.prepare.inputs import InputList
 from dlx.data.prepare.tokenizer import train_bpe
-from peers.record import cpu_name, machine_load
+from peers.record import environment as shared_environment
+from peers.record import package_versions, publish
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH_BYTES = 1 << 20
@@ -98,6 +93,13 @@ def chinese_documents(total_bytes: int, rng: random.Random) -> list[str]:
         docs.append(doc)
         size += len(doc.encode())
     return docs
+
+
+def add_corpus_options(parser: argparse.ArgumentParser, code_mb: float, english_mb: float, chinese_mb: float) -> None:
+    """--code-mb, --english-mb and --chinese-mb: the size of each part of `build_corpus`'s corpus."""
+    parser.add_argument("--code-mb", type=float, default=code_mb)
+    parser.add_argument("--english-mb", type=float, default=english_mb)
+    parser.add_argument("--chinese-mb", type=float, default=chinese_mb)
 
 
 def build_corpus(code_mb: float, english_mb: float, chinese_mb: float) -> list[str]:
@@ -192,36 +194,13 @@ def table(seconds: dict[str, list[float]], cpu_share: dict[str, float], text_byt
 
 
 def environment(tokenizer_name: str) -> list[str]:
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    cpu = cpu_name()
+    """The command, git SHA, versions and hardware (peers.record), the tokenizer libraries, and the tokenizer."""
+    libraries = package_versions("tokenizers", "tiktoken", "numpy")
     return [
-        f"- command: `{shlex.join(['python', *sys.argv])}` (from the repository root)",
-        f"- git: {sha.strip()}; python {platform.python_version()}, tokenizers {tokenizers.__version__}, "
-        f"tiktoken {_version('tiktoken')}, numpy {np.__version__}",
-        f"- hardware: {cpu}, {os.cpu_count()} logical CPUs; {machine_load()}",
+        *shared_environment(["src/dlx", "benchmarks"]),
+        f"- libraries: {libraries}",
         f"- tokenizer: {tokenizer_name}",
     ]
-
-
-def _version(package: str) -> str:
-    from importlib.metadata import version
-
-    return version(package)
-
-
-def record_results(path: Path, lines: list[str]) -> None:
-    """Append this run at the end of the "## Tokenization" section (created at the end of the file if missing)."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    entry = "\n".join(lines) + "\n"
-    start = text.find("\n## Tokenization\n")
-    if start < 0:
-        intro = "\n\n## Tokenization\n\nMeasured by `benchmarks/bench_tokenize.py`; see its docstring.\n\n"
-        text = text.rstrip("\n") + intro + entry
-    else:
-        end = text.find("\n## ", start + 1)
-        end = len(text) if end < 0 else end + 1
-        text = text[:end].rstrip("\n") + "\n\n" + entry + ("\n" + text[end:] if end < len(text) else "")
-    path.write_text(text)
 
 
 def main() -> None:
@@ -229,9 +208,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, help="a tokenizer.json to measure (default: train a 32k BPE)")
     parser.add_argument("--vocab", type=int, default=32000, help="vocabulary of the trained tokenizer")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each path")
-    parser.add_argument("--code-mb", type=float, default=12.0)
-    parser.add_argument("--english-mb", type=float, default=4.0)
-    parser.add_argument("--chinese-mb", type=float, default=4.0)
+    add_corpus_options(parser, code_mb=12.0, english_mb=4.0, chinese_mb=4.0)
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to BENCHMARKS.md")
     args = parser.parse_args()
     docs = build_corpus(args.code_mb, args.english_mb, args.chinese_mb)
@@ -260,9 +237,12 @@ def main() -> None:
         "",
         NOTE,
     ]
-    print("\n".join(lines))
-    if not args.no_record:
-        record_results(ROOT / "BENCHMARKS.md", lines)
+    publish(
+        "Tokenization",
+        "Measured by `benchmarks/bench_tokenize.py`; see its docstring.",
+        lines,
+        record=not args.no_record,
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -40,30 +41,11 @@ LAYOUTS = [  # (label, ranks, strategy, tp)
     ("fsdp 2 × tp 2", 4, "fsdp", 2),
     ("ddp 2 × tp 2", 4, "ddp", 2),
 ]
-SAVE_RUN = [
-    "--model.preset",
-    "demo",
-    "--data.seq_len",
-    "256",
-    "--data.micro_batch_size",
-    "4",
-    "--train.precision",
-    "fp32",
-    "--train.max_steps",
-    "12",
-    "--checkpoint.every",
-    "2",
-    "--checkpoint.keep_last",
-    "2",
-    "--eval.every",
-    "0",
-    "--log.every",
-    "1",
-    "--log.progress",
-    "false",
-    "--parallel.strategy",
-    "fsdp",
-]
+SAVE_RUN = shlex.split(
+    "--model.preset demo --data.seq_len 256 --data.micro_batch_size 4 --train.precision fp32"
+    " --train.max_steps 12 --checkpoint.every 2 --checkpoint.keep_last 2 --eval.every 0"
+    " --log.every 1 --log.progress false --parallel.strategy fsdp"
+)
 
 
 def launch(args: list[str], ranks: int, cwd: Path, timeout: float = 1200) -> None:

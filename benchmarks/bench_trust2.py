@@ -59,17 +59,9 @@ def synthetic_dataset(folder: Path, n_bytes: int) -> Path:
         rng.integers(0, 8192, n, dtype=np.uint16).tofile(path)
         shards.append(ShardInfo(name=path.name, split="train", tokens=n, documents=1, sha256=sha256_file(path)))
         left, index = left - n, index + 1
-    write_manifest(
-        folder,
-        Manifest(
-            dtype="uint16",
-            vocab_size=8192,
-            eos_id=0,
-            tokenizer_sha256=sha256_file(folder / "tokenizer.json"),
-            shards=shards,
-            complete=True,
-        ),
-    )
+    sha = sha256_file(folder / "tokenizer.json")
+    manifest = Manifest(dtype="uint16", vocab_size=8192, eos_id=0, tokenizer_sha256=sha, shards=shards, complete=True)
+    write_manifest(folder, manifest)
     return folder
 
 

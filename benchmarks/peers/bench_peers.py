@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, so that `peers` imports as a package
 from dlx.precision import resolve_precision
 from peers.contenders import BARE, BATCH, DLX, HF, SEQ, TOKENS_PER_STEP, build, round_parser, rounds, spread
-from peers.record import environment, publish
+from peers.record import PEERS_SECTION, environment, publish
 
 WATCHED = ["src/dlx/train", "src/dlx/metrics", "src/dlx/model", "benchmarks/peers"]
 
@@ -100,9 +100,7 @@ def main() -> None:
         "",
         *ratio_table(results, precisions, auto),
     ]
-    publish(
-        "Peers", "Measured by `benchmarks/peers/bench_peers.py`; see its docstring.", lines, record=not args.no_record
-    )
+    publish(*PEERS_SECTION, lines, record=not args.no_record)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from peers.record import ROOT, environment, publish  # noqa: E402
+from peers.record import PEERS_SECTION, ROOT, environment, publish  # noqa: E402
 from peers.titan import TITAN  # noqa: E402
 
 WATCHED = ["src/dlx/train", "src/dlx/model", "benchmarks/peers"]
@@ -130,9 +130,7 @@ def main() -> None:
         "",
         *install_lines(),
     ]
-    publish(
-        "Peers", "Measured by `benchmarks/peers/bench_peers.py`; see its docstring.", lines, record=not args.no_record
-    )
+    publish(*PEERS_SECTION, lines, record=not args.no_record)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
+import itertools
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -217,3 +219,15 @@ def round_parser(description: str, rounds: int, steps: int, warmup: int) -> argp
     parser.add_argument("--no-hf", action="store_true", help="leave HF Trainer out")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to BENCHMARKS.md")
     return parser
+
+
+def batches_per_second(batches: Iterator, seconds: float, chunk: int) -> float:
+    """Batches a started loader yields per second over `seconds` (after 20 batches of warm-up: worker start, first
+    pages), counted `chunk` at a time."""
+    for _ in itertools.islice(batches, 20):
+        pass
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in itertools.islice(batches, chunk):
+            n += 1
+    return n / (time.perf_counter() - start)

@@ -17,6 +17,8 @@ from dlx.atomic import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
+PEERS_SECTION = ("Peers", "Measured by `benchmarks/peers/bench_peers.py`; see its docstring.")
+"""The section and intro of dlx against its peers (bench_peers.py, bench_titan.py): `publish(*PEERS_SECTION, ...)`."""
 
 
 def cpu_name() -> str:
@@ -36,6 +38,13 @@ def versions() -> str:
 
         text += f", transformers {transformers.__version__}, accelerate {accelerate.__version__}"
     return text
+
+
+def package_versions(*names: str) -> str:
+    """ "name version" of each installed package, comma-separated (the libraries a benchmark's figures depend on)."""
+    from importlib.metadata import version
+
+    return ", ".join(f"{name} {version(name)}" for name in names)
 
 
 def environment(watched: list[str]) -> list[str]:

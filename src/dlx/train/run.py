@@ -145,7 +145,6 @@ def build_run(
         state, last = restore(run_dir, resume, loaded, strategy, scheduler, loader, console)
         main_decides(lambda: create_run_dir(config, run_dir, data_info, init))
     announce_resume(config, state, last, plan, strategy, console)
-    announce_order(getattr(loader, "order", ""), console)
     logger = MetricsLogger(run_dir, config.log.tensorboard, env.is_main, resume_step=state.step if resume else None)
     timer = PhaseTimer(device)
     meter = ThroughputMeter(config.model.args, config.data.seq_len, device, precision.name, env.world_size)
@@ -168,7 +167,7 @@ def build_run(
         data_info=data_info,
         observers=observers,
         progress=read_progress(run_dir, state, last),
-        header=build_header(config, plan, strategy, device, meter, start.preflight, observers, init, data_info),
+        header=build_header(config, plan, strategy, device, meter, start, observers, init, loader),
         objective=build_objective(config.train.z_loss, config.data.document_mask, data_info.eos_id),
         init=init,
         lock=lock,
@@ -177,13 +176,3 @@ def build_run(
     observers.load_state_dict(state.observers)
     observers.attach(run)
     return run
-
-
-def announce_order(order: str, console: RunConsole) -> None:
-    """One line when a dataset in object storage is read in shard blocks (larger than data.cache_gb)."""
-    if order.startswith("shard-blocks-"):
-        blocks = order.removeprefix("shard-blocks-")
-        console.print(
-            f"data order: {order} (the dataset is larger than data.cache_gb: shuffled in blocks of {blocks} shards, "
-            "each shard downloaded about once per epoch)"
-        )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from dlx.data.source import BatchSource
 from dlx.errors import UserError
 from dlx.metrics.meter import ThroughputMeter
 from dlx.parallel.build import check_strategy_installed
@@ -77,20 +78,20 @@ def build_header(
     strategy: Strategy,
     device: torch.device,
     meter: ThroughputMeter,
-    preflight: Preflight | None,
+    start: StartChecks,
     observers: ObserverList,
     init: TrainedSource | None,
-    data_info: DatasetInfo,
+    loader: BatchSource,
 ) -> list[str]:
     """The start-up header: the step plan, the model and device, the meter's conventions, what preflight checked,
-    the observers' lines, where the initial weights came from, float8, and why validation has no bits per byte when
-    it has none."""
+    the observers' lines, where the initial weights came from, float8, the data order when it is shard blocks, and
+    why validation has no bits per byte when it has none."""
     from dlx.device import device_name
 
     # ds_numel: a ZeRO-3 parameter's full size (its local tensor is empty); a DTensor's numel is already the full one
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in strategy.model.parameters() if p.requires_grad)
     header = header_lines(plan, trainable, strategy.precision.name, device_name(device)) + meter.header()
-    header += preflight.lines() if preflight else []
+    header += start.preflight.lines() if start.preflight else []
     header += observers.header()
     if init is not None:
         header.append(f"initial weights: {init.describe()}")
@@ -99,4 +100,16 @@ def build_header(
             header.append(f"changed at init_from: {', '.join(changes)}")
     if config.train.float8:
         header += float8_header(strategy.model, config.train.float8_recipe, device)
-    return header + bpb_note(config, data_info)
+    order = getattr(loader, "order", "")  # a mixture or synthetic source has no shard order
+    return header + order_note(order) + bpb_note(config, start.data_info)
+
+
+def order_note(order: str) -> list[str]:
+    """One line when a dataset in object storage is read in shard blocks (larger than data.cache_gb)."""
+    if not order.startswith("shard-blocks-"):
+        return []
+    blocks = order.removeprefix("shard-blocks-")
+    return [
+        f"data order: {order} (the dataset is larger than data.cache_gb: shuffled in blocks of {blocks} shards, "
+        "each shard downloaded about once per epoch)"
+    ]
