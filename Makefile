@@ -4,6 +4,8 @@ VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dlx-installed
+# two pytest-xdist workers: the suite is mostly subprocesses and torchrun ranks waiting on each other (13 min, not 21)
+PYTEST_ARGS ?= -n 2
 
 .PHONY: setup demo test lint bench clean
 

@@ -120,9 +120,7 @@ class DataSection(BaseModel):
     prefetch: int = Field(4, gt=0, le=1024)
     """Batches the loader keeps ready ahead of the step."""
     shuffle: bool = True
-    """Visit the training windows in a seeded random order each epoch; a dataset in object storage larger than
-    data.cache_gb is shuffled in blocks of whole shards (two blocks fit the cache, each shard downloaded about once
-    per epoch; `dlx.data.loader.shard_blocks`), and the loader state records which order a resume must keep."""
+    """Windows in a seeded random order each epoch; shard blocks for a bucket dataset over data.cache_gb."""
     mix: dict[str, float] | None = None
     """Datasets and weights instead of data.path: {PATH: W, ...}, or PATH=W,PATH=W; windows are drawn by weight."""
     document_mask: bool = False
