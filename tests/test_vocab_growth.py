@@ -69,6 +69,21 @@ def test_the_vocabulary_grows_to_a_multiple_of_pad_vocab_to(setup):
     assert load_recipe(None, from_hf(setup, "--model.pad_vocab_to", "1")).model.args.vocab_size == 340
 
 
+def test_a_grown_vocabulary_validates_the_recipe_once(setup, monkeypatch):
+    from dlx.train.config import RunConfig
+
+    validations = []
+    original = RunConfig.model_validate.__func__
+
+    def counted(cls, *args, **kwargs):
+        validations.append(1)
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(RunConfig, "model_validate", classmethod(counted))
+    assert load_recipe(None, from_hf(setup)).model.args.vocab_size == 384
+    assert len(validations) == 1
+
+
 def test_old_logits_are_the_base_models_and_new_rows_the_mean_of_their_pieces(setup):
     config = load_recipe(None, from_hf(setup))
     grown = build_model(config, CPU, resolve_trained(setup["hf"], "model.init_from")).eval()
