@@ -61,6 +61,8 @@ class LoaderSettings:
     """Bytes of shards a dataset in object storage may keep in its local cache, per split and rank (0: no bound)."""
     cache_policy: str = "belady"
     """Which cached shard makes room: `belady` (needed furthest ahead) or `lru` (benchmarks compare them)."""
+    cache_downloads: int = 4
+    """Shards of a dataset in object storage downloaded at once ahead of the reads (their round trips overlap)."""
 
     def __post_init__(self) -> None:
         for name, minimum in (
@@ -70,6 +72,7 @@ class LoaderSettings:
             ("world_size", 1),
             ("num_workers", 0),
             ("prefetch", 1),
+            ("cache_downloads", 1),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:

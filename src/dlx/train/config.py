@@ -131,6 +131,8 @@ class DataSection(BaseModel):
     """Local folder for datasets in object storage (s3://, gs://, hf://); empty: ~/.cache/dlx/datasets."""
     cache_gb: float = Field(50.0, gt=0)
     """GB of shards a dataset in object storage keeps in cache_dir per split and rank (furthest-needed goes first)."""
+    cache_downloads: int = Field(4, ge=1, le=64)
+    """Shards of a dataset in object storage downloaded at once, in the order the coming batches read them."""
 
     @field_validator("mix", mode="before")
     @classmethod

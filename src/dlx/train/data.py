@@ -76,6 +76,7 @@ def loader_settings(
         device=device,
         verify=data.verify,
         cache_bytes=int(data.cache_gb * 1e9),
+        cache_downloads=data.cache_downloads,
     )
 
 

@@ -79,11 +79,11 @@ def pull_run(url: str, key: str = "--run-dir") -> Path:
         if name != CHECKPOINTS_DIR and storage.exists(storage.join(url, name)) and "." in name:
             storage.download(storage.join(url, name), staging / name)
     complete = complete_checkpoints(url)
+    (staging / CHECKPOINTS_DIR).mkdir(exist_ok=True)
+    for local in list_checkpoints(staging):  # newer local ones never reached the bucket: the bucket's run wins, as
+        if not complete or local.name > complete[0]:  # its metrics.jsonl, just downloaded, ends where they began
+            shutil.rmtree(local)
     if complete:
-        (staging / CHECKPOINTS_DIR).mkdir(exist_ok=True)
-        for local in list_checkpoints(staging):  # newer local ones never reached the bucket: the bucket's run wins
-            if local.name > complete[0]:
-                shutil.rmtree(local)
         pull_checkpoint(url, staging, complete[0])
     return staging
 

@@ -1,7 +1,8 @@
 """A bounded local cache of one split's shards in object storage, filled in the order the loader will read them.
 
 The loader's order is a pure function of the seed and the position, so the shards every future batch reads are known
-before it is read. `ShardCache` downloads them ahead of the trainer (a prefetch thread walks the future batches) and,
+before it is read. `ShardCache` downloads them ahead of the trainer (`downloads` prefetch threads walk the future
+batches, each taking the first shard not yet present nor in flight, so the round trips of small requests overlap) and,
 when the cache is full, evicts the shard whose next use lies furthest in the future (Belady's rule, optimal for a
 known sequence); it prefetches a shard only when it can make room without evicting one needed sooner. `policy="lru"`
 evicts the least recently used shard instead (for `benchmarks/bench_object_storage.py` to compare).
@@ -12,7 +13,9 @@ killed run are deleted, every shard already there is hashed again and kept only 
 no shared memory: one cache folder per rank and split, and nothing a SIGKILL leaves behind blocks the next start.
 
 The shards of the batches in flight (sent to a worker, not yet read back) are never evicted; the size bound is
-`capacity_bytes` or those shards together, whichever is larger. Workers map a shard for one batch at a time
+`capacity_bytes` or those shards together, whichever is larger, and a shard being downloaded counts toward it from
+the moment its download starts. The threads wait on one condition (never poll in a loop) and download with the
+lock released. Workers map a shard for one batch at a time
 (`SplitSpec.volatile`), so an evicted shard's space is freed at once.
 """
 
@@ -45,9 +48,13 @@ class ShardCache:
         itemsize: int,
         capacity_bytes: int,
         policy: str = "belady",
+        downloads: int = 4,
     ):
         if policy not in ("belady", "lru"):
             raise ValueError(f"policy must be belady or lru, got {policy!r}")
+        if downloads < 1:
+            raise ValueError(f"downloads must be at least 1, got {downloads}")
+        self.downloads = downloads
         self.url, self.folder, self.policy, self.capacity = url, Path(folder), policy, int(capacity_bytes)
         self.sizes = {s.name: s.tokens * itemsize for s in shards}
         self.sha256 = {s.name: s.sha256 for s in shards}
@@ -55,9 +62,10 @@ class ShardCache:
         self.peak_bytes = 0
         """The most bytes the folder held at once."""
         self.present: dict[str, int] = {}  # shard → last batch position that used it (LRU)
+        self._in_flight: set[str] = set()  # being downloaded by a prefetch thread
         self._cond = threading.Condition()
         self._complete_until = 0
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._generation = 0
         self._failure: BaseException | None = None
         self._check_folder()
@@ -75,7 +83,7 @@ class ShardCache:
             self._evict(next(iter(self.present)))
 
     def _used(self) -> int:
-        return sum(self.sizes[name] for name in self.present)
+        return sum(self.sizes[name] for name in self.present) + sum(self.sizes[name] for name in self._in_flight)
 
     def _evict(self, name: str) -> None:
         (self.folder / name).unlink(missing_ok=True)
@@ -93,16 +101,20 @@ class ShardCache:
             self._next_uses: dict[str, collections.deque[int]] = collections.defaultdict(collections.deque)
             self._position, self._pinned, self._complete_until = -1, pinned, 0
             self._source, self._exhausted = future, False
-        self._thread = threading.Thread(target=self._prefetch, args=(self._generation,), daemon=True)
-        self._thread.start()
+        generation = self._generation
+        self._threads = [
+            threading.Thread(target=self._prefetch, args=(generation,), daemon=True) for _ in range(self.downloads)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         with self._cond:
             self._generation += 1
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
 
     def acquire(self, position: int) -> None:
         """Block until every shard of batch `position` of the pass is in the folder; from now on the batches before
@@ -140,14 +152,21 @@ class ShardCache:
         try:
             while True:
                 with self._cond:
-                    job = self._next_job(generation)
-                    if job is None:
+                    name = self._next_job(generation)
+                    if name is None:
                         return
-                    name = job
-                self._download(name)
-                with self._cond:
-                    self.present[name] = self._position
+                    self._in_flight.add(name)  # its bytes count toward the bound from now on
                     self.peak_bytes = max(self.peak_bytes, self._used())
+                try:
+                    downloaded = self._download(name)
+                except BaseException:
+                    with self._cond:
+                        self._in_flight.discard(name)
+                    raise
+                with self._cond:  # in flight → present in one step: no other thread takes it up again
+                    self._in_flight.discard(name)
+                    self.bytes_downloaded += downloaded
+                    self.present[name] = self._position
                     self._cond.notify_all()
         except BaseException as e:  # handed to the trainer's thread by acquire
             with self._cond:
@@ -162,9 +181,10 @@ class ShardCache:
                 self._extend(j)
                 if j >= len(self._future):
                     break
-                missing = sorted(self._future[j] - self.present.keys())
+                missing = sorted(self._future[j] - self.present.keys() - self._in_flight)
                 if not missing:
-                    self._complete_until = j + 1  # the next scan starts after it, unless a shard is evicted
+                    if self._future[j] <= self.present.keys():  # the next scan starts after it, unless one is evicted
+                        self._complete_until = j + 1
                     continue
                 if self._make_room(missing[0], j):
                     return missing[0]
@@ -175,6 +195,7 @@ class ShardCache:
     def _make_room(self, name: str, needed_at: int) -> bool:
         """Evict until `name` fits: the furthest next use (belady) or the least recent use (lru), never a pinned
         shard nor, under belady, one needed sooner than `needed_at`. True when it fits (or the trainer waits for it)."""
+        self._extend(max(self._position, 0) + LOOKAHEAD_BATCHES)  # every next use within the horizon is known
         pinned = set().union(*self._future[max(0, self._position + 1 - self._pinned) : self._position + 1])
         while self._used() + self.sizes[name] > self.capacity:
             candidates = [n for n in self.present if n not in pinned]
@@ -189,7 +210,7 @@ class ShardCache:
             self._evict(victim)
         return True
 
-    def _download(self, name: str) -> None:
+    def _download(self, name: str) -> int:
         from dlx.data import storage
 
         try:
@@ -200,7 +221,7 @@ class ShardCache:
             raise UserError(
                 f"dataset {self.url}: shard {name} is missing from the bucket; run `dlx prepare` again"
             ) from None
-        self.bytes_downloaded += n
+        return n
 
 
 class CachedPlan:

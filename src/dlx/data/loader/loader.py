@@ -73,6 +73,7 @@ class TokenLoader(FeedLoader):
                 spec_itemsize(spec),
                 s.cache_bytes or 1 << 62,
                 s.cache_policy,
+                s.cache_downloads,
             )
             plan = CachedPlan(plan, cache, pinned=max(1, s.num_workers * s.prefetch))
         self.cache = cache if remote is not None else None
