@@ -18,8 +18,9 @@ from dlx.errors import UserError
 
 CHECK_CHARS = 2000
 """The classifier reads a document's first 2,000 characters (about 6 KB of Chinese, 300 English words): the cost of
-a document is bounded whatever its length. On the curation benchmark's corpus the verdict on this prefix equals the
-whole-text verdict for every document (`benchmarks/bench_curation.py` measures it)."""
+a document is bounded whatever its length, and a document whose language changes further on is judged by its opening.
+On 6,000-character windows of Python's documentation (English) the verdict on this prefix equals the whole window's
+for every window (`benchmarks/bench_curation.py` measures it); on Chinese it is not measured."""
 
 
 @dataclass(frozen=True)

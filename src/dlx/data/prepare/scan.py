@@ -124,11 +124,10 @@ class ScanCounts:
         """Decide the duplicates from the signatures (`curation.deduplicate`), set `drops`, and recount the documents
         and hash statistics over the documents kept."""
         assert rule.curate is not None
-        sigs = np.concatenate(self.signatures)
+        sigs, self.signatures = np.concatenate(self.signatures), []  # one copy of the records at the decision
         kept_mask, self.drops = deduplicate(self.curation, sigs, rule.curate)
-        kept, self.signatures = sigs[kept_mask], []
-        hashes = kept["hash"]
-        self.documents, self.text_bytes = int(kept.size), int(kept["bytes"].sum())
+        hashes = sigs["hash"][kept_mask]
+        self.documents, self.text_bytes = int(hashes.size), int(sigs["bytes"][kept_mask].sum())
         self.below_fraction = int((hashes < np.uint64(rule.fraction_threshold)).sum()) if rule.fraction_threshold else 0
         self.min_hash = int(hashes.min()) if hashes.size else None
         self.smallest = np.sort(hashes)[: rule.keep_smallest].tolist()
