@@ -123,16 +123,33 @@ def _tee(stream: TextIO, log: TextIO) -> None:
 
 
 def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the sweep's process group, SIGKILL after 15 s; returns once no member of the group is left running
+    (the leader's exit alone does not say its children are gone)."""
     for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader
+            if not _running_members(proc.pid):
+                return
+            time.sleep(0.05)
+
+
+def _running_members(group: int) -> list[int]:
+    """The pids of this process group still running, from /proc (stdlib only: this runs before the wheels are
+    unpacked; zombies, state Z, only wait for their parent's reaping)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # exited while read
+        if int(pgrp) == group and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
 
 
 def run_sweeps(sweeps: list[Sweep], out: Path, env: dict[str, str], budget_s: float, log: TextIO) -> list[str]:
