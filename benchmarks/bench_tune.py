@@ -5,15 +5,19 @@ is measured with the same real step (`measure_config`). Then `dlx tune` runs as 
 Reported: the wall time of each; tune's pick's tokens/s against the sweep's best, both as the sweep measured them (one
 round, so the ratio is not a comparison across two moments of a shared machine) and as tune measured its pick; and,
 for every layout tune measured, the prediction it made just before measuring it against the measurement (out of
-sample: the model had not seen that point). Run from the repository root:
+sample: the model had not seen that point). Last, because the sweep's best is the largest of many noisy
+measurements (and so flattered by the noise that made it the largest), the pick and the sweep's best are measured
+again, alternately, `--repeats` times each with `--recheck-steps` timed steps, and their median tokens/s compared: the
+ratio the 3 % goal is judged on. Run from the repository root:
 
-    python benchmarks/bench_tune.py [--budget-min 1] [--no-record]
+    python benchmarks/bench_tune.py [--budget-min 1] [--repeats 5] [--no-record]
 """
 
 from __future__ import annotations
 
 import argparse
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -21,11 +25,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "recipes/demo.yaml"
 OVERRIDES = ("--data.seq_len", "128", "--train.global_batch_size", "8", "--train.precision", "auto")
-KEEP = ("train.compile", "parallel.strategy")
-"""The default space: activation checkpointing × micro-batch (1, 2, 4, 8) × attention (default, math): 24 layouts.
-`--small` keeps train.attention too and halves the batch (4 sequences of 64 tokens): 9 layouts, for a loaded machine."""
+KEEP = ("train.compile",)
+"""The default space is what `dlx tune` searches for the recipe on one CPU process, torch.compile aside (Inductor's
+compile alone is about a minute per layout here, which would make the sweep hours): strategy (none, ddp, fsdp,
+deepspeed ZeRO 1/2/3 where DeepSpeed is installed) × activation checkpointing × micro-batch (1, 2, 4, 8) ×
+attention (default, math): 144 layouts with DeepSpeed, 72 without. `--small` keeps parallel.strategy and
+train.attention too and halves the batch (4 sequences of 64 tokens): 9 layouts, for a loaded machine."""
 SMALL_OVERRIDES = ("--data.seq_len", "64", "--train.global_batch_size", "4", "--train.precision", "auto")
-SMALL_KEEP = (*KEEP, "train.attention")
+SMALL_KEEP = (*KEEP, "parallel.strategy", "train.attention")
 INTRO = (
     "`benchmarks/bench_tune.py`: `dlx tune` against the exhaustive sweep of the same space (every layout the memory "
     "rule admits, measured with the same real step), on this CPU with the demo model. Goals: tune's pick within 3 % "
@@ -54,6 +61,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--small", action="store_true", help="The 9-layout space (see SMALL_KEEP).")
+    parser.add_argument("--repeats", type=int, default=5, help="Alternate re-measurements of pick and best, each.")
+    parser.add_argument("--recheck-steps", type=int, default=6, help="Timed steps per re-measurement.")
     parser.add_argument("--no-record", action="store_true", help="Print only; do not append to BENCHMARKS.md.")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -66,13 +75,55 @@ def main() -> None:
     common = {"keep": KEEP, "steps": args.steps, "warmup": args.warmup}
     tuned, tune_s = run({**common, "budget_s": 60 * args.budget_min}, exhaustive=False)
     sweep, sweep_s = run({**common, "budget_s": 1e9, "max_measured": 10**6}, exhaustive=True)
-    lines = [*header, *report(tuned, tune_s, sweep, sweep_s, args)]
+    recheck = remeasure(tuned, sweep, args)
+    lines = [*header, *report(tuned, tune_s, sweep, sweep_s, args), *recheck]
     publish("Tune", INTRO, lines, record=not args.no_record)
+
+
+def sweep_best(sweep):
+    return max((c for c in sweep.candidates if c.record is not None), key=lambda c: c.record["tokens_per_s"])
+
+
+def remeasure(tuned, sweep, args) -> list[str]:
+    """The pick and the sweep's best measured again, alternately, in one process: their median tokens/s."""
+    import torch
+
+    from dlx.bench.tune import Candidate, TuneSettings, measure_one, needs_group
+    from dlx.parallel import distributed
+
+    best, pick = sweep_best(sweep), tuned.winner
+    if best.layout == pick.layout:
+        return ["", f"- re-measured: not needed (the pick is the sweep's best, {best.layout.label()})"]
+    settings = TuneSettings(RECIPE, OVERRIDES, warmup=args.warmup, steps=args.recheck_steps)
+    device = torch.device(sweep.device)
+    rates: dict[str, list[float]] = {"pick": [], "best": []}
+    group = needs_group([pick, best]) and not distributed.group_active()
+    if group:
+        distributed.init_distributed(device, True, timeout_s=600.0)
+    try:
+        for _ in range(args.repeats):
+            for name, original in (("pick", pick), ("best", best)):
+                candidate = Candidate(original.layout, config=original.config)
+                measure_one(candidate, settings, device)
+                if candidate.record is None:
+                    return ["", f"- re-measured: {name} failed: {candidate.drop}"]
+                rates[name].append(float(candidate.record["tokens_per_s"]))
+    finally:
+        if group:
+            distributed.teardown()
+    pick_median, best_median = statistics.median(rates["pick"]), statistics.median(rates["best"])
+    spread = {name: (max(values) - min(values)) / statistics.median(values) for name, values in rates.items()}
+    return [
+        "",
+        f"- re-measured alternately, {args.repeats} × {args.recheck_steps} timed steps each: pick "
+        f"{pick_median:,.0f} tokens/s (spread {spread['pick']:.0%}), sweep's best {best_median:,.0f} (spread "
+        f"{spread['best']:.0%}); **pick ÷ best {pick_median / best_median:.3f}** (goal ≥ 0.97)",
+    ]
 
 
 def report(tuned, tune_s: float, sweep, sweep_s: float, args) -> list[str]:
     by_label = {c.layout.label(): c for c in sweep.candidates if c.record is not None}
-    best = max(by_label.values(), key=lambda c: c.record["tokens_per_s"])
+    best = sweep_best(sweep)
     pick = tuned.winner
     pick_in_sweep = by_label.get(pick.layout.label())
     measured = [c for c in tuned.candidates if c.record is not None]

@@ -198,3 +198,16 @@ def test_pretrain_tune_trains_with_the_winner_and_keeps_the_table(synthetic_meas
     assert config.data.micro_batch_size == winner["micro_batch_size"]
     assert config.parallel.activation_checkpointing == winner["activation_checkpointing"]
     assert config.train.max_steps == 2 and (run_dir / "tune.md").is_file() and (run_dir / "tune.yaml").is_file()
+
+
+def test_a_process_measures_deepspeed_layouts_in_two_tunes_in_a_row():
+    """DeepSpeed caches the groups it makes; the group's teardown must drop them with it, or the second tune's engine
+    fails on a group that is no longer registered (as `benchmarks/bench_tune.py` runs tune, then the sweep)."""
+    pytest.importorskip("deepspeed")
+    overrides = (*SMALL, "--parallel.strategy", "deepspeed", "--data.micro_batch_size", "8")
+    keep = ("parallel.strategy", "data.micro_batch_size", "parallel.activation_checkpointing", "train.attention")
+    keep += ("train.compile", "train.float8")
+    for _ in range(2):
+        result = run_tune(TuneSettings(DEBUG, overrides, keep=keep, warmup=1, steps=1, budget_s=600))
+        assert {c.layout.zero_stage for c in result.candidates} == {1, 2, 3}
+        assert all(c.record is not None and not (c.drop or "").startswith("failed") for c in result.candidates)

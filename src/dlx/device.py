@@ -7,7 +7,10 @@ functions below do the right thing on either.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
+import platform
 from collections.abc import Iterator
 
 import psutil
@@ -51,9 +54,42 @@ def prefer_expandable_segments() -> str:
     return f"{ALLOC_CONF_VARIABLES[0]}={EXPANDABLE_SEGMENTS}"
 
 
+CPU_HEAP_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+CPU_HEAP_PRELOADS = ("jemalloc", "tcmalloc", "mimalloc")
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+CPU_HEAP = {M_MMAP_THRESHOLD: 32 << 20, M_TRIM_THRESHOLD: 1 << 30, M_TOP_PAD: 64 << 20}
+"""glibc malloc for a training step (`mallopt`): blocks under 32 MB (glibc's largest mmap threshold) come from the
+heap, freed memory is kept up to 1 GB, the heap grows 64 MB at a time."""
+
+
+def prefer_cpu_heap() -> str:
+    """Keep a CPU step's freed tensors in glibc's heap instead of returning them to the kernel. glibc's default
+    starts by mmapping every block over 128 KB and raises that threshold only as blocks are freed, so a fresh
+    process's first steps page-fault and zero every activation anew and run up to 1.9× slower than the same step
+    later (BENCHMARKS.md, Tune, the 144-layout round); `dlx tune`'s measurements would then depend on their order.
+    A choice the user made wins (`GLIBC_TUNABLES` with glibc.malloc, `MALLOC_*_` variables, a preloaded jemalloc,
+    tcmalloc or mimalloc); not glibc: nothing to do. Returns the setting in force, in words."""
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    chosen = [f"{name}={os.environ[name]}" for name in CPU_HEAP_VARIABLES if os.environ.get(name)]
+    if "glibc.malloc" in tunables:
+        chosen.append(f"GLIBC_TUNABLES={tunables}")
+    preload = os.environ.get("LD_PRELOAD", "")
+    if any(name in preload for name in CPU_HEAP_PRELOADS):
+        chosen.append(f"LD_PRELOAD={preload}")
+    if chosen:
+        return "the user's: " + " ".join(chosen)
+    if platform.libc_ver()[0] != "glibc" or (library := ctypes.util.find_library("c")) is None:
+        return "the C library's default (not glibc)"
+    libc = ctypes.CDLL(library)
+    if not all(libc.mallopt(option, value) == 1 for option, value in CPU_HEAP.items()):
+        return "glibc's default (mallopt refused)"
+    return "glibc malloc: mmap threshold 32 MB, trim threshold 1 GB, top pad 64 MB"
+
+
 def training_device(name: str, local_rank: int, world_size: int, key: str) -> torch.device:
-    """The device a training process (`dlx pretrain`, `dlx bench`) computes on, set up before its first CUDA
-    allocation: expandable segments (unless the user chose), then `resolve_device`. Under torchrun an explicit
+    """The device a training process (`dlx pretrain`, `dlx bench`, `dlx tune`) computes on, set up before its first
+    allocation: expandable segments on CUDA, the heap setting on a CPU (`prefer_cpu_heap`; unless the user chose
+    either), then `resolve_device`. Under torchrun an explicit
     `cuda:N` is refused in one line (`key` names the setting): it would put every rank on GPU N, where NCCL fails."""
     if world_size > 1 and name.startswith("cuda:"):
         raise UserError(
@@ -61,7 +97,10 @@ def training_device(name: str, local_rank: int, world_size: int, key: str) -> to
             "each rank takes the GPU of its LOCAL_RANK"
         )
     prefer_expandable_segments()
-    return resolve_device(name, local_rank)
+    device = resolve_device(name, local_rank)
+    if device.type == "cpu":
+        prefer_cpu_heap()
+    return device
 
 
 def synchronize(device: torch.device) -> None:

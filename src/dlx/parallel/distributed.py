@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -133,6 +134,18 @@ def teardown(meet: bool = True) -> None:
     except Exception:  # a peer is gone: nothing to wait for
         pass
     finally:
+        destroy_group()
+
+
+def destroy_group() -> None:
+    """Destroy the default group. Where DeepSpeed has used it, through DeepSpeed, which then drops the groups it
+    cached: torch's own destroy leaves them behind, and the next DeepSpeed engine of the process (the next layout of
+    `dlx tune` or `dlx bench`, a second run in one process) fails on a group that is no longer registered."""
+    comm = sys.modules.get("deepspeed.comm.comm")  # where DeepSpeed keeps its backend (`cdb`)
+    backend = getattr(comm, "cdb", None)
+    if backend is not None and backend.is_initialized():
+        comm.destroy_process_group()
+    else:
         dist.destroy_process_group()
 
 
