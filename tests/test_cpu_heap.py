@@ -62,3 +62,30 @@ def test_a_user_setting_keeps_glibcs_own_behaviour_in_a_training_process():
     env = {**os.environ, "MALLOC_TOP_PAD_": "131072"}
     env.pop("GLIBC_TUNABLES", None)
     assert mmapped_mb("train", env) == 16
+
+
+HEAP_KEPT_MB = """
+import psutil, torch
+from dlx import device as dev
+
+dev.prefer_cpu_heap()
+blocks = [torch.ones(1 << 18) for _ in range(200)]  # 200 blocks of 1 MB, from the heap, touched
+rss = psutil.Process().memory_info().rss
+del blocks
+kept = psutil.Process().memory_info().rss
+dev.trim_cpu_heap()
+print((rss - kept) >> 20, (kept - psutil.Process().memory_info().rss) >> 20)
+"""
+
+
+def test_freed_heap_memory_stays_resident_until_a_measurement_trims_it():
+    import os
+
+    unset = (*dev.CPU_HEAP_VARIABLES, "GLIBC_TUNABLES", "LD_PRELOAD")
+    env = {name: value for name, value in os.environ.items() if name not in unset}
+    done = subprocess.run(
+        [sys.executable, "-c", HEAP_KEPT_MB], capture_output=True, text=True, check=True, env=env, timeout=120
+    )
+    given_back_on_free, given_back_on_trim = (int(mb) for mb in done.stdout.split()[-2:])
+    assert given_back_on_free < 20  # kept for the next step
+    assert given_back_on_trim > 150  # what trim_cpu_heap hands back before a measurement

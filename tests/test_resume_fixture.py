@@ -1,10 +1,13 @@
 """A checkpoint written by an earlier dlx (tests/fixtures/resume_spike_run, written by make_resume_fixture.py) still
-resumes: the same losses as the uninterrupted run, bit for bit, and the spike test judges from the saved window.
+resumes: its first six losses read back, the next six as the run that wrote it recorded them and as the uninterrupted
+run here, and the spike test judges from the saved window.
 
-Bit for bit against the uninterrupted run on this machine: the floats the fixture recorded come from the CPU that
-wrote it, and another CPU's kernels may round a last bit differently (an AMD EPYC gave step 11 5e-7 apart from the
-Intel Xeon that wrote it); against those recorded floats the resumed run agrees to 1e-6, which a lost optimizer,
-RNG or data-position state would not."""
+To 1e-6, not bit for bit: the fixture's weights come from the CPU that wrote it (an Intel Xeon), and another CPU's
+kernels round last bits differently: on an AMD EPYC the uninterrupted run's losses of steps 1-6 equal the recorded
+ones while its step-6 weights differ from the fixture's in every tensor (up to 4e-7), so the resumed and the
+uninterrupted runs part by one float32 ulp at some later step. A lost optimizer, RNG or data-position state moves a
+loss by far more than 1e-6; tests/test_train_resume.py asserts bit-for-bit resume from a checkpoint this machine
+wrote."""
 
 from __future__ import annotations
 
@@ -45,10 +48,10 @@ def test_an_old_checkpoint_resumes_bit_identically_with_its_spike_window(run_dir
     recorded = {int(step): loss for step, loss in EXPECTED["losses"].items()}
     resumed, uninterrupted = losses(run_dir), losses(whole)
     assert {step: resumed[step] for step in range(1, 7)} == {step: recorded[step] for step in range(1, 7)}  # read back
-    assert {step: resumed[step] for step in range(7, 13)} == {step: uninterrupted[step] for step in range(7, 13)}
     assert resumed == pytest.approx(recorded, rel=1e-6, abs=0)
+    assert resumed == pytest.approx(uninterrupted, rel=1e-6, abs=0)
     window = saved_spike_window(list_checkpoints(run_dir)[0])
-    assert window == saved_spike_window(list_checkpoints(whole)[0])
+    assert window == pytest.approx(saved_spike_window(list_checkpoints(whole)[0]), rel=1e-6, abs=0)
     assert window == pytest.approx(EXPECTED["spike_window_12"], rel=1e-6, abs=0)
 
 

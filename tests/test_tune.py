@@ -89,7 +89,7 @@ def test_calibration_keeps_the_prior_of_a_term_no_measurement_exercises():
     model = calibrate(costs, [0.05 + 0.03 * a for a in (1, 2, 4, 8)])
     assert model.coefficients[4:] == pytest.approx(
         (1.0, 1.0, 1.0), rel=1e-12
-    )  # comm, scores, compiled: never nonzero, kept at their price
+    )  # comm, attention, compiled: never nonzero, kept at their price
 
 
 def test_calibration_recovers_a_synthetic_model_and_its_order():
@@ -211,3 +211,34 @@ def test_a_process_measures_deepspeed_layouts_in_two_tunes_in_a_row():
         result = run_tune(TuneSettings(DEBUG, overrides, keep=keep, warmup=1, steps=1, budget_s=600))
         assert {c.layout.zero_stage for c in result.candidates} == {1, 2, 3}
         assert all(c.record is not None and not (c.drop or "").startswith("failed") for c in result.candidates)
+
+
+def test_measured_attention_prices_the_attention_term_in_place_of_its_flops():
+    from dlx.bench.tune_model import layout_cost
+    from dlx.bench.tune_space import Layout
+    from dlx.metrics.flops import training_flops_per_token
+
+    args = load_recipe(DEBUG, []).model.args
+    layout = Layout("none", 1, "full", 2, 4, False, False, "math")
+    unmeasured = Rates({("fp32", 64): 1e-3}, 10.0, 1.0, False)
+    measured = Rates({("fp32", 64): 1e-3}, 10.0, 1.0, False, attention_s={("math", 2): 0.004})
+    before, after = (layout_cost(args, layout, 32, "fp32", 1, rates) for rates in (unmeasured, measured))
+    assert after.attention_s == pytest.approx(0.004 * args.n_layers * 4 * (1 + 1 / 3), rel=1e-12)
+    dense = training_flops_per_token(args, 32).dense * 2 * 32 * 4 * (1 + 1 / 3)
+    assert after.compute_s == pytest.approx(dense / 1e9, rel=1e-12)
+    assert before.compute_s == after.compute_s and before.attention_s > 0  # unmeasured: its FLOPs and scores
+
+
+def test_attention_is_timed_per_kernel_and_micro_batch_and_scaled_past_the_token_cap(monkeypatch):
+    from dlx.bench import tune_rates
+
+    args = load_recipe(DEBUG, []).model.args
+    cpu = torch.device("cpu")
+    keys = {("default", 1), ("math", 1), ("math", 4)}
+    seconds = tune_rates.measure_attention(args, cpu, 32, "fp32", keys)
+    assert set(seconds) == keys and all(value > 0 for value in seconds.values())
+    timed = []
+    monkeypatch.setattr(tune_rates, "MAX_TOKENS", 64)  # two sequences of 32 at most
+    monkeypatch.setattr(tune_rates, "attention_call_s", lambda setting, shape, device: timed.append(shape.batch) or 1.0)
+    assert tune_rates.measure_attention(args, cpu, 32, "fp32", {("math", 8)}) == {("math", 8): 4.0}
+    assert timed == [2]

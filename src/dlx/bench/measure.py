@@ -81,6 +81,8 @@ def measure_config(config: RunConfig, device: torch.device, warmup: int, steps: 
     is the caller's (`dlx bench` and `dlx tune` set it up)."""
     if config.train.compile:  # a fresh start: Dynamo would otherwise turn dynamic after the previous point's shape
         torch._dynamo.reset()
+    if device.type == "cpu":  # the peak counts this layout's memory, not what the heap kept from the previous one
+        dev.trim_cpu_heap()
     env = replace(env_from_torchrun(), tp=config.parallel.tp, cp=config.parallel.cp)  # the caller set up the group
     engine_managed = STRATEGY_TRAITS[config.parallel.strategy].owns_precision
     precision = build_precision(config.train.precision, device, engine_managed)

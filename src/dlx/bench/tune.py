@@ -24,7 +24,7 @@ import torch
 
 from dlx.bench.measure import measure_config
 from dlx.bench.tune_model import Rates, TimeModel, calibrate, layout_cost
-from dlx.bench.tune_rates import measure_rates
+from dlx.bench.tune_rates import measure_attention, measure_rates
 from dlx.bench.tune_select import Candidate, MemoryRule, admit, check_some_fit, memory_rule
 from dlx.bench.tune_space import (
     ATTENTION_BY_DEVICE,
@@ -130,6 +130,9 @@ def tune_on(
     admitted = [c for c in candidates if c.drop is None]
     keys = {("float8" if c.layout.float8 else precision, c.layout.micro_batch * base.data.seq_len) for c in admitted}
     rates = measure_rates(base.model.args, device, keys, settings.link_gbps)
+    calls = {(c.layout.attention, c.layout.micro_batch) for c in admitted}
+    attention_s = measure_attention(base.model.args, device, base.data.seq_len, precision, calls)
+    rates = replace(rates, attention_s=attention_s)
     for c in admitted:
         c.cost = layout_cost(base.model.args, c.layout, base.data.seq_len, precision, world_size, rates)
     model = reprice(admitted, TimeModel())

@@ -2,13 +2,13 @@
 rates measured on this machine, each term scaled by a coefficient fitted to the layouts already measured.
 
     step_s = c_step · S  +  c_micro · A · K  +  c_compute · F / R  +  c_memory · B / bandwidth  +  c_comm · C / link
-             +  c_scores · Q / bandwidth  +  c_compiled · B_compiled / bandwidth
+             +  c_attention · T_attention  +  c_compiled · B_compiled / bandwidth
 
 S: the fixed cost of an optimizer step whatever its size (the optimizer's per-tensor Python and kernel launches, the
    loss's host sync, logging), priced at `STEP_PRIOR_S` until fitted.
 A · K: micro-steps per optimizer step times what one costs besides its FLOPs and bytes (kernel launches, autograd's
    bookkeeping, the loader's batch copied in), priced at `KERNELS_PER_BLOCK` launches per block at `LAUNCH_PRIOR_S`.
-F: training FLOPs per rank (`dlx.metrics.flops`, attention convention: 6·N + 12·L·H·Q·T per token, ÷ tp), times the
+F: training FLOPs per rank of the matmuls outside attention (`dlx.metrics.flops`, 6·N per token, ÷ tp), times the
    recomputation activation checkpointing adds (full: the forward again, +1/3; selective: half the layers, +1/6).
 R: the matmul rate measured here for the layout's precision (float8: `torch._scaled_mm`) at its micro-batch's token
    count: small matmuls run below the device's peak, and this is where the micro-batch's effect enters.
@@ -17,8 +17,12 @@ B: bytes moved outside matmuls by an eager step: the activations `dlx plan` coun
    residuals); AdamW reads and writes 32 bytes per parameter of its shard; the strategy's collectives copy gradients
    and weights even on one rank (`collective_copy_bytes`).
 C: bytes each rank sends per step (`comm_bytes`).
-Q: PyTorch's math attention (train.attention math): the T×T scores of every head, written and read in forward and
-   in backward; a term of its own, so that what the math kernel costs is fitted, not assumed.
+T_attention: the attention itself, measured: one layer's call forward and backward under the layout's kernel
+   (train.attention) at its micro-batch (`tune_rates.measure_attention`), times layers and micro-steps, ÷ tp, plus
+   the recomputed forwards (the same shares as F's). Where it was not measured (a kernel that refused the shape):
+   priced as its FLOPs (12·L·H·Q·T per token) at R, plus, for math, the T×T scores of every head written and read
+   in forward and backward at the copy bandwidth. Kernels are not priced from a prior ratio: on a CPU PyTorch's
+   default kernel and math trade places with the micro-batch.
 B_compiled: a torch.compile'd layout's activation traffic, a term of its own instead of B's: what compile's fusion
    saves is fitted from compiled layouts measured here, not assumed (before one is measured it is priced as eager).
 
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, field
 
 import numpy as np
 
@@ -58,7 +62,7 @@ STEP_PRIOR_S = {"cpu": 0.01, "cuda": 0.005}
 """The fixed cost of one optimizer step before any layout is measured."""
 RIDGE = 0.1
 """How strongly the fitted coefficients stay near 1 (their priced value), against relative errors of the fit."""
-TERMS = ("step", "micro", "compute", "memory", "comm", "scores", "compiled")
+TERMS = ("step", "micro", "compute", "memory", "comm", "attention", "compiled")
 """The model's terms, in the order of `LayoutCost` and of the coefficients."""
 
 
@@ -75,6 +79,9 @@ class Rates:
     link_measured: bool
     device_type: str = "cpu"
     """Whose priors (`STEP_PRIOR_S`, `LAUNCH_PRIOR_S`) price the step and micro-step terms."""
+    attention_s: dict[tuple[str, int], float] = field(default_factory=dict)
+    """(train.attention, micro-batch) → seconds of one layer's attention call, forward and backward, all heads, at
+    the recipe's sequence length; what is missing is priced from FLOPs."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,7 @@ class LayoutCost:
     compute_s: float
     memory_s: float
     comm_s: float
-    scores_s: float = 0.0
+    attention_s: float = 0.0
     compiled_s: float = 0.0
 
     def terms(self) -> np.ndarray:
@@ -97,10 +104,17 @@ def layout_cost(
     args: ModelArgs, layout: Layout, seq_len: int, precision: str, world_size: int, rates: Rates
 ) -> LayoutCost:
     tokens = layout.micro_batch * seq_len * layout.grad_accum  # per replica
-    flops = training_flops_per_token(args, seq_len).attention * tokens / layout.tp
-    flops *= 1 + RECOMPUTE[layout.activation_checkpointing]
+    recompute = 1 + RECOMPUTE[layout.activation_checkpointing]
+    per_token = training_flops_per_token(args, seq_len)
     rate = rates.matmul_tflops[("float8" if layout.float8 else precision, layout.micro_batch * seq_len)]
     bandwidth = rates.memory_gbps * 1e9
+    call_s = rates.attention_s.get((layout.attention, layout.micro_batch))
+    if call_s is None:  # not measured: its FLOPs at the matmul rate, math's scores at the copy bandwidth
+        attention_flops = (per_token.attention - per_token.dense) * tokens / layout.tp * recompute
+        attention_s = attention_flops / (rate * 1e12) + scores_bytes(args, layout, seq_len, precision) / bandwidth
+    else:
+        attention_s = call_s * args.n_layers * layout.grad_accum / layout.tp * recompute
+    flops = per_token.dense * tokens / layout.tp * recompute
     activations = activation_traffic_bytes(args, layout, seq_len, precision, world_size)
     eager = 0.0 if layout.compile else activations
     return LayoutCost(
@@ -109,7 +123,7 @@ def layout_cost(
         compute_s=flops / (rate * 1e12),
         memory_s=(eager + state_traffic_bytes(args, layout, seq_len, precision, world_size)) / bandwidth,
         comm_s=comm_bytes(args, layout, seq_len, precision, world_size) / (rates.link_gbps * 1e9),
-        scores_s=scores_bytes(args, layout, seq_len, precision) / bandwidth,
+        attention_s=attention_s,
         compiled_s=(activations if layout.compile else 0.0) / bandwidth,
     )
 

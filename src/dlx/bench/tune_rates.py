@@ -1,5 +1,6 @@
 """The rates `dlx tune`'s time model starts from, measured on this machine in about a second: a block-shaped matmul
-per precision and micro-batch token count, a large copy, and (under torchrun) an all-reduce across the ranks."""
+per precision and micro-batch token count, a large copy, (under torchrun) an all-reduce across the ranks, and one
+layer's attention call forward and backward per kernel and micro-batch."""
 
 from __future__ import annotations
 
@@ -12,12 +13,17 @@ import torch.distributed as dist
 from dlx import device as dev
 from dlx.bench.tune_model import Rates
 from dlx.model.args import ModelArgs
+from dlx.model.attention_kernels import AttentionShape, kernel_timer
 from dlx.parallel.distributed import group_active
 
 ASSUMED_LINK_GBPS = {"cuda": 100.0, "cpu": 1.0}
 """Link rate per rank where it cannot be measured (no torchrun): NVLink-class for CUDA, gloo over loopback for CPU."""
 MAX_TOKENS = 8192
 """Larger micro-batches are timed at this many tokens (the rate has flattened by then)."""
+AUTO_TIMED = ("cudnn", "flash", "efficient")
+"""What train.attention `auto` is priced at on CUDA: the fastest of SDPA's fused kernels (flex is left out: timing it
+compiles it, tens of seconds; where flex wins the run is faster than priced, and the fit takes that up)."""
+ATTENTION_REPEATS = 5
 CPU_MATMUL_FLOPS = 2e9
 """On a CPU a timed matmul is cut to about this many FLOPs (a second or less; its rate has flattened by then)."""
 
@@ -101,3 +107,33 @@ def all_reduce_gbps(device: torch.device, n_bytes: int = 1 << 25) -> float:
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
     world = dist.get_world_size()
     return 2 * (world - 1) / world * n_bytes / float(seconds.item()) / 1e9
+
+
+def measure_attention(
+    args: ModelArgs, device: torch.device, seq_len: int, precision: str, keys: Iterable[tuple[str, int]]
+) -> dict[tuple[str, int], float]:
+    """Seconds of one layer's attention call, forward and backward, all heads, for each (train.attention, micro-batch)
+    in `keys`, through the model's own call (`dlx.model.attention_kernels.kernel_timer`) in the step's compute dtype.
+    Micro-batches over MAX_TOKENS tokens are timed at fewer sequences and scaled (attention is linear in the batch);
+    a kernel that refuses the shape is left out (the model prices it from FLOPs)."""
+    dtype = dev.PRECISION_DTYPES[precision]
+    timed: dict[tuple[str, int], float | None] = {}
+    seconds: dict[tuple[str, int], float] = {}
+    for setting, micro_batch in sorted(set(keys)):
+        batch = max(1, min(micro_batch, MAX_TOKENS // seq_len))
+        if (setting, batch) not in timed:
+            shape = AttentionShape(batch, args.n_heads, args.kv_heads, seq_len, args.head_dim, dtype)
+            timed[(setting, batch)] = attention_call_s(setting, shape, device)
+        call_s = timed[(setting, batch)]
+        if call_s is not None:
+            seconds[(setting, micro_batch)] = call_s * micro_batch / batch
+    return seconds
+
+
+def attention_call_s(setting: str, shape: AttentionShape, device: torch.device) -> float | None:
+    """train.attention `setting`'s call at `shape`: its kernel (default and a CPU's auto: PyTorch's own choice; auto
+    on CUDA: the fastest of `AUTO_TIMED`), None where none runs it."""
+    names = (AUTO_TIMED if device.type == "cuda" else ("default",)) if setting == "auto" else (setting,)
+    timer = kernel_timer(shape, device, repeats=ATTENTION_REPEATS)
+    ms = [value for value in (timer(name) for name in names) if value is not None]
+    return min(ms) / 1e3 if ms else None

@@ -83,6 +83,7 @@ def tune_json(result: TuneResult, out: Path | None) -> dict[str, Any]:
             "memory_gbps": rates.memory_gbps,
             "link_gbps": rates.link_gbps,
             "link_measured": rates.link_measured,
+            "attention_call_s": {f"{kind}@micro{micro}": value for (kind, micro), value in rates.attention_s.items()},
         },
         "time_model": {
             "coefficients": list(result.model.coefficients),
