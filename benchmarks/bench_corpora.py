@@ -41,12 +41,12 @@ from dlx.data.source import LoaderSettings
 from dlx.metrics.timing import PhaseTimer
 from dlx.parallel.distributed import DistEnv
 from dlx.precision import build_precision
+from dlx.train.build.data import build_train_loader
+from dlx.train.build.model import build_model, build_run_strategy
+from dlx.train.build.objective import build_objective
+from dlx.train.build.step_plan import plan_steps
 from dlx.train.config import build_config
-from dlx.train.data import build_train_loader
-from dlx.train.model_build import build_model, build_run_strategy
-from dlx.train.objective import build_objective
-from dlx.train.step_plan import plan_steps
-from dlx.train.trainer import accumulate_gradients
+from dlx.train.loop.trainer import accumulate_gradients
 from peers.contenders import batches_per_second, round_parser, spread
 from peers.record import environment, publish
 

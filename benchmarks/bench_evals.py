@@ -37,7 +37,7 @@ from dlx.evals.stdlib_task import STDLIB_NEXT_LINE
 from dlx.metrics.logger import TASKS_FILE, read_jsonl
 from dlx.train.config import build_config
 from dlx.train.demo import DEMO_DATA, demo_recipe, prepare_demo_data
-from dlx.train.trainer import pretrain
+from dlx.train.loop.trainer import pretrain
 from peers.record import environment, publish, record_section
 
 METRICS = ("acc", "acc_norm", "acc_mutual_info")

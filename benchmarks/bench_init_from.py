@@ -95,9 +95,9 @@ def load(contender: str, folder: str):
     import torch
 
     if contender == "dlx init_from fp32":
-        from dlx.train.model_build import build_model
+        from dlx.train.build.model import build_model
         from dlx.train.recipe import load_recipe
-        from dlx.train.trained import resolve_trained
+        from dlx.train.rundir.trained import resolve_trained
 
         options = ["--model.init_from", folder, "--model.max_seq_len", "2048", "--train.max_steps", "1"]
         config = load_recipe(None, [*options, "--data.seq_len", "64"])

@@ -89,7 +89,7 @@ def warm_runtime() -> None:
     size), and a tiny forward and backward in fp32 and under bf16 autocast (torch's thread pool, oneDNN, autograd)."""
     import torch
 
-    import dlx.train.trainer  # noqa: F401
+    import dlx.train.loop.trainer  # noqa: F401
     from dlx.model.llama import Transformer
     from dlx.model.presets import resolve_model_args
 
@@ -130,10 +130,10 @@ def train_steps(
     from dlx.metrics.timing import PhaseTimer
     from dlx.parallel.distributed import env_from_torchrun
     from dlx.precision import build_precision
-    from dlx.train.data import build_train_loader
+    from dlx.train.build.data import build_train_loader
+    from dlx.train.build.step_plan import plan_steps
+    from dlx.train.loop.trainer import accumulate_gradients
     from dlx.train.run import build_run_strategy, meta_model
-    from dlx.train.step_plan import plan_steps
-    from dlx.train.trainer import accumulate_gradients
 
     config = run_config(cell, steps)
     device, env = torch.device("cpu"), env_from_torchrun()

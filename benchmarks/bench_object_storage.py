@@ -133,7 +133,7 @@ def losses_of(lines: list[str]) -> dict[int, float]:
 
 def kill_and_resume(endpoint, data_url: str, local_data: Path, work: Path) -> dict:
     from dlx.data import storage
-    from dlx.train.remote_run import complete_checkpoints
+    from dlx.train.rundir.remote import complete_checkpoints
 
     env = {**os.environ, **endpoint.env(), "DLX_STAGING_DIR": str(work / "staging"), "OMP_NUM_THREADS": "1"}
     common = shlex.split(

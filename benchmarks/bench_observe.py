@@ -45,10 +45,10 @@ import psutil
 from dlx.metrics import gpu_monitor
 from dlx.metrics.logger import MetricsLogger
 from dlx.metrics.timing import PhaseTimer
-from dlx.train import observe
 from dlx.train.config import build_config
 from dlx.train.demo import DEMO_DATA, demo_recipe, prepare_demo_data
-from dlx.train.trainer import pretrain
+from dlx.train.loop.trainer import pretrain
+from dlx.train.observers import build as observe
 from peers.contenders import spread
 from peers.record import environment, record_section
 

@@ -57,7 +57,7 @@ def initial_model(cell: memory.Cell):
     """dlx's model with the weights `dlx pretrain` starts from (drawn from train.seed)."""
     import torch
 
-    from dlx.train.model_build import build_model
+    from dlx.train.build.model import build_model
 
     return build_model(memory.run_config(cell, 1), torch.device("cpu"))
 
@@ -67,7 +67,7 @@ def synthetic_batches(cell: memory.Cell, count: int) -> list:
     (their labels = input_ids)."""
     import torch
 
-    from dlx.train.data import build_train_loader
+    from dlx.train.build.data import build_train_loader
 
     loader = build_train_loader(memory.run_config(cell, count), torch.device("cpu"), 0, 1)
     try:

@@ -32,9 +32,9 @@ from pathlib import Path
 
 from dlx.data.shards import Manifest, ShardInfo, read_manifest, write_manifest
 from dlx.metrics.verdict import bottleneck_verdict
+from dlx.train.build.preflight import checkpoint_bytes, run_preflight
 from dlx.train.config import build_config
 from dlx.train.demo import DEMO_DATA, demo_recipe, prepare_demo_data
-from dlx.train.preflight import checkpoint_bytes, run_preflight
 from dlx.train.recipe import load_recipe
 from peers.record import ROOT, environment, publish
 

@@ -8,7 +8,7 @@ dataset (stdlib-8k, prepared here) and on a synthetic dataset of --gb GB (uint16
   - usual case: after the workers' background threads verified the shards, the gate has nothing to hash;
   - per batch: the bookkeeping of what the consumed batches read, as the loader's time per batch with verification on
     and off (one worker, --batches batches of 8 × 256 tokens, median of --rounds interleaved rounds).
-(b) The memory check: the estimate (`dlx.train.memory_check`, `dlx plan`'s formulas) for the demo recipe's layout
+(b) The memory check: the estimate (`dlx.train.build.memory_check`, `dlx plan`'s formulas) for the demo recipe's layout
 against the peak RSS of `dlx pretrain recipes/demo.yaml` (synthetic data, --steps steps, `/usr/bin/time -v`), and the
 peak RSS of a process that only imports dlx and torch and builds nothing (the baseline the estimate does not count).
 
@@ -36,8 +36,8 @@ from dlx.data.shards import Manifest, ShardInfo, read_manifest, sha256_file, sha
 from dlx.data.source import LoaderSettings
 from dlx.parallel.distributed import DistEnv
 from dlx.precision import resolve_precision
+from dlx.train.build.memory_check import check_memory
 from dlx.train.demo import prepare_demo_data
-from dlx.train.memory_check import check_memory
 from dlx.train.recipe import load_recipe
 from peers.record import ROOT, environment, publish
 
@@ -142,7 +142,7 @@ def memory_rows(steps: int) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "dlx", "pretrain", str(ROOT / "recipes" / "demo.yaml"), *overrides]
         run_gb, output = max_rss_gb([*command, "--run-dir", f"{tmp}/run"])
-    base_gb, _ = max_rss_gb([sys.executable, "-c", "import torch, dlx.train.trainer"])
+    base_gb, _ = max_rss_gb([sys.executable, "-c", "import torch, dlx.train.loop.trainer"])
     said = re.search(r"· memory: ([^·\n]+)", output)  # the preflight line of the run's header
     return [
         "| what | figure |",

@@ -3,7 +3,7 @@
 Two checkpoints: the demo recipe's (preset demo: model.safetensors in fp32, train_state.pt with AdamW's two moments)
 and a 1B-sized one (a synthetic model.safetensors of --gb GB of bf16 tensors, 256 MiB each, about 1.25B parameters).
 
-  publish   the SHA-256 is computed from the bytes handed to the writer (dlx.train.checkpoint_record): for
+  publish   the SHA-256 is computed from the bytes handed to the writer (dlx.train.rundir.checkpoint_record): for
             model.safetensors, the header read back and every tensor hashed from memory after `save_file`
             (`safetensors_sha256`); for train_state.pt, hashed inside torch.save's writes (`save_torch`, against a
             plain torch.save to the same file). Cost = hashing time, and as a share of the write itself. (In a save
@@ -36,8 +36,8 @@ from safetensors.torch import load_file
 from dlx.model.args import ModelArgs
 from dlx.model.io import empty_model, save_weights_file, unique_state_dict
 from dlx.model.presets import resolve_model_args
-from dlx.train.checkpoint import save_torch
-from dlx.train.checkpoint_record import file_sha256, safetensors_sha256
+from dlx.train.rundir.checkpoint import save_torch
+from dlx.train.rundir.checkpoint_record import file_sha256, safetensors_sha256
 
 sys.path.insert(0, str(Path(__file__).parent))
 from peers.record import environment, record_section

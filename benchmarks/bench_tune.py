@@ -41,8 +41,8 @@ INTRO = (
 
 
 def run(settings_kwargs: dict, exhaustive: bool):
-    from dlx.bench import tune as tune_module
-    from dlx.bench.tune import TuneSettings, run_tune
+    from dlx.bench.tune import search as tune_module
+    from dlx.bench.tune.search import TuneSettings, run_tune
 
     saved = tune_module.STOP_MARGIN
     if exhaustive:
@@ -88,7 +88,7 @@ def remeasure(tuned, sweep, args) -> list[str]:
     """The pick and the sweep's best measured again, alternately, in one process: their median tokens/s."""
     import torch
 
-    from dlx.bench.tune import Candidate, TuneSettings, measure_one, needs_group
+    from dlx.bench.tune.search import Candidate, TuneSettings, measure_one, needs_group
     from dlx.parallel import distributed
 
     best, pick = sweep_best(sweep), tuned.winner

@@ -25,7 +25,7 @@ import torch
 
 from dlx.data.prepare.tokenizer import train_bpe
 from dlx.data.tokenizer_extend import extend_json, learn_merges, word_counts
-from dlx.train.trained import load_trained, resolve_trained
+from dlx.train.rundir.trained import load_trained, resolve_trained
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dlx.parallel.config import ParallelConfig
 from dlx.parallel.strategy import DDPStrategy
 from dlx.parallel.wrap import parallelize
 from dlx.precision import build_precision
-from dlx.train.accumulate import accumulate_gradients
+from dlx.train.loop.accumulate import accumulate_gradients
 
 MODEL, SEQ, MICRO, WARMUP, STEPS = "demo", 256, 2, 1, 3
 

@@ -33,7 +33,7 @@ GRAD_ACCUM = 4
 TRAINER = """
 import sys, time
 sys.path.insert(0, sys.argv[3])
-from dlx.train.signals import GracefulStop
+from dlx.train.build.signals import GracefulStop
 from loader_contenders import make_loader
 
 contender, folder = sys.argv[1], sys.argv[2]
@@ -279,9 +279,9 @@ def demo_data_wait(contender: str, dataset: Path, steps: int, vocab_size: int, v
     its training loader; data wait and step time summed over steps 2.., and step 1's data wait (the loader's start)."""
     import tempfile
 
-    from dlx.train import finish, trainer
     from dlx.train import run as run_module
     from dlx.train.demo import demo_recipe
+    from dlx.train.loop import finish, trainer
     from dlx.train.recipe import load_recipe
 
     recipe = demo_recipe(vocab_size)

@@ -46,11 +46,11 @@ def state_bytes(out: Path, overrides: list[str]) -> None:
     from dlx.parallel import distributed
     from dlx.parallel.tensor import check_layout
     from dlx.precision import build_precision
-    from dlx.train.data import build_train_loader
-    from dlx.train.model_build import build_run_strategy, meta_model
+    from dlx.train.build.data import build_train_loader
+    from dlx.train.build.model import build_run_strategy, meta_model
+    from dlx.train.build.step_plan import plan_steps
+    from dlx.train.loop.trainer import accumulate_gradients
     from dlx.train.recipe import load_recipe
-    from dlx.train.step_plan import plan_steps
-    from dlx.train.trainer import accumulate_gradients
 
     config = load_recipe(None, overrides)
     device = torch.device("cpu")
@@ -121,7 +121,7 @@ def timed_saves(out: Path, args: list[str]) -> None:
     import os
 
     from dlx.cli.app import main
-    from dlx.train import finish, trainer
+    from dlx.train.loop import finish, trainer
 
     durations: list[float] = []
     save = trainer.save

@@ -23,8 +23,8 @@ from dlx.parallel.config import ParallelConfig
 from dlx.parallel.strategy import DDPStrategy, Strategy
 from dlx.parallel.wrap import parallelize
 from dlx.precision import build_precision
-from dlx.train.accumulate import accumulate_gradients
-from dlx.train.objective import Objective
+from dlx.train.build.objective import Objective
+from dlx.train.loop.accumulate import accumulate_gradients
 
 STEPS, MICRO, SEQ, EOS = 3, 2, 32, 3
 

@@ -14,8 +14,8 @@ from torch.distributed.fsdp import fully_shard
 
 from dlx.model.hf import load_hf, read_hf_args
 from dlx.model.llama import Transformer
-from dlx.train.model_build import load_initial_weights
-from dlx.train.trained import resolve_trained
+from dlx.train.build.model import load_initial_weights
+from dlx.train.rundir.trained import resolve_trained
 
 
 def main(hf_dir: str, report: str) -> None:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from dlx.cli.app import main
-from dlx.train import finish, trainer
+from dlx.train.loop import finish, trainer
 
 
 def fail_in_step(step: int, rank: str) -> None:
@@ -50,7 +50,7 @@ if __name__ == "__main__":
     if fail_rank is not None and os.environ.get("RANK") == fail_rank:
         fail_in_step(int(os.environ["DLX_TEST_FAIL_STEP"]), fail_rank)
     if os.environ.get("DLX_TEST_FLOAT8_GATHER") == "0":
-        from dlx.train import model_build
+        from dlx.train.build import model as model_build
 
         model_build.gathers_in_float8 = lambda recipe, strategy: False
     if os.environ.get("DLX_TEST_COMPILE_COUNTS"):

@@ -21,7 +21,7 @@ from dlx.parallel.config import ParallelConfig
 from dlx.parallel.strategy import FSDPStrategy, Strategy
 from dlx.parallel.wrap import parallelize
 from dlx.precision import build_precision
-from dlx.train.trainer import accumulate_gradients
+from dlx.train.loop.trainer import accumulate_gradients
 from parallel_grads import ACCUM, batches_of, full_gradients
 
 

@@ -20,7 +20,7 @@ from dlx.parallel.config import ParallelConfig
 from dlx.parallel.strategy import DDPStrategy, FSDPStrategy, Strategy
 from dlx.parallel.wrap import parallelize
 from dlx.precision import build_precision
-from dlx.train.trainer import accumulate_gradients
+from dlx.train.loop.trainer import accumulate_gradients
 
 ACCUM, MICRO, SEQ = 2, 2, 16
 

@@ -32,7 +32,7 @@ from dlx.parallel.strategy import Strategy
 from dlx.parallel.tensor import build_mesh
 from dlx.parallel.wrap import parallelize
 from dlx.precision import build_precision
-from dlx.train.trainer import accumulate_gradients
+from dlx.train.loop.trainer import accumulate_gradients
 
 ACCUM, MICRO, SEQ, SEED = 2, 2, 16, 3
 LAYOUTS = {2: [("none", 2)], 4: [("fsdp", 2), ("ddp", 2)]}

@@ -1,4 +1,4 @@
-"""ARCHITECTURE.md's words stay true: every file + name pair it states (`train/objective.py` `training_loss`, or
+"""ARCHITECTURE.md's words stay true: every file + name pair it states (`train/build/objective.py` `training_loss`, or
 `parallel/distributed.teardown`) names a definition in that file."""
 
 from __future__ import annotations
@@ -67,5 +67,5 @@ def test_every_file_and_name_pair_in_architecture_md_is_a_definition():
 
 
 def test_the_check_sees_a_name_in_the_wrong_file():
-    text = "loss (`train/eval.py` `training_loss`), teardown (`parallel/distributed.teardown`)"
-    assert untrue_pairs(text) == ["train/eval.py has no training_loss"]
+    text = "loss (`train/loop/eval.py` `training_loss`), teardown (`parallel/distributed.teardown`)"
+    assert untrue_pairs(text) == ["train/loop/eval.py has no training_loss"]

@@ -22,9 +22,9 @@ from dlx.model.attention_kernels import (
     fastest,
 )
 from dlx.model.llama import Transformer
-from dlx.train.attention import AttentionObserver, attention_shape, choose_run_attention
 from dlx.train.config import TrainSection, build_config
 from dlx.train.launch import launch
+from dlx.train.observers.attention import AttentionObserver, attention_shape, choose_run_attention
 from train_helpers import TINY
 
 pytestmark = pytest.mark.usefixtures("in_process_training")

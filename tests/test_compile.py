@@ -26,7 +26,7 @@ from dlx.parallel.config import ParallelConfig
 from dlx.parallel.distributed import DistEnv
 from dlx.parallel.float8 import apply_float8
 from dlx.parallel.wrap import parallelize
-from dlx.train.attention import AttentionObserver
+from dlx.train.observers.attention import AttentionObserver
 from test_float8 import RUN as FLOAT8_RUN
 from test_float8 import SHAPE as FLOAT8_SHAPE
 from train_helpers import losses, single_torch_thread, train_quietly
@@ -48,7 +48,7 @@ def eager_backend(monkeypatch):
 
 def compiled_model(checkpointing: str, compile: bool = True, float8: str | None = None) -> Transformer:
     """The debug model in bf16 as `parallelize` wraps it; with `float8` (a recipe) the float8 test's tiny shape
-    converted first, as `dlx.train.model_build` does."""
+    converted first, as `dlx.train.build.model` does."""
     torch.manual_seed(0)
     model = Transformer(resolve_model_args("debug", **(FLOAT8_SHAPE if float8 else {})))
     if float8:

@@ -19,9 +19,9 @@ from tokenizers import Tokenizer
 
 from dlx.data.token_bytes import TOKEN_BYTES_FILE, read_token_bytes, token_byte_lengths
 from dlx.errors import UserError
-from dlx.train.checkpoint import load_checkpoint_model
 from dlx.train.config import build_config
 from dlx.train.launch import launch
+from dlx.train.rundir.checkpoint import load_checkpoint_model
 from test_hf_export import corpus_texts, prepare_corpus
 from train_helpers import TINY, run_cli, train_quietly
 
@@ -148,7 +148,7 @@ def test_tasks_in_the_loop_equal_dlx_eval_on_the_final_checkpoint(run_dir, capsy
 def test_bits_per_byte_equals_a_hand_computation(run_dir, prepared):
     """Σ -log p(target) in bits over the evaluated targets ÷ the UTF-8 bytes those targets decode to (special tokens
     none), from the final checkpoint's whole logits and the tokenizer's own decoding."""
-    from dlx.train.data import build_eval_loaders
+    from dlx.train.build.data import build_eval_loaders
 
     record = json.loads((run_dir / "eval.jsonl").read_text().splitlines()[-1])
     config = build_config(yaml.safe_load((run_dir / "config.yaml").read_text()))

@@ -18,8 +18,8 @@ import pytest
 
 from dlx.data.prepare import prepare_dataset
 from dlx.model.io import load_model
-from dlx.train.checkpoint import list_checkpoints, read_checkpoint
 from dlx.train.launch import launch
+from dlx.train.rundir.checkpoint import list_checkpoints, read_checkpoint
 from fault_helpers import (
     SIGNALS,
     cli_env,

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from dlx.errors import UserError
+from dlx.train.loop.trainer import pretrain
 from dlx.train.recipe import load_recipe
-from dlx.train.trainer import pretrain
 from fault_helpers import cli_env, finish, left_running, process_tree, start_cli, wait_for_file
 from train_helpers import TINY, make_dataset, run_cli
 

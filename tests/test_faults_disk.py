@@ -17,9 +17,9 @@ import sys
 
 import pytest
 
-from dlx.train.checkpoint import list_checkpoints, read_checkpoint
+from dlx.train.loop.trainer import pretrain
 from dlx.train.recipe import load_recipe
-from dlx.train.trainer import pretrain
+from dlx.train.rundir.checkpoint import list_checkpoints, read_checkpoint
 from fault_helpers import NO_PLOTS, cli_env
 from train_helpers import TINY
 

@@ -16,14 +16,14 @@ import torch
 from dlx.errors import UserError
 from dlx.model.io import load_model
 from dlx.parallel import dcp
-from dlx.train.checkpoint import (
+from dlx.train.rundir.checkpoint import (
     DamagedCheckpoint,
     find_resumable,
     list_checkpoints,
     load_checkpoint_model,
     read_checkpoint,
 )
-from dlx.train.trained import resolve_trained
+from dlx.train.rundir.trained import resolve_trained
 from train_helpers import TINY, train_quietly
 
 pytestmark = [pytest.mark.faults]

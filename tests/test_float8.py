@@ -24,8 +24,8 @@ from dlx.model import resolve_model_args
 from dlx.model.llama import Transformer
 from dlx.parallel import float8
 from dlx.train.launch import launch
+from dlx.train.loop.trainer import pretrain
 from dlx.train.recipe import load_recipe
-from dlx.train.trainer import pretrain
 from train_helpers import TINY, losses, train_quietly
 
 pytestmark = pytest.mark.usefixtures("in_process_training")

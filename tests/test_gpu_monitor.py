@@ -134,9 +134,9 @@ def fake_counters(monkeypatch, module) -> FakeNvml:
 
 
 def test_the_counters_reach_the_records_and_the_console_line(tmp_path, monkeypatch, capsys):
-    from dlx.train import observe
+    from dlx.train.loop.trainer import pretrain
+    from dlx.train.observers import build as observe
     from dlx.train.recipe import load_recipe
-    from dlx.train.trainer import pretrain
     from train_helpers import TINY
 
     fake = fake_counters(monkeypatch, observe)

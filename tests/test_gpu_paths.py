@@ -18,7 +18,7 @@ from dlx.data.synthetic import SyntheticLoader
 from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.peak import Peak
 from dlx.model import resolve_model_args
-from dlx.train import checkpoint as ckpt
+from dlx.train.rundir import checkpoint as ckpt
 from train_helpers import single_torch_thread
 
 one_thread = pytest.fixture(autouse=True)(single_torch_thread)
@@ -160,8 +160,8 @@ def test_bench_points_report_the_fixed_costs_share():
 
 
 def test_pretrain_prefers_expandable_segments_as_bench_does(monkeypatch, tmp_path):
+    from dlx.train.loop.trainer import pretrain
     from dlx.train.recipe import load_recipe
-    from dlx.train.trainer import pretrain
     from train_helpers import TINY
 
     for name in dev.ALLOC_CONF_VARIABLES:
@@ -172,8 +172,8 @@ def test_pretrain_prefers_expandable_segments_as_bench_does(monkeypatch, tmp_pat
 
 def test_an_explicit_gpu_under_torchrun_is_one_line_before_any_group(monkeypatch, tmp_path):
     from dlx.errors import UserError
+    from dlx.train.loop.trainer import pretrain
     from dlx.train.recipe import load_recipe
-    from dlx.train.trainer import pretrain
     from train_helpers import TINY
 
     for name, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x"}.items():

@@ -19,7 +19,7 @@ from dlx.cli.model_commands import export_hf, import_hf
 from dlx.data.shards import read_manifest
 from dlx.errors import UserError
 from dlx.model.io import load_model
-from dlx.train.sample import sample_text
+from dlx.train.observers.sample import sample_text
 from train_helpers import TINY, run_cli, train_quietly
 
 transformers = pytest.importorskip("transformers")

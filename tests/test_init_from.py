@@ -13,11 +13,11 @@ import torch
 
 from dlx.errors import UserError
 from dlx.model.io import load_model, save_model
-from dlx.train.data import build_train_loader
+from dlx.train.build.data import build_train_loader
+from dlx.train.build.model import build_model
 from dlx.train.launch import launch
-from dlx.train.model_build import build_model
 from dlx.train.recipe import load_recipe
-from dlx.train.trained import resolve_trained
+from dlx.train.rundir.trained import resolve_trained
 from hf_helpers import BASE, next_token_loss, write_hf_llama
 from train_helpers import TINY, losses, make_dataset, run_cli, train_quietly
 

@@ -14,7 +14,7 @@ import torch
 
 from dlx.cli.model_commands import export_hf
 from dlx.data.shards import read_manifest
-from dlx.train.data import build_train_loader
+from dlx.train.build.data import build_train_loader
 from dlx.train.launch import launch
 from dlx.train.recipe import load_recipe
 from hf_helpers import BASE, next_token_loss, write_hf_llama

@@ -179,7 +179,7 @@ def test_resume_says_what_the_folder_is(tmp_path, make, expected, capsys, monkey
 
 
 def test_resume_before_the_first_checkpoint_says_so(tmp_path) -> None:
-    from dlx.train.folder import no_checkpoint_note
+    from dlx.train.rundir.folder import no_checkpoint_note
 
     (tmp_path / "checkpoints").mkdir()
     assert "has no checkpoint yet (the run stopped before its first save)" in no_checkpoint_note(tmp_path)

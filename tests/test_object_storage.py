@@ -177,7 +177,7 @@ def test_a_cache_left_by_a_killed_run_is_verified_not_trusted(s3, tmp_path):
 
 def test_a_local_checkpoint_the_bucket_never_received_is_not_resumed(s3, tmp_path, monkeypatch):
     from dlx.data import storage
-    from dlx.train.remote_run import pull_run, staging_dir
+    from dlx.train.rundir.remote import pull_run, staging_dir
 
     monkeypatch.setenv("DLX_STAGING_DIR", str(tmp_path / "staging"))
     url = f"s3://{BUCKET}/runs/never-uploaded"
@@ -256,7 +256,7 @@ def test_checkpoints_in_a_bucket_resume_on_a_fresh_machine_and_export(s3, tmp_pa
     import shutil
 
     from dlx.data import storage
-    from dlx.train.remote_run import complete_checkpoints
+    from dlx.train.rundir.remote import complete_checkpoints
 
     monkeypatch.setenv("DLX_STAGING_DIR", str(tmp_path / "staging"))
     data = make_dataset(tmp_path / "data")
@@ -380,7 +380,7 @@ def test_run_sync_sends_whole_changed_files_before_checkpoints(s3, tmp_path, mon
     import os
 
     from dlx.data import storage
-    from dlx.train import remote_run
+    from dlx.train.rundir import remote as remote_run
 
     staging = tmp_path / "run"
     (staging / "checkpoints" / "step-00000002").mkdir(parents=True)

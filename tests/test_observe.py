@@ -15,10 +15,10 @@ from dlx.errors import UserError
 from dlx.metrics.cuda_memory import write_snapshot_files
 from dlx.metrics.profiler import ProfileWindow, StepProfiler
 from dlx.metrics.timing import PhaseTimer
-from dlx.train.observer import Observer, ObserverList
+from dlx.train.loop.trainer import pretrain
+from dlx.train.observers.base import Observer, ObserverList
+from dlx.train.observers.sample import TrainingSampler, build_sampler, sample_during_training, sample_text
 from dlx.train.recipe import load_recipe
-from dlx.train.sample import TrainingSampler, build_sampler, sample_during_training, sample_text
-from dlx.train.trainer import pretrain
 from train_helpers import TINY, losses, make_dataset, run_cli
 
 pytestmark = pytest.mark.usefixtures("in_process_training")
@@ -325,7 +325,7 @@ def test_wandb_failing_under_way_is_one_line_and_the_files_go_on(tmp_path, monke
     wandb = pytest.importorskip("wandb")
     from dlx.metrics.logger import MetricsLogger
     from dlx.metrics.wandb_sink import WandbSink
-    from dlx.train.observe import WandbObserver
+    from dlx.train.observers.build import WandbObserver
 
     class BrokenRun:
         def __init__(self):

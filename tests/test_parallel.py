@@ -21,10 +21,10 @@ from safetensors.torch import load_file
 
 from dlx.errors import UserError
 from dlx.parallel.build import check_strategy_installed
+from dlx.train.build.step_plan import resolve_grad_accum
 from dlx.train.config import build_config
 from dlx.train.launch import launch
 from dlx.train.recipe import load_recipe
-from dlx.train.step_plan import resolve_grad_accum
 from fault_helpers import leaked_shm, shm_entries
 from train_helpers import losses, run_cli, train_quietly
 

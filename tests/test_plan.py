@@ -231,11 +231,11 @@ def test_estimate_covers_the_live_tensor_peak_of_dlx_steps_on_cpu(precision, che
     from dlx.metrics.timing import PhaseTimer
     from dlx.parallel.distributed import DistEnv
     from dlx.precision import build_precision
+    from dlx.train.build.data import build_train_loader
+    from dlx.train.build.step_plan import plan_steps
     from dlx.train.config import build_config
-    from dlx.train.data import build_train_loader
+    from dlx.train.loop.trainer import accumulate_gradients
     from dlx.train.run import build_run_strategy, meta_model
-    from dlx.train.step_plan import plan_steps
-    from dlx.train.trainer import accumulate_gradients
 
     model = {"preset": "debug", "dim": 128, "vocab_size": 2048, "max_seq_len": 64, "tie_embeddings": True}
     config = build_config(

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from dlx import faults
-from dlx.train.checkpoint import list_checkpoints
 from dlx.train.launch import launch
+from dlx.train.rundir.checkpoint import list_checkpoints
 from train_helpers import losses
 
 pytestmark = pytest.mark.usefixtures("in_process_training")

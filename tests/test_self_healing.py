@@ -14,9 +14,9 @@ import pytest
 from dlx import faults
 from dlx.errors import UserError
 from dlx.metrics.verdict import bottleneck_verdict
-from dlx.train.checkpoint import list_checkpoints, read_checkpoint
 from dlx.train.launch import launch
-from dlx.train.runlock import LOCK_FILE, RunLock
+from dlx.train.rundir.checkpoint import list_checkpoints, read_checkpoint
+from dlx.train.rundir.runlock import LOCK_FILE, RunLock
 from train_helpers import TINY, losses, make_dataset
 
 pytestmark = pytest.mark.usefixtures("in_process_training")

@@ -12,8 +12,8 @@ import pytest
 
 from dlx import faults
 from dlx.errors import UserError
-from dlx.train.checkpoint import list_checkpoints, read_checkpoint
 from dlx.train.launch import launch
+from dlx.train.rundir.checkpoint import list_checkpoints, read_checkpoint
 
 pytestmark = pytest.mark.usefixtures("in_process_training")
 

@@ -24,11 +24,11 @@ from dlx.parallel.distributed import DistEnv
 from dlx.parallel.materialize import canonical_name, local_region, materialize
 from dlx.parallel.strategy import Strategy, check_format
 from dlx.parallel.tensor import check_layout
-from dlx.train.checkpoint import load_checkpoint_model
+from dlx.train.build.model import load_initial_weights
 from dlx.train.config import build_config
 from dlx.train.launch import launch
-from dlx.train.model_build import load_initial_weights
-from dlx.train.trained import resolve_trained
+from dlx.train.rundir.checkpoint import load_checkpoint_model
+from dlx.train.rundir.trained import resolve_trained
 from test_parallel import LOSS_TOLERANCE, PARAM_TOLERANCE, RUN, TESTS, final_weights, max_difference, torchrun
 from train_helpers import losses, run_cli, train_quietly
 
@@ -232,8 +232,8 @@ def test_a_shard_filler_replaces_the_random_init():
 
 
 def test_checkpoint_keys_a_layout_does_not_use_are_named():
+    from dlx.train.build.restore import unused_checkpoint_keys
     from dlx.train.config import CheckpointSection
-    from dlx.train.restore import unused_checkpoint_keys
 
     both = CheckpointSection.model_validate({"async": True, "full_weights": "every"})
     assert [note.split(" applies")[0] for note in unused_checkpoint_keys(both, "full")] == [

@@ -54,7 +54,7 @@ def test_overrides_are_typed_like_yaml():
 
 def test_a_string_key_keeps_a_numeric_looking_value():
     with pytest.raises(UserError, match="dataset folder 2024 does not exist"):
-        from dlx.train.data import inspect_dataset
+        from dlx.train.build.data import inspect_dataset
 
         inspect_dataset(load_recipe(None, ["--data.path", "2024", "--train.max_steps", "1"]))
 

@@ -8,7 +8,7 @@ import pytest
 
 from dlx.metrics import plots
 from dlx.metrics.meter import Ema
-from dlx.train.console import LOSS_SMOOTHING, RunConsole
+from dlx.train.build.console import LOSS_SMOOTHING, RunConsole
 
 
 def test_the_bar_moves_and_its_loss_follows_every_step() -> None:

@@ -17,9 +17,9 @@ from dataset_helpers import write_dataset
 from dlx.data.shards import read_manifest, sha256_file, write_manifest
 from dlx.errors import UserError
 from dlx.model.loss import whole_logits_loss
-from dlx.train.objective import Objective
+from dlx.train.build.objective import Objective
+from dlx.train.loop.trainer import pretrain
 from dlx.train.recipe import load_recipe
-from dlx.train.trainer import pretrain
 from train_helpers import TINY, losses, make_dataset, run_cli
 
 pytestmark = pytest.mark.usefixtures("in_process_training")

@@ -15,9 +15,9 @@ from dlx.model.presets import resolve_model_args
 from dlx.parallel.distributed import DistEnv
 from dlx.parallel.strategy import Strategy
 from dlx.precision import build_precision
+from dlx.train.build.optim import LRSchedule, build_optimizer, param_groups
 from dlx.train.config import TrainSection
-from dlx.train.optim import LRSchedule, build_optimizer, param_groups
-from dlx.train.trainer import accumulate_gradients
+from dlx.train.loop.trainer import accumulate_gradients
 from train_helpers import single_torch_thread
 
 

@@ -13,10 +13,11 @@ import pytest
 from dlx.data.shards import read_manifest, sha256_file, write_manifest
 from dlx.errors import UserError
 from dlx.model.stats import ParamFormula
-from dlx.train import preflight, trainer
-from dlx.train.preflight import checkpoint_bytes, run_preflight
+from dlx.train.build import preflight
+from dlx.train.build.preflight import checkpoint_bytes, run_preflight
+from dlx.train.loop import trainer
+from dlx.train.loop.trainer import pretrain
 from dlx.train.recipe import load_recipe
-from dlx.train.trainer import pretrain
 from train_helpers import TINY, make_dataset
 
 pytestmark = pytest.mark.usefixtures("in_process_training")

@@ -10,9 +10,9 @@ import pytest
 
 from dlx.errors import UserError
 from dlx.model.io import load_model
-from dlx.train.checkpoint import DamagedCheckpoint, list_checkpoints, read_checkpoint
+from dlx.train.loop.trainer import pretrain
 from dlx.train.recipe import load_recipe
-from dlx.train.trainer import pretrain
+from dlx.train.rundir.checkpoint import DamagedCheckpoint, list_checkpoints, read_checkpoint
 from train_helpers import TINY, losses, make_dataset
 
 STEPS = ["--train.max_steps", "8", "--checkpoint.every", "4", "--train.grad_accum", "2"]
@@ -107,7 +107,7 @@ def test_resume_refuses_a_different_run(tmp_path):
 def test_a_failed_save_is_one_line_and_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     import errno
 
-    from dlx.train import checkpoint
+    from dlx.train.rundir import checkpoint
 
     real, calls = checkpoint.write_weight_dict, {"n": 0}
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from dlx.errors import UserError
-from dlx.train import accumulate
+from dlx.train.loop import accumulate
+from dlx.train.loop.trainer import pretrain
 from dlx.train.recipe import load_recipe
-from dlx.train.trainer import pretrain
 from train_helpers import TINY, make_dataset
 
 REQUIRED = {

@@ -30,10 +30,10 @@ from dlx.data.source import LoaderSettings
 from dlx.errors import UserError
 from dlx.metrics.estimate import plan_memory
 from dlx.parallel.distributed import DistEnv
-from dlx.train import memory_check
-from dlx.train.model_build import bos_difference
+from dlx.train.build import memory_check
+from dlx.train.build.model import bos_difference
 from dlx.train.recipe import load_recipe
-from dlx.train.trained import TrainedSource
+from dlx.train.rundir.trained import TrainedSource
 from prepare_helpers import make_documents, read_documents, write_jsonl
 from train_helpers import TINY, make_dataset, train_quietly
 
@@ -102,7 +102,7 @@ def test_data_info_and_the_encoders_state_the_choice(llama_style, corpus, tmp_pa
     plain = prepared(tmp_path / "plain", corpus, llama_style, add_bos=False)
     info(plain, as_json=False)
     assert "bos: none (each document is its ids then EOS)" in capsys.readouterr().out
-    from dlx.train.preflight import run_preflight
+    from dlx.train.build.preflight import run_preflight
 
     config = load_recipe(None, [*TINY, "--data.path", str(folder), "--train.max_steps", "1"])
     checks = {c.name: c.found for c in run_preflight(config, tmp_path / "run", False, 1).checks}
@@ -110,7 +110,7 @@ def test_data_info_and_the_encoders_state_the_choice(llama_style, corpus, tmp_pa
     # generate / training samples: the dataset's choice beside its tokenizer.json, else the tokenizer's convention
     assert document_bos_id(folder / "tokenizer.json") == bos and document_bos_id(llama_style) == bos
     assert document_bos_id(plain / "tokenizer.json") is None
-    from dlx.train.sample import trained_bos_id
+    from dlx.train.observers.sample import trained_bos_id
 
     run_dir = tmp_path / "run-of-plain"  # a run folder: its tokenizer.json copy and config.yaml naming the data
     run_dir.mkdir()
@@ -309,7 +309,7 @@ def test_plan_and_params_read_a_hugging_face_folder(tmp_path, capsys):
 
 def test_generate_reads_a_hugging_face_folder(tmp_path):
     pytest.importorskip("transformers")
-    from dlx.train.sample import sample_text
+    from dlx.train.observers.sample import sample_text
     from hf_helpers import write_hf_llama
 
     dataset = make_dataset(tmp_path / "data")
@@ -334,7 +334,7 @@ def test_prepare_warns_of_a_small_validation_split(llama_style, corpus, tmp_path
 
 
 def test_the_run_header_says_a_validation_split_is_too_small_to_trust(tmp_path):
-    from dlx.train.preflight import run_preflight
+    from dlx.train.build.preflight import run_preflight
 
     folder = make_dataset(tmp_path / "data")  # one validation document
     micro = (read_manifest(folder).split_tokens("val") - 1) // 16 // 2  # 2 validation batches of 16-token windows

@@ -19,9 +19,9 @@ from dlx.data.prepare import prepare_dataset
 from dlx.data.shards import read_manifest, verify_shards
 from dlx.data.source import LoaderSettings
 from dlx.errors import UserError
-from dlx.train.checkpoint import DamagedCheckpoint, find_resumable, list_checkpoints, read_checkpoint
 from dlx.train.launch import launch
-from dlx.train.trained import resolve_trained
+from dlx.train.rundir.checkpoint import DamagedCheckpoint, find_resumable, list_checkpoints, read_checkpoint
+from dlx.train.rundir.trained import resolve_trained
 from train_helpers import TINY, make_dataset, train_quietly
 
 pytestmark = pytest.mark.usefixtures("in_process_training")

@@ -143,8 +143,8 @@ def test_an_error_alike_on_every_rank_is_printed_by_rank_0_with_the_retry(monkey
     line per attempt, from rank 0, saying whether the launcher retries; a rank's own error is printed by that rank."""
     from dlx.cli.app import print_user_error
     from dlx.errors import UserError
+    from dlx.train.build.step_plan import resolve_grad_accum
     from dlx.train.config import RunConfig
-    from dlx.train.step_plan import resolve_grad_accum
 
     refusal = UserError("run folder r is being trained by pid 7 on vm (lock r/writer.lock)").alike_on_every_rank()
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
@@ -174,7 +174,7 @@ def test_an_error_alike_on_every_rank_is_printed_by_rank_0_with_the_retry(monkey
 def test_a_stale_lock_from_another_host_is_taken_over_with_a_line(tmp_path, capsys):
     import time
 
-    from dlx.train.runlock import LOCK_FILE, STALE_S, RunLock
+    from dlx.train.rundir.runlock import LOCK_FILE, STALE_S, RunLock
 
     holder = {"pid": 4242, "host": "node-b", "started": 0.0, "alive": time.time() - STALE_S - 30}
     (tmp_path / LOCK_FILE).write_text(json.dumps(holder) + "\n")
@@ -195,7 +195,7 @@ def test_a_resume_with_keep_last_1_needs_room_for_one_more_checkpoint(tmp_path, 
     from collections import namedtuple
 
     from dlx.errors import UserError
-    from dlx.train.preflight import check_disk, checkpoint_bytes
+    from dlx.train.build.preflight import check_disk, checkpoint_bytes
     from dlx.train.recipe import load_recipe
     from train_helpers import TINY
 

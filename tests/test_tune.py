@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from dlx import device as dev
-from dlx.bench import tune as tune_module
-from dlx.bench.tune import TuneSettings, run_tune
-from dlx.bench.tune_model import LayoutCost, Rates, calibrate
-from dlx.bench.tune_space import SearchSpace, enumerate_layouts
+from dlx.bench.tune import search as tune_module
+from dlx.bench.tune.search import TuneSettings, run_tune
+from dlx.bench.tune.space import SearchSpace, enumerate_layouts
+from dlx.bench.tune.time_model import LayoutCost, Rates, calibrate
 from dlx.errors import UserError
 from dlx.train.recipe import load_recipe
 
@@ -40,7 +40,7 @@ def synthetic_measure(monkeypatch):
     measured = []
 
     def fake_measure(config, device, warmup, steps):
-        from dlx.bench.tune_space import Layout
+        from dlx.bench.tune.space import Layout
 
         parallel, train, micro = config.parallel, config.train, config.data.micro_batch_size
         layout = Layout(
@@ -214,8 +214,8 @@ def test_a_process_measures_deepspeed_layouts_in_two_tunes_in_a_row():
 
 
 def test_measured_attention_prices_the_attention_term_in_place_of_its_flops():
-    from dlx.bench.tune_model import layout_cost
-    from dlx.bench.tune_space import Layout
+    from dlx.bench.tune.space import Layout
+    from dlx.bench.tune.time_model import layout_cost
     from dlx.metrics.flops import training_flops_per_token
 
     args = load_recipe(DEBUG, []).model.args
@@ -230,7 +230,7 @@ def test_measured_attention_prices_the_attention_term_in_place_of_its_flops():
 
 
 def test_attention_is_timed_per_kernel_and_micro_batch_and_scaled_past_the_token_cap(monkeypatch):
-    from dlx.bench import tune_rates
+    from dlx.bench.tune import rates as tune_rates
 
     args = load_recipe(DEBUG, []).model.args
     cpu = torch.device("cpu")

@@ -16,10 +16,10 @@ from cpt_helpers import base_tokenizer, chinese_text, english_texts
 from dlx.data.tokenizer_extend import extend_tokenizer
 from dlx.errors import UserError
 from dlx.model.hf import save_hf
+from dlx.train.build.model import build_model
 from dlx.train.launch import launch
-from dlx.train.model_build import build_model
 from dlx.train.recipe import load_recipe
-from dlx.train.trained import resolve_trained
+from dlx.train.rundir.trained import resolve_trained
 from hf_helpers import BASE, write_hf_llama
 from train_helpers import make_dataset
 

@@ -75,8 +75,8 @@ def test_architecture_names_every_module():
 
 
 def test_the_check_sees_an_unnamed_module(tmp_path):
-    for name in ("data/loader/plan.py", "data/mixture/plan.py", "train/run.py", "train/eval.py"):
+    for name in ("data/loader/plan.py", "data/mixture/plan.py", "train/run.py", "train/loop/eval.py"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")
     text = "`run.py` builds; `loader/plan.py` and plan.py; eval"
-    assert unnamed_modules(tmp_path, text) == ["data/mixture/plan.py", "train/eval.py"]
+    assert unnamed_modules(tmp_path, text) == ["data/mixture/plan.py", "train/loop/eval.py"]

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
+from dlx.train.build.optim import LRSchedule, ScheduledLR, WSDSchedule, build_scheduler
 from dlx.train.config import TrainSection
-from dlx.train.optim import LRSchedule, ScheduledLR, WSDSchedule, build_scheduler
 
 
 def wsd(**overrides) -> TrainSection:
@@ -58,7 +58,7 @@ def resumed(
 
 def resume(saved: ScheduledLR, cfg: TrainSection, total: int, until: int | None) -> tuple[ScheduledLR, list[float]]:
     state = saved.state_dict()
-    state["lr_lambdas"] = [None]  # as dlx.train.checkpoint saves it
+    state["lr_lambdas"] = [None]  # as dlx.train.rundir.checkpoint saves it
     scheduler = scheduler_after(cfg, total, 0)
     scheduler.load_state_dict(state)
     lrs = []

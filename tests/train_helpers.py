@@ -103,7 +103,7 @@ def skip_plots(request, monkeypatch) -> None:
     """For an autouse fixture: leave report.md and its PNGs out (1.5 s of matplotlib per run) unless the test is
     marked `report`; the trainer still computes the verdict."""
     if request.node.get_closest_marker("report") is None:
-        from dlx.train import finish
+        from dlx.train.loop import finish
 
         monkeypatch.setattr(finish, "write_report", lambda *args, **kwargs: None)
 
@@ -114,8 +114,8 @@ def train_quietly(overrides: list[str], run_dir: Path) -> Path:
     import pytest
     import torch
 
-    from dlx.train import finish
     from dlx.train.launch import launch
+    from dlx.train.loop import finish
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

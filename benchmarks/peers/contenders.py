@@ -34,10 +34,10 @@ from dlx.data.synthetic import SyntheticLoader
 from dlx.device import autocast
 from dlx.model.llama import Transformer
 from dlx.parallel.distributed import DistEnv
+from dlx.train.build.signals import GracefulStop
+from dlx.train.loop.trainer import train_loop
 from dlx.train.recipe import load_recipe
 from dlx.train.run import build_run
-from dlx.train.signals import GracefulStop
-from dlx.train.trainer import train_loop
 
 VOCAB, SEQ, BATCH, LR = 8192, 256, 8, 3e-4
 GRAD_CLIP = 1.0

@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 PROBES = {
-    "dlx": "import dlx.train.run, dlx.train.trainer",
+    "dlx": "import dlx.train.run, dlx.train.loop.trainer",
     "torchtitan": (
         "import sys; sys.path.insert(0, 'benchmarks'); sys.modules['datasets'] = sys.modules['tensorboard'] = None; "
         "from peers.titan_setup import prepare_imports; prepare_imports(); "

@@ -227,7 +227,7 @@ def components() -> tuple[type, type]:
 
 def dlx_initial_model(setting: Setting, device: torch.device = torch.device("cpu")):
     """dlx's model with the weights `dlx pretrain` starts from (drawn from train.seed), on `device`."""
-    from dlx.train.model_build import build_model
+    from dlx.train.build.model import build_model
 
     return build_model(dlx_config(setting), device)
 

@@ -30,7 +30,7 @@ from dlx.data.shards import read_manifest
 from dlx.errors import UserError
 from dlx.parallel import distributed
 from dlx.parallel.tensor import check_layout
-from dlx.train.data import inspect_dataset
+from dlx.train.build.data import inspect_dataset
 
 
 def run_bench(

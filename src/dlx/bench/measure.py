@@ -1,7 +1,8 @@
 """One point of `dlx bench`, measured as `dlx pretrain` trains: the same recipe validation and the same builders
 (model, precision, strategy with its optimizer, loader, the attention kernel train.attention auto picks), the loop's
 own `accumulate_gradients` and the strategy's `optimizer_step`, its PhaseTimer phases and its ThroughputMeter.
-`dlx.bench.sweep` calls `measure_point` for each point, `dlx tune` (`dlx.bench.tune`) `measure_config` for each layout.
+`dlx.bench.sweep` calls `measure_point` for each point, `dlx tune` (`dlx.bench.tune.search`) `measure_config` for each
+layout.
 
 A point is: `warmup` untimed optimizer steps (kernel selection, allocator growth, torch.compile), then the peak-memory
 counter is reset and `steps` timed steps follow as one PhaseTimer window: phase times are averaged over them, and the
@@ -31,13 +32,13 @@ from dlx.model.presets import resolve_model_args
 from dlx.parallel.distributed import env_from_torchrun, main_decides
 from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.precision import Precision, build_precision
-from dlx.train.accumulate import accumulate_gradients
-from dlx.train.attention import AttentionObserver, attention_shape, choose_run_attention
+from dlx.train.build.data import build_train_loader
+from dlx.train.build.model import build_run_strategy, meta_model
+from dlx.train.build.objective import build_objective
+from dlx.train.build.step_plan import plan_steps
 from dlx.train.config import RunConfig, build_config
-from dlx.train.data import build_train_loader
-from dlx.train.model_build import build_run_strategy, meta_model
-from dlx.train.objective import build_objective
-from dlx.train.step_plan import plan_steps
+from dlx.train.loop.accumulate import accumulate_gradients
+from dlx.train.observers.attention import AttentionObserver, attention_shape, choose_run_attention
 
 
 def point_config(setup: BenchSetup, point: BenchPoint) -> RunConfig:

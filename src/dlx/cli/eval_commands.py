@@ -36,8 +36,8 @@ def eval_checkpoint(
     dlx's passkey retrieval; print lm-eval's table, or with --json its results object ({"results": {task:
     {"acc,none": ...}}, ...}; passkey's cells as tasks of their own)."""
     from dlx.errors import UserError
-    from dlx.train.tasks import evaluate_checkpoint
-    from dlx.train.trained import resolve_trained, say_on_stderr
+    from dlx.train.observers.tasks import evaluate_checkpoint
+    from dlx.train.rundir.trained import resolve_trained, say_on_stderr
 
     names = [name.strip() for name in tasks.split(",") if name.strip()]
     if not names:
@@ -52,7 +52,7 @@ def eval_checkpoint(
     if "passkey" in names:
         from dlx import device as dev
         from dlx.evals.passkey import passkey_results, run_passkey, score_table
-        from dlx.train.trained import load_trained
+        from dlx.train.rundir.trained import load_trained
 
         trained = load_trained(found, dev.resolve_device(device))
         scores = run_passkey(trained.model, trained.tokenizer, None, (0.0, 0.5, 1.0), limit or 5, 0)

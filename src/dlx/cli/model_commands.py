@@ -44,7 +44,7 @@ def params(
             )
         console.print(table)
         return
-    from dlx.train.trained import model_args_of
+    from dlx.train.rundir.trained import model_args_of
 
     args = model_args_of(model, "dlx params")
     stats = model_stats(args)
@@ -95,8 +95,8 @@ def export_hf(
     from dlx.device import PRECISION_DTYPES
     from dlx.errors import UserError
     from dlx.model.hf import save_hf
-    from dlx.train.init_from import export_context
-    from dlx.train.trained import resolve_trained, say_on_stderr
+    from dlx.train.init.init_from import export_context
+    from dlx.train.rundir.trained import resolve_trained, say_on_stderr
 
     if dtype != "keep" and dtype not in PRECISION_DTYPES:
         raise UserError(f"--dtype {dtype!r}: choose keep, {', '.join(PRECISION_DTYPES)}")

@@ -40,7 +40,7 @@ def passkey(
     and the answer's log-likelihood (teacher-forced, one forward pass per prompt)."""
     from dlx import device as dev
     from dlx.evals.passkey import run_passkey, score_table
-    from dlx.train.trained import load_trained, resolve_trained, say_on_stderr
+    from dlx.train.rundir.trained import load_trained, resolve_trained, say_on_stderr
 
     trained = load_trained(resolve_trained(path, "dlx passkey", say_on_stderr), dev.resolve_device(device))
     length_list, depth_list = _numbers(lengths, int, "--lengths"), _numbers(depths, float, "--depths")

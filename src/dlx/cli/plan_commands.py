@@ -76,7 +76,7 @@ def plan_summary(model: str, shape: Any, gpu: str, mfu: float, memory_gb: float)
     from dlx.metrics.estimate import GB, max_micro_batch, plan_memory
     from dlx.metrics.peak import gpu_peak
     from dlx.parallel.tensor import divisibility_problem
-    from dlx.train.trained import model_args_of
+    from dlx.train.rundir.trained import model_args_of
 
     args = model_args_of(model, "dlx plan")
     problem = divisibility_problem(args, shape.tp, "--tp")

@@ -3,8 +3,8 @@
 torchrun takes the same options and starts the same ranks. What differs is the end of a job stopped by a signal:
 
 - SIGTERM (or SIGINT, SIGHUP) to torchrun alone, as Kubernetes sends it to the container's first process: torchrun
-  sends it on to the ranks, which finish their step and save a checkpoint (dlx.train.signals), and waits for them at
-  most `--shutdown-timeout` seconds (torchrun's option, default 30, also `TORCH_ELASTIC_SHUTDOWN_TIMEOUT`) before
+  sends it on to the ranks, which finish their step and save a checkpoint (dlx.train.build.signals), and waits for them
+  at most `--shutdown-timeout` seconds (torchrun's option, default 30, also `TORCH_ELASTIC_SHUTDOWN_TIMEOUT`) before
   SIGKILL. torchrun itself then exits 1 with its traceback; this exits 128 + the signal's number (143 for SIGTERM)
   with one line.
 - SIGTERM to torchrun and every rank at once, as Slurm's `--signal` and its end-of-job kill do: the same.

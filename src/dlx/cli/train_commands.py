@@ -45,8 +45,8 @@ def pretrain(
     tune_budget_min: Annotated[float, typer.Option(help="--tune: minutes the search may take.")] = 5.0,
 ) -> None:
     from dlx.faults import pause_point
+    from dlx.train.build.signals import stop_outside_training
     from dlx.train.recipe import split_command_line
-    from dlx.train.signals import stop_outside_training
 
     stop_outside_training()  # SIGTERM before the training loop: one line, exit 143
     pause_point("start_up")  # test-only, off by default: see dlx.faults
@@ -62,7 +62,7 @@ def pretrain(
 
         raise UserError("--resume auto needs --run-dir DIR: the folder every restart of the job starts or continues")
     if run_dir is not None and is_url(run_dir):
-        from dlx.train.remote_run import RunSync, pull_run
+        from dlx.train.rundir.remote import RunSync, pull_run
 
         staging = pull_run(run_dir)
         with RunSync(run_dir, staging):
@@ -117,7 +117,7 @@ def generate(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
 ) -> None:
     """Sample a continuation of PROMPT from a trained model, with the run's tokenizer."""
-    from dlx.train.sample import sample_text
+    from dlx.train.observers.sample import sample_text
 
     text = sample_text(path, prompt, max_new_tokens, temperature, top_k, top_p, seed, device)
     print(text)

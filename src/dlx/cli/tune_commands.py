@@ -69,8 +69,8 @@ def run_tune_command(
 ) -> dict[str, Any] | None:
     """Tune, write OUT, OUT.md and OUT.json on rank 0 and print the table (or the JSON); returns the JSON object on
     rank 0, None on the other ranks."""
-    from dlx.bench.tune import TuneSettings, run_tune
-    from dlx.bench.tune_report import markdown_lines, tune_json, write_outputs
+    from dlx.bench.tune.report import markdown_lines, tune_json, write_outputs
+    from dlx.bench.tune.search import TuneSettings, run_tune
     from dlx.parallel.distributed import env_from_torchrun
 
     is_main = env_from_torchrun().is_main
@@ -116,12 +116,12 @@ def pretrain_tuned(
     import shutil
     import tempfile
 
-    from dlx.bench.tune import TuneSettings, run_tune
-    from dlx.bench.tune_report import tuned_recipe_text, write_outputs
+    from dlx.bench.tune.report import tuned_recipe_text, write_outputs
+    from dlx.bench.tune.search import TuneSettings, run_tune
     from dlx.errors import UserError
     from dlx.parallel.distributed import env_from_torchrun
-    from dlx.train import folder
     from dlx.train.launch import launch
+    from dlx.train.rundir import folder
 
     if recipe is None or resume:
         raise UserError("--tune needs a recipe and a new run: dlx pretrain RECIPE.yaml --tune (without --resume)")

@@ -30,6 +30,7 @@ from dlx.errors import UserError
 SCHEMES = ("s3", "gs", "gcs", "hf")
 """URL schemes dlx reads and writes through fsspec."""
 RETRY_ENV = "DLX_STORAGE_RETRY_S"
+STAGING_ENV = "DLX_STAGING_DIR"
 """Seconds one operation may spend retrying throttling and dropped connections before it gives up."""
 CHUNK = 8 << 20
 """Bytes read per request of a streamed download."""
@@ -48,6 +49,14 @@ _TRANSIENT_WORDS = (
 _filesystems: dict[tuple, object] = {}
 
 T = TypeVar("T")
+
+
+def staging_root() -> Path:
+    """The local folder under which URL inputs, `--out` URLs and bucket run folders are staged:
+    `$DLX_STAGING_DIR`, else `$XDG_CACHE_HOME/dlx/staging` (`~/.cache/dlx/staging`)."""
+    if os.environ.get(STAGING_ENV):
+        return Path(os.environ[STAGING_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dlx" / "staging"
 
 
 def is_url(path: str | os.PathLike) -> bool:

@@ -144,7 +144,7 @@ def run_passkey(
     samples: int,
     seed: int,
 ) -> list[PasskeyScore]:
-    """Passkey scores of a loaded model (`dlx.train.trained.load_trained`) with its tokenizer; `lengths` None:
+    """Passkey scores of a loaded model (`dlx.train.rundir.trained.load_trained`) with its tokenizer; `lengths` None:
     `default_lengths` of the model's context."""
     lengths = default_lengths(model.args.max_seq_len) if lengths is None else lengths
     return evaluate_passkey(model, tokenizer, lengths, depths, samples, seed)

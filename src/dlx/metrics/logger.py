@@ -1,7 +1,7 @@
 """MetricsLogger: one JSON object per line in run_dir/metrics.jsonl (train steps), eval.jsonl, tasks.jsonl
 (lm-evaluation-harness metrics, `{"step", "task/metric": value, "task/metric_stderr": value, ..., "tasks_s"}`) and
 samples.jsonl (text generated during training); optional TensorBoard. (Weights & Biases is an observer of the run, fed
-the same records: dlx.metrics.wandb_sink, dlx.train.observe.)
+the same records: dlx.metrics.wandb_sink, dlx.train.observers.build.)
 
 Lines are flushed as they are written, so a crashed run keeps every step it logged; a line cut short by a crash is
 skipped by `read_jsonl`. Non-finite floats (a NaN loss) are written as null: JSON has no NaN. Only the main rank

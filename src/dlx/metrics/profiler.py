@@ -1,6 +1,6 @@
 """torch.profiler around chosen optimizer steps (`profile.start`, `profile.steps`): which op the step's time goes to.
 
-The run enters `StepProfiler.step(n)` around each optimizer step (through its observer, `dlx.train.observe`);
+The run enters `StepProfiler.step(n)` around each optimizer step (through its observer, `dlx.train.observers.build`);
 outside the chosen steps it does nothing. Over
 the chosen steps it records CPU ops (and on CUDA the kernels) with input shapes and Python stacks, each step inside a
 `dlx_step_<n>` annotation. After the last one, with the step clock paused (the export is no step's time), every rank

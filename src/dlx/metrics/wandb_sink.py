@@ -1,6 +1,6 @@
 """Weights & Biases from rank 0 (`log.wandb`; optional: `pip install 'dlx[wandb]'`): each training record, evaluation
 and sample as it is written to the run folder, the resolved config at the start, and at the end the verdict,
-report.md and the plots. The run feeds it through an observer (`dlx.train.observe.WandbObserver`).
+report.md and the plots. The run feeds it through an observer (`dlx.train.observers.build.WandbObserver`).
 
 W&B's own environment variables apply (WANDB_MODE=offline keeps the run in RUN/wandb/ for a later `wandb sync`).
 The W&B run's id is kept in RUN/wandb-id, so `--resume` continues the same W&B run; records replayed after the

@@ -4,7 +4,7 @@ a KV cache for `generate`), SwiGLU, and the chunked output loss (`dlx.model.loss
 
 Module and parameter names follow Meta's reference code (`tok_embeddings`, `layers.N.attention.wq`, ...). The model
 knows nothing of devices or parallelism: those are applied from outside (`dlx.parallel.wrap`, `dlx.parallel.strategy`),
-and the attention kernel is chosen outside too (`dlx.train.attention`).
+and the attention kernel is chosen outside too (`dlx.train.observers.attention`).
 
 Under autocast the residual stream stays fp32 (under FSDP2 too, whose gathered weights are bf16: the embedding's
 output is made fp32 and dlx.parallel.wrap leaves block inputs uncast) and each RMSNorm hands the next matmuls its

@@ -11,7 +11,7 @@
   at most 2²⁸ elements (1 GiB in fp32).
 - whole logits: `output(hidden)` for the whole batch, then `F.cross_entropy` in fp32; the tests use it as the
   reference. (Tensor parallelism takes the vocabulary-sharded logits of `model(tokens)` instead and computes the loss
-  on the shards: dlx.train.objective.training_loss.)
+  on the shards: dlx.train.build.objective.training_loss.)
 
 Both return `LossParts`: the loss to differentiate (cross-entropy + z_loss · z), and the two terms apart for logging.
 The z-loss (PaLM, OLMo) is the mean over tokens of logsumexp(logits)²: it pulls the softmax normaliser towards 1.

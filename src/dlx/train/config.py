@@ -33,8 +33,8 @@ from dlx.parallel.traits import STRATEGY_TRAITS
 
 
 class ResolvedInit(Protocol):
-    """model.init_from as the recipe loader resolved it (`dlx.train.init_from.InitFrom`): the recipe takes its model
-    shape from it."""
+    """model.init_from as the recipe loader resolved it (`dlx.train.init.init_from.InitFrom`): the recipe takes its
+    model shape from it."""
 
     @property
     def args(self) -> ModelArgs: ...
@@ -82,7 +82,7 @@ class ModelSection(BaseModel):
 
     @property
     def init(self) -> Any:
-        """init_from as the recipe loader resolved it (`dlx.train.init_from.resolve_init`); None without one."""
+        """init_from as the recipe loader resolved it (`dlx.train.init.init_from.resolve_init`); None without one."""
         return self._init
 
     def resolved(self) -> dict[str, Any]:
@@ -204,7 +204,7 @@ class TrainSection(BaseModel):
     skip_memory_check: bool = False
     """Start even when `dlx plan`'s memory estimate for this layout exceeds the device's free memory."""
     spike_policy: Literal["off", "skip", "rollback"] = "off"
-    """On a loss spike: `skip` its update, or `rollback` after spike_patience in a row (dlx.train.spikes); off."""
+    """On a loss spike: `skip` its update, or `rollback` after spike_patience in a row (train/observers/spikes.py)."""
     spike_sigma: float = Field(6.0, gt=0, le=1e3)
     """A spike: a loss above the mean of the last spike_window accepted losses by this many standard deviations."""
     spike_window: int = Field(100, ge=2, le=1 << 20)
@@ -234,7 +234,7 @@ class EvalSection(BaseModel):
     """Evaluate on the validation split every this many optimizer steps (and at the end); 0 turns eval off."""
     batches: int = Field(20, gt=0, le=1 << 20)
     """Micro-batches per evaluation (fewer if the validation split is smaller)."""
-    # Samples during training (dlx.train.sample), through the code `dlx generate` runs.
+    # Samples during training (dlx.train.observers.sample), through the code `dlx generate` runs.
     sample_every: int = Field(0, ge=0)
     """Continue each of eval.sample_prompts every this many optimizer steps, printed and in samples.jsonl; 0: off."""
     sample_prompts: list[str] = Field(default_factory=list, max_length=64)
@@ -247,7 +247,7 @@ class EvalSection(BaseModel):
     """Sample among the k likeliest tokens (null: among all) when eval.sample_temperature > 0."""
     sample_seed: int = Field(0, ge=0, lt=2**63)
     """Seed of the sampler's own generator, the same at every sampling step; training's random state is untouched."""
-    # Downstream tasks through lm-evaluation-harness on the live model (dlx.train.tasks; needs dlx[eval]).
+    # Downstream tasks through lm-evaluation-harness on the live model (dlx.train.observers.tasks; needs dlx[eval]).
     tasks: list[str] = Field(default_factory=list, max_length=256)
     """lm-eval task names or task YAML paths (dlx ships dlx_stdlib_next_line); results in tasks.jsonl."""
     task_dir: str | None = None

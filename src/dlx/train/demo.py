@@ -63,8 +63,8 @@ def demo_recipe(vocab_size: int) -> dict[str, Any]:
 
 
 def run_demo(resume: bool = False, run_dir: Path | None = None) -> int:
-    from dlx.train.sample import continue_text
-    from dlx.train.trainer import pretrain
+    from dlx.train.loop.trainer import pretrain
+    from dlx.train.observers.sample import continue_text
 
     start = time.perf_counter()
     manifest = prepare_demo_data()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from dlx.errors import UserError
-from dlx.train import folder
 from dlx.train.recipe import load_recipe, parse_overrides
+from dlx.train.rundir import folder
 
 
 def launch(recipe: str | None, overrides: list[str], run_dir: Path | None, resume: bool | str) -> int:
@@ -21,7 +21,7 @@ def launch(recipe: str | None, overrides: list[str], run_dir: Path | None, resum
     else:
         config = load_recipe(recipe, overrides, resuming=existing)
         name = Path(recipe).stem if recipe else "run"
-    from dlx.train.trainer import pretrain  # torch and the rest only once the recipe is known to be valid
+    from dlx.train.loop.trainer import pretrain  # torch and the rest only once the recipe is known to be valid
 
     result = pretrain(config, name, run_dir, existing)
     return 0 if result.stopped_by is None else result.exit_code

@@ -11,7 +11,7 @@ import yaml
 from dlx.atomic import atomic_write_text
 from dlx.errors import UserError
 from dlx.train.config import SECTIONS, RunConfig, build_config
-from dlx.train.folder import RUN_CONFIG_FILE
+from dlx.train.rundir.folder import RUN_CONFIG_FILE
 
 
 def read_recipe_file(path: str | Path) -> dict[str, Any]:
@@ -143,13 +143,13 @@ def load_recipe(
     path: str | Path | None, overrides: list[str], base: dict[str, Any] | None = None, resuming: bool = False
 ) -> RunConfig:
     """The recipe file (or `base`, or the defaults), with command-line overrides, validated once; model.init_from's
-    folder read here, once (`dlx.train.init_from.resolve_init`). `resuming`: the run continues from its checkpoint, so
-    init_from's weights may be gone (the run folder's config.yaml then gives the shape)."""
+    folder read here, once (`dlx.train.init.init_from.resolve_init`). `resuming`: the run continues from its checkpoint,
+    so init_from's weights may be gone (the run folder's config.yaml then gives the shape)."""
     raw = read_recipe_file(path) if path is not None else dict(base or {})
     raw = apply_overrides(raw, parse_overrides(overrides))
     init = None
     if isinstance(raw.get("model"), dict) and raw["model"].get("init_from"):
-        from dlx.train.init_from import resolve_init  # torch: only for a recipe that needs it
+        from dlx.train.init.init_from import resolve_init  # torch: only for a recipe that needs it
 
         init = resolve_init(raw, resuming)
     return build_config(raw, init)

@@ -1,6 +1,6 @@
 """`build_run`: every piece a training run needs, each from its own `build_*` helper (the checks before anything is
-built from `dlx.train.start`, the model and its strategy from `dlx.train.model_build`, the observers from
-`dlx.train.observe`), validated before the run folder is written (bad input leaves nothing behind)."""
+built from `dlx.train.start`, the model and its strategy from `dlx.train.build.model`, the observers from
+`dlx.train.observers.build`), validated before the run folder is written (bad input leaves nothing behind)."""
 
 from __future__ import annotations
 
@@ -19,22 +19,22 @@ from dlx.parallel.distributed import DistEnv, job_store, main_decides
 from dlx.parallel.heartbeat import Heartbeat
 from dlx.parallel.strategy import Strategy
 from dlx.precision import Precision
-from dlx.train.attention import choose_for_run
+from dlx.train.build.console import RunConsole
+from dlx.train.build.data import DatasetInfo, build_train_loader
+from dlx.train.build.model import build_run_strategy, initial_weights, meta_model, resolve_initial_weights
+from dlx.train.build.objective import Objective, build_objective
+from dlx.train.build.optim import ScheduledLR, build_scheduler
+from dlx.train.build.progress import RunProgress, read_progress
+from dlx.train.build.restore import announce_resume, claimed_run_dir, create_run_dir, find_checkpoint, restore
+from dlx.train.build.signals import GracefulStop
+from dlx.train.build.step_plan import StepPlan, plan_steps
 from dlx.train.config import RunConfig
-from dlx.train.console import RunConsole
-from dlx.train.data import DatasetInfo, build_train_loader
-from dlx.train.model_build import build_run_strategy, initial_weights, meta_model, resolve_initial_weights
-from dlx.train.objective import Objective, build_objective
-from dlx.train.observe import build_observers, check_observers
-from dlx.train.observer import ObserverList
-from dlx.train.optim import ScheduledLR, build_scheduler
-from dlx.train.progress import RunProgress, read_progress
-from dlx.train.restore import announce_resume, claimed_run_dir, create_run_dir, find_checkpoint, restore
-from dlx.train.runlock import RunLock
-from dlx.train.signals import GracefulStop
+from dlx.train.observers.attention import choose_for_run
+from dlx.train.observers.base import ObserverList
+from dlx.train.observers.build import build_observers, check_observers
+from dlx.train.rundir.runlock import RunLock
+from dlx.train.rundir.trained import TrainedSource
 from dlx.train.start import build_header, check_start
-from dlx.train.step_plan import StepPlan, plan_steps
-from dlx.train.trained import TrainedSource
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Run:
     the model (bare and wrapped), the optimizer, the precision and this rank's place in the world."""
     scheduler: ScheduledLR
     loader: BatchSource
-    """The training batches (`dlx.train.data.build_train_loader`)."""
+    """The training batches (`dlx.train.build.data.build_train_loader`)."""
     plan: StepPlan
     timer: PhaseTimer
     meter: ThroughputMeter
@@ -58,8 +58,8 @@ class Run:
     stop: GracefulStop
     data_info: DatasetInfo
     observers: ObserverList
-    """Attention, GPU counters, samples, tasks, the profiler, W&B, the spike guard (dlx.train.observe): the loop calls
-    them, never one by name; each was attached to this run (`RunView`) once it was built."""
+    """Attention, GPU counters, samples, tasks, the profiler, W&B, the spike guard (dlx.train.observers.build): the loop
+    calls them, never one by name; each was attached to this run (`RunView`) once it was built."""
     progress: RunProgress
     """What happened: the step, the records, the checkpoints, the verdict."""
     header: list[str] = field(default_factory=list)
@@ -69,7 +69,7 @@ class Run:
     init: TrainedSource | None = None
     """Where the run's starting weights came from, when it started from trained ones (not its checkpoint)."""
     lock: RunLock | None = None
-    """The run folder's writer lock, held by rank 0 (dlx.train.runlock)."""
+    """The run folder's writer lock, held by rank 0 (dlx.train.rundir.runlock)."""
     heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(None, 0, 1, 0.0))
     """Each rank's step and phase in the job's store: names the rank a failed collective waited for."""
 

@@ -20,16 +20,16 @@ from dlx.parallel.strategy import Strategy
 from dlx.parallel.tensor import check_layout
 from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.precision import Precision, build_precision
+from dlx.train.build.data import DatasetInfo, inspect_dataset
+from dlx.train.build.memory_check import check_memory
+from dlx.train.build.preflight import Preflight, run_preflight
+from dlx.train.build.restore import resolve_run_dir
+from dlx.train.build.step_plan import StepPlan, header_lines
 from dlx.train.config import RunConfig
-from dlx.train.data import DatasetInfo, inspect_dataset
-from dlx.train.init_from import describe_changes
-from dlx.train.memory_check import check_memory
-from dlx.train.observe import bpb_note, check_wandb_installed
-from dlx.train.observer import ObserverList
-from dlx.train.preflight import Preflight, run_preflight
-from dlx.train.restore import resolve_run_dir
-from dlx.train.step_plan import StepPlan, header_lines
-from dlx.train.trained import TrainedSource
+from dlx.train.init.init_from import describe_changes
+from dlx.train.observers.base import ObserverList
+from dlx.train.observers.build import bpb_note, check_wandb_installed
+from dlx.train.rundir.trained import TrainedSource
 
 
 @dataclass(frozen=True)

@@ -11,20 +11,12 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import os
 from pathlib import Path
 
 from dlx.data import storage
 from dlx.data.shards import MANIFEST_FILE, TOKENIZER_FILE, read_manifest
+from dlx.data.storage import staging_root
 from dlx.errors import UserError
-
-STAGING_ENV = "DLX_STAGING_DIR"
-
-
-def staging_root() -> Path:
-    if os.environ.get(STAGING_ENV):
-        return Path(os.environ[STAGING_ENV])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dlx" / "staging"
 
 
 def _key(url: str) -> str:

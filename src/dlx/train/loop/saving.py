@@ -1,0 +1,58 @@
+"""When the loop saves a checkpoint: wait for the previous save, verify every shard the run's batches came from, then
+start the next save (in the background under checkpoint.async, except the run's last). What a checkpoint holds and how
+it is published is `dlx.train.rundir.checkpoint`'s."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dlx.errors import UserError
+from dlx.parallel import distributed
+from dlx.train.rundir import checkpoint as ckpt
+
+if TYPE_CHECKING:
+    from dlx.train.run import Run
+
+
+def save(run: Run, final: bool = False) -> None:
+    """Wait for the previous save, then start this one (`final`: the run's last, which gathers model.safetensors under
+    checkpoint.full_weights last); a background save is waited for by the next save or the end of the run."""
+    wait_for_save(run)
+    verify_data_read(run)
+    cfg, progress = run.config.checkpoint, run.progress
+    progress.state.loader = run.loader.state_dict()
+    progress.state.observers = run.observers.state_dict()
+    full_weights = cfg.full_weights == "every" or (cfg.full_weights == "last" and final)
+    progress.last_save = ckpt.save_checkpoint(
+        run.run_dir,
+        run.strategy,
+        run.scheduler,
+        run.precision.scaler,
+        progress.state,
+        cfg.keep_last,
+        full_weights,
+        background=cfg.async_save and not final,
+    )
+    if progress.last_save.future is None:
+        wait_for_save(run)
+
+
+def verify_data_read(run: Run) -> None:
+    """Every shard the run's batches came from matches its manifest checksum, before a checkpoint is published or the
+    run ends well: a mismatch is one line naming the shard and the newest checkpoint, taken before it was read. Every
+    rank stops together (one collective per checkpoint)."""
+    problem = None
+    try:
+        run.loader.verify_read_shards()
+    except UserError as e:
+        problem = str(e)
+    if distributed.any_rank(problem is not None, run.device):
+        newest = run.progress.last_checkpoint or "none was published"
+        raise UserError(
+            f"{problem or 'another rank read a shard that does not match its manifest (its error names it)'}. This "
+            f"run trained on it: no checkpoint is published after that (the newest, {newest}, came before)"
+        )
+
+
+def wait_for_save(run: Run) -> None:
+    run.progress.wait_for_save()
