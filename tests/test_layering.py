@@ -164,3 +164,45 @@ def test_the_check_sees_a_cycle(tmp_path):
     (package / "sub" / "c.py").write_text("from ..a import x\n")
     (package / "d.py").write_text("import pkg.a\n")
     assert import_cycles(tmp_path) == [["pkg.a", "pkg.sub.b", "pkg.sub.c"]]
+
+
+TRAIN_LAYERS = ["config", "rundir", "init", "recipe", "build", "observers", "start", "run", "loop", "launch", "demo"]
+"""The floors inside `train/`, from the ground: the recipe's schema, the run folder, continued-pretraining init, the
+recipe, the pieces a run is built from, observers, the checks before start, `build_run`, the loop, the doors."""
+
+
+def upward_imports_in_train(train: Path = PACKAGE / "train") -> list[str]:
+    """Imports inside `train/` that run up its floors (`TRAIN_LAYERS`)."""
+    found = []
+    for path in sorted(train.rglob("*.py")):
+        owner = path.relative_to(train).parts[0].removesuffix(".py")
+        if owner == "__init__":
+            continue
+        for module in imported_modules(path):
+            parts = module.split(".")
+            if len(parts) > 2 and parts[1] == "train" and TRAIN_LAYERS.index(parts[2]) > TRAIN_LAYERS.index(owner):
+                found.append(f"train/{path.relative_to(train).as_posix()} imports {module}")
+    return found
+
+
+def test_every_part_of_train_has_a_floor():
+    parts = {
+        path.relative_to(PACKAGE / "train").parts[0].removesuffix(".py") for path in (PACKAGE / "train").rglob("*.py")
+    }
+    assert parts - {"__init__"} <= set(TRAIN_LAYERS), parts - set(TRAIN_LAYERS)
+
+
+def test_no_module_of_train_imports_a_floor_above_its_own():
+    assert upward_imports_in_train() == []
+
+
+def test_at_most_twelve_modules_stand_directly_in_train():
+    assert len(list((PACKAGE / "train").glob("*.py"))) <= 12
+
+
+def test_the_check_sees_an_upward_import_inside_train(tmp_path):
+    (tmp_path / "rundir").mkdir()
+    (tmp_path / "rundir" / "checkpoint.py").write_text("def f():\n    from dlx.train.loop.trainer import pretrain\n")
+    (tmp_path / "loop").mkdir()
+    (tmp_path / "loop" / "trainer.py").write_text("from dlx.train.rundir.checkpoint import save\n")
+    assert upward_imports_in_train(tmp_path) == ["train/rundir/checkpoint.py imports dlx.train.loop.trainer"]
