@@ -4,10 +4,10 @@ VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dlx-installed
-# two pytest-xdist workers: the suite is mostly subprocesses and torchrun ranks waiting on each other (13 min, not 21)
+# two pytest-xdist workers: the suite is mostly subprocesses and torchrun ranks waiting on each other
 PYTEST_ARGS ?= -n 2
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test unit lint bench clean
 
 setup: $(STAMP)
 
@@ -18,10 +18,15 @@ $(STAMP): pyproject.toml scripts/setup.sh
 demo: setup
 	$(BIN)/dlx pretrain
 
+# every tier: tests/unit, tests/integration, tests/journeys (what CI runs)
 test: setup
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# the quick loop: tests that start no process and train nothing
+unit: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS) tests/unit
 
 lint: setup
 	$(BIN)/ruff check --fix src tests benchmarks && $(BIN)/ruff format src tests benchmarks

@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--skip-density", action="store_true", help="only the continued runs (with --replay)")
     parser.add_argument("--scale", type=int, default=1, help="--replay: multiply the training steps by this")
     args = parser.parse_args()
-    header = environment(["src/dlx/data/tokenizer_extend.py", "src/dlx/train/vocab_growth.py"])
+    header = environment(["src/dlx/data/tokenizer_extend.py", "src/dlx/train/init/vocab_growth.py"])
     if args.replay:
         lines = replay_lines(header, args.scale)
         publish("Continued pretraining", INTRO, lines, record=not args.no_record)

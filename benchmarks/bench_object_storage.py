@@ -41,7 +41,7 @@ INTRO = (
     "`benchmarks/bench_object_storage.py`: moto's S3 server on 127.0.0.1 behind the tests' fault proxy (50 ms added to "
     "every request, 1 % answered 503 SlowDown). Ratios are measured within one run on the shared 2-core machine."
 )
-WATCHED = ["src/dlx/data", "src/dlx/train/remote_run.py", "benchmarks/bench_object_storage.py"]
+WATCHED = ["src/dlx/data", "src/dlx/train/rundir/remote.py", "benchmarks/bench_object_storage.py"]
 BUCKET = "dlx-bench"
 H200_TOKENS_PER_S = 69_000
 DOWNLOADS = 4

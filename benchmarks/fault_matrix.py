@@ -34,7 +34,7 @@ INTRO = (
 )
 SIGNALLED = "no process left, nothing in /dev/shm, newest checkpoint loads, resume = uninterrupted run bit for bit"
 
-_F, _FR = "tests/test_faults.py", "tests/test_faults_ddp.py"
+_F, _FR = "tests/integration/test_faults.py", "tests/integration/test_faults_ddp.py"
 CELLS: list[tuple[str, str, str]] = [
     *[
         (s, f"dlx pretrain: {what}", f"{_F}::test_pretrain_signalled[{moment}-{s}]")
@@ -53,88 +53,92 @@ CELLS: list[tuple[str, str, str]] = [
     (
         "one flipped byte in a shard",
         "dlx data verify; dlx pretrain (loader workers)",
-        "tests/test_faults_data.py::test_a_flipped_byte_is_named_by_data_verify_and_the_run",
+        "tests/integration/test_faults_data.py::test_a_flipped_byte_is_named_by_data_verify_and_the_run",
     ),
     (
         "one flipped byte in a shard",
         "dlx prepare output, dlx data verify",
-        "tests/test_prepare.py::test_cli_prepare_info_and_verify_catches_one_flipped_byte",
+        "tests/integration/test_prepare.py::test_cli_prepare_info_and_verify_catches_one_flipped_byte",
     ),
     (
         "one flipped byte in a shard",
         "TokenLoader in-process, the first batch that reads it",
-        "tests/test_loader.py::test_a_changed_shard_stops_the_first_batch_that_reads_it",
+        "tests/unit/test_loader.py::test_a_changed_shard_stops_the_first_batch_that_reads_it",
     ),
     (
         "one flipped byte in a shard",
         "TokenLoader workers, in the background",
-        "tests/test_loader_workers.py::test_a_changed_shard_is_found_by_the_workers_while_they_build_batches",
+        "tests/integration/test_loader_workers.py::test_a_changed_shard_is_found_by_the_workers_while_they_build_batches",
     ),
     (
         "one flipped byte: a token id past the vocabulary",
         "dlx pretrain reads it (data.verify false)",
-        "tests/test_faults_data.py::test_a_flipped_byte_past_the_vocabulary_is_named_by_the_run",
+        "tests/integration/test_faults_data.py::test_a_flipped_byte_past_the_vocabulary_is_named_by_the_run",
     ),
     (
         "truncated newest checkpoint",
         "--resume",
-        "tests/test_train_resume.py::test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one",
+        "tests/integration/test_train_resume.py::test_a_truncated_newest_checkpoint_falls_back_to_the_previous_one",
     ),
-    ("disk full (tmpfs)", "checkpoint save", "tests/test_faults_disk.py::test_a_full_filesystem_during_a_save"),
+    (
+        "disk full (tmpfs)",
+        "checkpoint save",
+        "tests/integration/test_faults_disk.py::test_a_full_filesystem_during_a_save",
+    ),
     (
         "file size limit (RLIMIT_FSIZE)",
         "checkpoint save",
-        "tests/test_faults_disk.py::test_a_file_size_limit_during_a_save",
+        "tests/integration/test_faults_disk.py::test_a_file_size_limit_during_a_save",
     ),
     (
         "a failing write",
         "checkpoint save",
-        "tests/test_train_resume.py::test_a_failed_save_is_one_line_and_leaves_the_previous_checkpoint",
+        "tests/integration/test_train_resume.py::test_a_failed_save_is_one_line_and_leaves_the_previous_checkpoint",
     ),
     (
         "NaN loss, nan_policy stop",
         "training step",
-        "tests/test_train_run.py::test_nan_loss_stops_naming_the_step_and_the_last_good_checkpoint",
+        "tests/integration/test_train_run.py::test_nan_loss_stops_naming_the_step_and_the_last_good_checkpoint",
     ),
     (
         "NaN loss, nan_policy skip",
         "training step",
-        "tests/test_train_run.py::test_nan_loss_skips_the_batch_under_policy_skip",
+        "tests/integration/test_train_run.py::test_nan_loss_skips_the_batch_under_policy_skip",
     ),
     (
         "bad recipe file (hypothesis)",
         "dlx pretrain start",
-        "tests/test_faults_recipes.py::test_a_broken_recipe_file_is_one_line",
+        "tests/integration/test_faults_recipes.py::test_a_broken_recipe_file_is_one_line",
     ),
     (
         "bad overrides (hypothesis)",
         "dlx pretrain start",
-        "tests/test_faults_recipes.py::test_broken_overrides_are_one_line",
+        "tests/integration/test_faults_recipes.py::test_broken_overrides_are_one_line",
     ),
     (
         "negative or non-finite numbers (hypothesis)",
         "dlx pretrain start",
-        "tests/test_faults_recipes.py::test_a_negative_or_non_finite_number_is_refused_naming_its_key",
+        "tests/integration/test_faults_recipes.py::test_a_negative_or_non_finite_number_is_refused_naming_its_key",
     ),
     (
         "bad recipe through the CLI",
         "dlx pretrain start",
-        "tests/test_faults_recipes.py::test_cli_exit_2_one_line_no_traceback",
+        "tests/integration/test_faults_recipes.py::test_cli_exit_2_one_line_no_traceback",
     ),
     (
         "unpickling calls in the source",
         "source scan",
-        "tests/test_faults_security.py::test_the_source_unpickles_nothing",
+        "tests/integration/test_faults_security.py::test_the_source_unpickles_nothing",
     ),
     (
         "pickled payloads planted in a checkpoint",
         "load, resume",
-        "tests/test_faults_security.py::test_planted_pickles_are_refused_without_running",
+        "tests/integration/test_faults_security.py::test_planted_pickles_are_refused_without_running",
     ),
     (
         "pickled payload in train_state.pt",
         "--resume",
-        "tests/test_train_resume.py::test_a_pickled_payload_is_refused_without_running_it",
+        "tests/integration/test_train_resume.py::test_a_pickled_payload_is_refused_without_running_it",
     ),
 ]
 """(fault, moment, pytest node id). The signal cells all check the same things: see SIGNALLED."""

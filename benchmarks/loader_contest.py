@@ -204,7 +204,7 @@ def isolated(check: str, contender: str, folder: Path) -> dict:
 def failing_worker(contender: str, folder: Path) -> dict:
     """The shard vanishes after the loader was built, so its worker fails: does the trainer's error name the shard and
     the cause (`named`), in one line (`one_line`: dlx's bar for a failure with a known cause; a failure without one
-    keeps the worker's traceback: tests/test_pool.py, tests/test_faults_data.py)?"""
+    keeps the worker's traceback: tests/integration/test_pool.py, tests/integration/test_faults_data.py)?"""
     shard = folder / "train-00000.bin"
     kept = shard.read_bytes()
     loader = make_loader(contender, folder, seq_len=16, micro_batch_size=2, num_workers=1)

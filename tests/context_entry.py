@@ -1,8 +1,8 @@
-"""Run by torchrun from tests/test_context_parallel.py: NPROC gloo ranks train the debug model with context parallelism
-(parallel.cp = NPROC, DDP averaging the cp ranks' gradients) for a few SGD steps, with and without document masks;
-rank 0 trains a copy in one process on the same whole sequences beside them. Writes, per mask setting, the largest
-difference of every step's loss and every step's gradients from the one-process run, and the communication volume
-of one step (bytes all-gathered and reduce-scattered by the cp attention) as JSON."""
+"""Run by torchrun from tests/integration/test_context_parallel.py: NPROC gloo ranks train the debug model with context
+parallelism (parallel.cp = NPROC, DDP averaging the cp ranks' gradients) for a few SGD steps, with and without document
+masks; rank 0 trains a copy in one process on the same whole sequences beside them. Writes, per mask setting, the
+largest difference of every step's loss and every step's gradients from the one-process run, and the communication
+volume of one step (bytes all-gathered and reduce-scattered by the cp attention) as JSON."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 NO_PLOTS = (
-    "import sys; from dlx.train import finish; finish.write_report = lambda *args, **kwargs: None; "
+    "import sys; from dlx.train.loop import finish; finish.write_report = lambda *args, **kwargs: None; "
     "from dlx.cli.app import main; sys.argv[0] = 'dlx'; main()"
 )
 """`dlx` with report.md and its plots left out (3 s of matplotlib per run, as `train_helpers.skip_plots` does)."""
@@ -131,16 +131,23 @@ def signal_after_progress(
     cmd: list[str], out: Path, min_next_unit: int, name: str = "SIGKILL", before: Callable[[], None] | None = None
 ) -> tuple[subprocess.Popen | None, list[psutil.Process]]:
     """Start `dlx prepare` (cmd); send signal `name` once its manifest has committed `min_next_unit` units but is not
-    complete. (the ended process, its process tree), or (None, []) when it finished before that point."""
+    complete. (the ended process, its process tree), or (None, []) when it finished before that point. The process
+    waits at its `prepare_final` fault point before its last commit, so it cannot finish between the test's look at
+    the manifest and the signal: a signal that reaches it there stops it as one mid-run would."""
+    pause = out.parent / f"{out.name}-faults"
+    pause.mkdir(exist_ok=True)
+    env = cli_env(DLX_FAULT_PAUSE="prepare_final", DLX_FAULT_DIR=str(pause))
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=cli_env(), start_new_session=True
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
     )
     deadline = time.monotonic() + 90
     while proc.poll() is None and time.monotonic() < deadline:
         state = committed(out)
-        if state is not None and not state[0] and state[1] >= min_next_unit:
+        at_the_end = (pause / "prepare_final").exists()
+        if state is not None and not state[0] and (state[1] >= min_next_unit or at_the_end):
             tree = process_tree(proc.pid)
             send(proc, name)
+            (pause / "prepare_final").unlink(missing_ok=True)  # a process that ignores the signal goes on
             proc.wait(30)
             return proc, tree
         time.sleep(0.005)

@@ -1,6 +1,7 @@
-"""torchrun entry point for tests/test_vocab_growth.py: a grown vocabulary loaded shard-wise into a model FSDP2 sharded
-on the meta device (each rank fills its own rows of the grown embedding and head), gathered and compared with one
-process's grown load. argv: the Hugging Face folder, the extended tokenizer.json, the vocabulary size, the report."""
+"""torchrun entry point for tests/integration/test_vocab_growth.py: a grown vocabulary loaded shard-wise into a model
+FSDP2 sharded on the meta device (each rank fills its own rows of the grown embedding and head), gathered and compared
+with one process's grown load. argv: the Hugging Face folder, the extended tokenizer.json, the vocabulary size, the
+report."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""torchrun entry point for tests/test_init_from_parallel.py: the initial weights loaded shard-wise into a model that
-FSDP2 sharded on the meta device (each rank allocates and reads only its own rows), then gathered and compared with
-one process's load. Writes a JSON report to argv[2]; argv[1] is the Hugging Face folder."""
+"""torchrun entry point for tests/integration/test_init_from_parallel.py: the initial weights loaded shard-wise into a
+model that FSDP2 sharded on the meta device (each rank allocates and reads only its own rows), then gathered and
+compared with one process's load. Writes a JSON report to argv[2]; argv[1] is the Hugging Face folder."""
 
 from __future__ import annotations
 

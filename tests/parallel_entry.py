@@ -1,9 +1,9 @@
-"""torchrun's entry point for tests/test_parallel.py: `dlx` without report.md's plots (seconds of matplotlib per run),
-and, when DLX_TEST_FAIL_RANK and DLX_TEST_FAIL_STEP are set, one rank that fails in a given step as a crashing rank
-would (a RuntimeError in its forward/backward); with DLX_TEST_FLOAT8_GATHER=0, FSDP2 all-gathers float8 layers' weights
-in bf16, as before torchao's float8 all-gather (tests/test_float8.py compares the two); with DLX_TEST_COMPILE_COUNTS
-set to a folder, torch.compile uses the `eager` backend and each rank writes Dynamo's graph-break and graph counts
-there as it exits (RANK.json, for tests/test_compile.py)."""
+"""torchrun's entry point for tests/integration/test_parallel.py: `dlx` without report.md's plots (seconds of matplotlib
+per run), and, when DLX_TEST_FAIL_RANK and DLX_TEST_FAIL_STEP are set, one rank that fails in a given step as a crashing
+rank would (a RuntimeError in its forward/backward); with DLX_TEST_FLOAT8_GATHER=0, FSDP2 all-gathers float8 layers'
+weights in bf16, as before torchao's float8 all-gather (tests/integration/test_float8.py compares the two); with
+DLX_TEST_COMPILE_COUNTS set to a folder, torch.compile uses the `eager` backend and each rank writes Dynamo's
+graph-break and graph counts there as it exits (RANK.json, for tests/integration/test_compile.py)."""
 
 from __future__ import annotations
 

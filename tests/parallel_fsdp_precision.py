@@ -1,7 +1,7 @@
-"""Run by torchrun from tests/test_parallel.py: FSDP2 in bf16 on 2 gloo ranks, one accumulated step of 2 micro-steps
-through dlx's `accumulate_gradients`, the loss in several chunks. Writes as JSON: the dtypes that enter and leave
-every block (the residual stream), the output weight's gradient dtype, and its largest difference from one process's
-bf16-autocast gradient on all ranks' micro-batches (fp32 master weights, no FSDP)."""
+"""Run by torchrun from tests/integration/test_parallel.py: FSDP2 in bf16 on 2 gloo ranks, one accumulated step of 2
+micro-steps through dlx's `accumulate_gradients`, the loss in several chunks. Writes as JSON: the dtypes that enter and
+leave every block (the residual stream), the output weight's gradient dtype, and its largest difference from one
+process's bf16-autocast gradient on all ranks' micro-batches (fp32 master weights, no FSDP)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Run by torchrun from tests/test_parallel.py: after one accumulated step through dlx's own `accumulate_gradients`
-(DDP without sync on the first micro-step, FSDP2 likewise), every rank's gradients must equal the gradients that one
-process computes on all ranks' micro-batches together, and so each other. Writes the largest differences as JSON."""
+"""Run by torchrun from tests/integration/test_parallel.py: after one accumulated step through dlx's own
+`accumulate_gradients` (DDP without sync on the first micro-step, FSDP2 likewise), every rank's gradients must equal the
+gradients that one process computes on all ranks' micro-batches together, and so each other. Writes the largest
+differences as JSON."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Run by torchrun from tests/test_tp.py on 2 ranks (tp 2) or 4 ranks (fsdp × tp 2 and ddp × tp 2). For each layout the
-model is built on the meta device and wrapped as `dlx pretrain` wraps it; the script reports, as JSON from rank 0:
+"""Run by torchrun from tests/integration/test_tp.py on 2 ranks (tp 2) or 4 ranks (fsdp × tp 2 and ddp × tp 2). For each
+layout the model is built on the meta device and wrapped as `dlx pretrain` wraps it; the script reports, as JSON from
+rank 0:
 
 - whether every parameter starts bitwise equal to the one-process model (the same seed, materialised whole);
 - the largest difference between each rank's full gradients after one accumulated step through dlx's own

@@ -74,7 +74,8 @@ def pretrain_args(dry: bool, seed_row: bool = False) -> list[str]:
     argv += ["--train.compile", str(compiled).lower(), "--log.every", str(every), "--log.progress", "false"]
     argv += ["--train.warmup_ratio", "0", "--checkpoint.keep_last", "1"]
     # no evaluation: its no-grad forward is a graph of its own, compiled once at the first evaluation, which
-    # TORCH_LOGS would count as a recompile of the training step's function (tests/test_compile.py pins both)
+    # TORCH_LOGS would count as a recompile of the training step's function (tests/integration/test_compile.py pins
+    # both)
     argv += ["--eval.every", "0"]
     if seed_row:
         argv += ["--parallel.activation_checkpointing", "full"]

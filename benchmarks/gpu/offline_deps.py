@@ -44,7 +44,8 @@ BENCH_DISTRIBUTIONS = (
     *("numpy", "safetensors", "pydantic", "pyyaml", "typer", "rich", "psutil", "matplotlib"),
     *("ijson", "tokenizers", "zstandard"),  # imported with train.model_build (init_from -> HF tokenizers -> prepare)
 )
-"""dlx's core dependencies that `python -m dlx bench` imports (checked by tests/test_gpu_bench_script.py)."""
+"""dlx's core dependencies that `python -m dlx bench` imports (checked by
+tests/integration/test_gpu_bench_script.py)."""
 DEVICE_EXTRAS = ("float8",)
 """dlx extras a device run needs beside them: torchao for next_contact's float8 step (the image has none)."""
 PEER_DISTRIBUTIONS = ("torchtitan", "spmd-types", "tyro", "docstring-parser", "torchdata")

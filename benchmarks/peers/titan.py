@@ -16,8 +16,8 @@ What the harness sets, and why:
   `training.mixed_precision_param` bf16 (torchtitan applies it through FSDP2's `MixedPrecisionPolicy`, even on one
   device: bf16 compute, fp32 master weights and gradients) or float32. The loss is
   torchtitan's `ChunkedLossWrapper(CrossEntropyLoss)`, as its Llama-3 configs use. One difference is left: dlx
-  keeps norm weights out of weight decay, torchtitan's `default_adamw` decays every parameter (tests/test_titan_peer.py:
-  after three steps the two losses agree within 1e-4).
+  keeps norm weights out of weight decay, torchtitan's `default_adamw` decays every parameter
+  (tests/integration/test_titan_peer.py: after three steps the two losses agree within 1e-4).
 - **Data**: `SyntheticBatches`, a `BaseDataLoader` that yields dlx's `SyntheticLoader` batches (`{"input": inputs}`,
   targets): the same tokens in the same order as `dlx pretrain --data.path synthetic`.
 - **Weights**: dlx's initial model (`build_model`, from train.seed) → Hugging Face names (`dlx.model.hf`) →

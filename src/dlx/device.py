@@ -356,7 +356,7 @@ def prefer_sdpa_kernel(kernel: str | None, fallback: bool = True) -> Iterator[No
     only: flash, then math). torch 2.13's compile caches do not key on these flags, so the kernel joins
     torch.compiler.config.cache_key_tag: a graph cached under another kernel is not reused. Entered outside any
     compiled region: inside one, that config patch is a graph break (Dynamo does not trace it; sdpa_kernel with
-    set_priority itself traces since pytorch#160684). tests/test_compile.py pins both."""
+    set_priority itself traces since pytorch#160684). tests/integration/test_compile.py pins both."""
     if kernel not in SDPA_BACKENDS:
         yield
         return

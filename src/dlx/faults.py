@@ -7,7 +7,8 @@ to send a signal at an exact moment instead of guessing with sleeps.
                                 POINT.rankR, so that a test can hold all ranks at the same moment and signal one
     POINT                       checkpoint_save (weights written, trainer_state.json not yet), train_batch and
                                 val_batch (the trainer asks the loader for a training / evaluation batch),
-                                shard_verify (a loader worker's background thread, before it hashes its first shard)
+                                shard_verify (a loader worker's background thread, before it hashes its first shard),
+                                prepare_final (`dlx prepare` has encoded every unit, before its last commit)
 
 The test sees the marker, sends its signal, then deletes the marker to let the process go on (or die).
 

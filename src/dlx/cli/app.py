@@ -111,7 +111,9 @@ def print_user_error(error: UserError) -> None:
     whether torchrun will start the job again (`--max-restarts`)."""
     if error.every_rank and os.environ.get("RANK", "0") != "0":
         return
-    print(f"error: {error}{launcher_note()}", file=sys.stderr, flush=True)
+    from dlx.data.storage import shown
+
+    print(f"error: {shown(str(error))}{launcher_note()}", file=sys.stderr, flush=True)
 
 
 def launcher_note() -> str:

@@ -28,12 +28,18 @@ def through_object_storage(command: Callable[..., None]) -> Callable[..., None]:
         from dlx.data.prepare import object_storage
 
         out = options["out"]
-        if storage.is_url(out) and (options["tasks"] or options["task_index"] is not None or options["merge"]):
+        if not storage.is_url(out):
+            command(**{**options, "out": Path(out), "inputs": object_storage.local_inputs(options["inputs"])})
+            return
+        if options["tasks"] or options["task_index"] is not None or options["merge"]:
             raise UserError("--tasks and --merge write into a shared folder; give a local --out, then upload it")
-        staging = object_storage.out_staging(out) if storage.is_url(out) else Path(out)
+        staging = object_storage.out_staging(out)
+        object_storage.refuse_overwrite(staging, out, options["overwrite"])
         command(**{**options, "out": staging, "inputs": object_storage.local_inputs(options["inputs"])})
-        if storage.is_url(out):
-            object_storage.publish(staging, out)
+        if options["dry_run"]:
+            print(f"dry run: nothing is published; the report is {staging / 'curation.md'}", file=sys.stderr)
+        else:
+            print(object_storage.publish(staging, out), file=sys.stderr)
 
     return run
 
@@ -75,15 +81,14 @@ def interrupted_note(out: Path | str, signal_name: str) -> str:
 
 @data_app.command("info")
 def info(
-    folder: Annotated[Path, typer.Argument(help="A prepared dataset folder.")],
+    dataset: Annotated[str, typer.Argument(help="A prepared dataset: a folder or a URL (s3://, gs://, hf://).")],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
-    """Tokens, documents, shards, dtype and tokenizer hash of a prepared dataset."""
+    """Tokens, documents, shards, files, dtype and tokenizer hash of a prepared dataset."""
     from dlx.data.curate.report import summarise, summary_lines
     from dlx.data.prepare.tokenizer import dataset_bos_note
-    from dlx.data.shards import read_manifest
 
-    manifest = read_manifest(folder)
+    folder, manifest, problems = _open_dataset(dataset, hash_files=False)
     summary = manifest.summary()
     params = manifest.source.get("request", {}).get("curation")
     counts = manifest.source.get("scan", {}).get("curation")
@@ -91,10 +96,12 @@ def info(
         curation = {"curation": summarise(params, counts)} if params else {}
         print(json.dumps(summary | curation, indent=2))
         return
-    print(f"{folder}: {dataset_state(folder, summary['complete'])}")
+    print(f"{dataset}: {dataset_state(dataset, manifest.complete, problems)}")
     for key in ("tokens", "documents", "shards"):
         per_split = ", ".join(f"{s} {summary['splits'][s][key]:,}" for s in summary["splits"])
         print(f"  {key:<17} {summary[key]:>15,}  ({per_split})")
+    print(f"  {'files':<17} {len(manifest.dataset_files()):>15,}  ({', '.join(summary['files'])} and the shards)")
+    print(f"  {'bytes':<17} {summary['bytes']:>15,}")
     for key in ("dtype", "vocab_size", "eos_id", "bos_id", "tokenizer_sha256"):
         print(f"  {key:<17} {summary[key]}")
     print(f"  {dataset_bos_note(folder, summary['bos_id'])}")
@@ -103,19 +110,36 @@ def info(
 
 
 @data_app.command("verify")
-def verify(folder: Annotated[Path, typer.Argument(help="A prepared dataset folder.")]) -> None:
-    """Check every shard's size and SHA-256 and the tokenizer's hash; exit 1 naming each bad file."""
-    from dlx.data.shards import read_manifest, verify_shards
-
-    manifest = read_manifest(folder)
-    problems = verify_shards(folder)
+def verify(
+    dataset: Annotated[str, typer.Argument(help="A prepared dataset: a folder or a URL (s3://, gs://, hf://).")],
+) -> None:
+    """Check the size and SHA-256 of every file the manifest lists; exit 1 naming each bad file."""
+    _, manifest, problems = _open_dataset(dataset, hash_files=True)
     for problem in problems:
-        print(f"error: {folder}/{problem}", file=sys.stderr)
+        print(f"error: {dataset.rstrip('/')}/{problem}", file=sys.stderr)
     if problems:
         print(f"fix: {REPREPARE}", file=sys.stderr)
         raise typer.Exit(1)
     note = "" if manifest.complete else " (prepare did not finish: rerun it to complete the dataset)"
-    print(f"{folder}: {len(manifest.shards)} shards and the tokenizer match the manifest{note}")
+    files = len(manifest.dataset_files())
+    print(f"{dataset}: {files} files ({len(manifest.shards)} shards) match the manifest{note}")
+
+
+def _open_dataset(dataset: str, hash_files: bool) -> tuple[Path, Any, list[str]]:
+    """(a local folder holding the dataset's manifest and tokenizer, its manifest, the problems of its files): a URL
+    is read in the bucket (its tokenizer through the dataset mirror); `hash_files` False checks sizes only."""
+    from dlx.data import storage
+    from dlx.data.shards import read_manifest, verify_shards
+
+    if storage.is_url(dataset):
+        from dlx.data.remote import mirror_dataset, read_remote_manifest, remote_problems
+
+        _, manifest = read_remote_manifest(dataset, "dataset")
+        folder = mirror_dataset(dataset, "", key="dataset")
+        return folder, manifest, remote_problems(dataset, manifest, hash_files)
+    folder = Path(dataset)
+    manifest = read_manifest(folder)
+    return folder, manifest, verify_shards(folder, hash_files)
 
 
 REPREPARE = (
@@ -124,28 +148,15 @@ REPREPARE = (
 )
 
 
-def dataset_state(folder: Path, complete: bool) -> str:
-    """`complete`, or what is wrong, from the shards' sizes (a stat each; `dlx data verify` also hashes them)."""
+def dataset_state(dataset: str, complete: bool, problems: list[str]) -> str:
+    """`complete`, or what is wrong, from the files' sizes (`dlx data verify` also hashes them)."""
     if not complete:
         return "INCOMPLETE (prepare did not finish)"
-    import numpy as np
-
-    from dlx.data.shards import read_manifest
-
-    manifest = read_manifest(folder)
-    itemsize = np.dtype(manifest.dtype).itemsize
-    wrong = [s.name for s in manifest.shards if _size(folder / s.name) != s.tokens * itemsize]
-    if not wrong:
+    if not problems:
         return "complete"
-    names = ", ".join(wrong[:3]) + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else "")
-    return f"DAMAGED ({names} missing or not of the size the manifest records; run `dlx data verify {folder}`)"
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return -1
+    names = [problem.split(":")[0] for problem in problems]
+    listed = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"DAMAGED ({listed} missing or not of the size the manifest records; run `dlx data verify {dataset}`)"
 
 
 def register(app: typer.Typer) -> None:

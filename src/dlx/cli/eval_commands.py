@@ -48,6 +48,7 @@ def eval_checkpoint(
 
         check_lm_eval("dlx eval")  # before a URL's model is downloaded
     found = resolve_trained(path, "dlx eval", say_on_stderr)
+    say_on_stderr(f"dlx eval: {found.describe()}")
     results = evaluate_checkpoint(found, harness, task_dir, limit, device) if harness else {"results": {}}
     if "passkey" in names:
         from dlx import device as dev

@@ -56,6 +56,12 @@ Merge = Annotated[
     bool, typer.Option("--merge", help="Once every task is done: write the shards and manifest into --out.")
 ]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bar.")]
+Overwrite = Annotated[
+    bool,
+    typer.Option(
+        "--overwrite", help="Replace a dataset already published at an --out URL that this machine did not stage."
+    ),
+]
 Dedup = Annotated[
     str | None,
     typer.Option(
@@ -120,6 +126,7 @@ def prepare(
     task_index: TaskIndex = None,
     merge: Merge = False,
     no_progress: NoProgress = False,
+    overwrite: Overwrite = False,
     dedup: Dedup = None,
     near_shingle: NearShingle = 5,
     near_bands: NearBands = 14,

@@ -14,7 +14,8 @@ is mapped by the caller (`pool.shared`) and by every worker (`shared_memory()`):
 it instead of the pipes.
 
 Nothing is left behind, however either side ends:
-- workers ignore SIGINT: Ctrl-C reaches the whole process group, and the caller decides what it means;
+- workers ignore SIGINT and SIGTERM: Ctrl-C reaches the whole process group (and SLURM's SIGTERM every process of
+  a step), and the caller decides what it means;
 - when the caller ends (close, an exception, SIGTERM, SIGKILL) its pipe ends close: an idle worker reads EOF, a replying
   one gets EPIPE, a busy one's watchdog sees its parent change within WATCHDOG_S; each exits;
 - a worker that dies closes its result pipe: the caller reads EOF at once and raises WorkerError naming the worker,
@@ -366,7 +367,10 @@ def worker_main(argv: list[str]) -> None:
     """A worker's life: serve tasks from the pipe named in `argv` until the caller closes it or goes away."""
     global _shared_block
     faulthandler.enable()  # a SIGBUS/SIGSEGV (a shard truncated under its map) prints the worker's stack to stderr
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle; it then stops us
+    # Ctrl-C, and SIGTERM sent to the whole group (SLURM signals every process of a step), are the caller's to handle;
+    # it then stops us (pipes closed, SIGKILL after a grace period)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parent_pid, task_fd, result_fd, *shared_fd = map(int, argv)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     if shared_fd:

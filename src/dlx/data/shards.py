@@ -7,10 +7,12 @@ A dataset folder holds:
     token_bytes.npy        bytes per token id, for bits per byte (byte-level BPE tokenizers only)
     train-00000.bin ...    raw little-endian token arrays (`dtype` below), documents separated by eos_id
     val-00000.bin ...      the held-out validation split, same layout
+    curation.md ...        what curation did, when it was asked (and its record of removed documents)
 
 A shard appears in the manifest only once it is complete and fsynced; anything else in the folder is ignored.
-Every file the manifest names carries its SHA-256 there. A manifest is validated as it is read: a known format and
-version, eos_id and bos_id inside the vocabulary, shard names that are plain file names inside the folder.
+The manifest names every file of the dataset with its size and SHA-256 (`Manifest.dataset_files`): publishing,
+mirroring, `dlx data verify` and the checks before training all go through that one list. A manifest is validated
+as it is read: a known format and version, eos_id and bos_id inside the vocabulary, file names inside the folder.
 """
 
 from __future__ import annotations
@@ -64,9 +66,36 @@ class ShardInfo(BaseModel):
     @field_validator("name")
     @classmethod
     def _inside_the_folder(cls, name: str) -> str:
-        if Path(name).name != name or name in ("", ".", "..") or "\\" in name:
-            raise ValueError(f"shard name {name!r} is not a file name inside the dataset folder")
-        return name
+        return inside_the_folder(name, "shard")
+
+
+def inside_the_folder(name: str, what: str) -> str:
+    """`name` when it is a plain file name inside the dataset folder, else ValueError."""
+    if Path(name).name != name or name in ("", ".", "..") or "\\" in name:
+        raise ValueError(f"{what} name {name!r} is not a file name inside the dataset folder")
+    return name
+
+
+class DataFile(BaseModel):
+    """One file of a dataset besides its shards and manifest.json."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    """File name inside the dataset folder, e.g. `tokenizer.json`."""
+    bytes: int | None
+    """Its size; None only for a file of a manifest written before sizes were recorded."""
+    sha256: str
+    """Hex SHA-256 of the file's bytes."""
+
+    @field_validator("name")
+    @classmethod
+    def _inside_the_folder(cls, name: str) -> str:
+        return inside_the_folder(name, "file")
+
+
+TRAINING_FILES = (TOKENIZER_FILE, TOKEN_BYTES_FILE)
+"""The files besides the shards that training reads (a bucket dataset's mirror fetches these at start)."""
 
 
 class Manifest(BaseModel):
@@ -89,6 +118,9 @@ class Manifest(BaseModel):
     """Hex SHA-256 of token_bytes.npy; None when the dataset has none (or was prepared before it was recorded)."""
     shards: list[ShardInfo] = []
     """Finished shards, in order."""
+    files: list[DataFile] = []
+    """Every other file of the dataset (tokenizer.json, token_bytes.npy, the curation report and record) with its
+    size and SHA-256; empty in a manifest written before it was recorded (`dataset_files` then derives the list)."""
     complete: bool = False
     """True once every input has been tokenized; False while prepare is still running or was interrupted."""
     source: dict = {}
@@ -100,6 +132,19 @@ class Manifest(BaseModel):
             if token is not None and not 0 <= token < self.vocab_size:
                 raise ValueError(f"{key} {token} is outside the vocabulary (0 to {self.vocab_size - 1})")
         return self
+
+    def dataset_files(self) -> list[DataFile]:
+        """Every file of the dataset but manifest.json: the other files first, then the shards."""
+        others = list(self.files) or [DataFile(name=TOKENIZER_FILE, bytes=None, sha256=self.tokenizer_sha256)]
+        if not self.files and self.token_bytes_sha256 is not None:
+            others.append(DataFile(name=TOKEN_BYTES_FILE, bytes=None, sha256=self.token_bytes_sha256))
+        itemsize = np.dtype(self.dtype).itemsize
+        shards = [DataFile(name=s.name, bytes=s.tokens * itemsize, sha256=s.sha256) for s in self.shards]
+        return others + shards
+
+    def listed(self, name: str) -> DataFile | None:
+        """The entry of `name` in `dataset_files`, None when the dataset has no such file."""
+        return next((entry for entry in self.dataset_files() if entry.name == name), None)
 
     def split_shards(self, split: Split) -> list[ShardInfo]:
         return [s for s in self.shards if s.split == split]
@@ -131,7 +176,19 @@ class Manifest(BaseModel):
             "bos_id": self.bos_id,
             "complete": self.complete,
             "splits": splits,
+            "files": [entry.name for entry in self.dataset_files() if not _is_shard(entry.name)],
+            "bytes": sum(entry.bytes or 0 for entry in self.dataset_files()),
         }
+
+
+def _is_shard(name: str) -> bool:
+    return name.endswith(".bin") and name.startswith(SPLITS)
+
+
+def describe_file(folder: Path, name: str) -> DataFile:
+    """The `DataFile` entry of a file already written in `folder`."""
+    path = folder / name
+    return DataFile(name=name, bytes=path.stat().st_size, sha256=sha256_file(path))
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -184,35 +241,37 @@ def open_shard(folder: str | Path, shard: ShardInfo, dtype: str) -> np.memmap:
     return np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r", shape=(shard.tokens,))
 
 
-def verify_shards(folder: str | Path) -> list[str]:
-    """Every problem found (missing file, wrong size, wrong checksum), one line each, naming the shard."""
+def verify_shards(folder: str | Path, hash_files: bool = True) -> list[str]:
+    """Every problem found in the files the manifest lists (missing, wrong size, and with `hash_files` a wrong
+    checksum), one line each, naming the file."""
     folder = Path(folder)
-    manifest = read_manifest(folder)
-    problems = []
-    itemsize = np.dtype(manifest.dtype).itemsize
-    for shard in manifest.shards:
-        path = folder / shard.name
-        if not path.is_file():
-            problems.append(f"{shard.name}: missing")
-        elif path.stat().st_size != shard.tokens * itemsize:
-            problems.append(f"{shard.name}: {path.stat().st_size} bytes, expected {shard.tokens * itemsize}")
-        elif sha256_file(path) != shard.sha256:
-            problems.append(f"{shard.name}: checksum mismatch (the file changed after prepare wrote it)")
-    tokenizer = folder / TOKENIZER_FILE
-    if not tokenizer.is_file():
-        problems.append(f"{TOKENIZER_FILE}: missing")
-    elif sha256_file(tokenizer) != manifest.tokenizer_sha256:
-        problems.append(f"{TOKENIZER_FILE}: checksum mismatch (another tokenizer was put in this folder)")
-    return problems + token_bytes_problems(folder, manifest)
+    entries = read_manifest(folder).dataset_files()
+    return [problem for entry in entries if (problem := file_problem(folder, entry, hash_files)) is not None]
+
+
+def file_problem(folder: Path, entry: DataFile, hash_file: bool = True) -> str | None:
+    """What is wrong with one listed file of a local dataset folder (its checksum too with `hash_file`), or None."""
+    path = folder / entry.name
+    if not path.is_file():
+        return f"{entry.name}: missing"
+    size = path.stat().st_size
+    if entry.bytes is not None and size != entry.bytes:
+        return f"{entry.name}: {size} bytes, expected {entry.bytes}"
+    if hash_file and sha256_file(path) != entry.sha256:
+        return f"{entry.name}: checksum mismatch ({CHANGED.get(entry.name, CHANGED[''])})"
+    return None
+
+
+CHANGED = {
+    TOKENIZER_FILE: "another tokenizer was put in this folder",
+    TOKEN_BYTES_FILE: "the file changed after `dlx prepare` wrote it",
+    "": "the file changed after prepare wrote it",
+}
+"""Why a listed file's checksum differs, by file (the shards and reports: the default)."""
 
 
 def token_bytes_problems(folder: Path, manifest: Manifest) -> list[str]:
-    """token_bytes.npy against the SHA-256 the manifest records (nothing to check where it records none)."""
-    if manifest.token_bytes_sha256 is None:
-        return []
-    table = folder / TOKEN_BYTES_FILE
-    if not table.is_file():
-        return [f"{TOKEN_BYTES_FILE}: missing"]
-    if sha256_file(table) != manifest.token_bytes_sha256:
-        return [f"{TOKEN_BYTES_FILE}: checksum mismatch (the file changed after `dlx prepare` wrote it)"]
-    return []
+    """token_bytes.npy against the manifest's entry (nothing to check where the dataset has none)."""
+    entry = manifest.listed(TOKEN_BYTES_FILE)
+    problem = file_problem(folder, entry) if entry is not None else None
+    return [problem] if problem else []

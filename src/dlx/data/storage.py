@@ -59,6 +59,21 @@ def staging_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dlx" / "staging"
 
 
+_STAGED: dict[str, str] = {}
+
+
+def stage_as(local: str | os.PathLike, url: str) -> None:
+    """From now on, messages (`shown`) name `url` where they would name `local`, its staging folder."""
+    _STAGED[str(local).rstrip("/")] = url.rstrip("/")
+
+
+def shown(text: str) -> str:
+    """`text` as the user reads it: every staging folder registered with `stage_as` replaced by its URL."""
+    for local in sorted(_STAGED, key=len, reverse=True):
+        text = text.replace(local, _STAGED[local])
+    return text
+
+
 def is_url(path: str | os.PathLike) -> bool:
     """True for `s3://...`, `gs://...`, `gcs://...` and `hf://...`."""
     scheme, sep, _ = str(path).partition("://")
@@ -186,6 +201,29 @@ def remove(url: str, recursive: bool = False) -> None:
     fs = filesystem(url)
     with contextlib.suppress(FileNotFoundError):
         with_retries(url, lambda: fs.rm(url, recursive=recursive))
+
+
+def size_of(url: str) -> int | None:
+    """The object's size in bytes; None when there is no such object."""
+    fs = filesystem(url)
+    try:
+        return int(with_retries(url, lambda: fs.size(url)))
+    except FileNotFoundError:
+        return None
+
+
+def sha256_object(url: str) -> str:
+    """Hex SHA-256 of an object's bytes, streamed (nothing is written locally)."""
+    fs = filesystem(url)
+
+    def attempt() -> str:
+        digest = hashlib.sha256()
+        with fs.open(url, "rb", block_size=CHUNK, cache_type="none") as src:
+            while block := src.read(CHUNK):
+                digest.update(block)
+        return digest.hexdigest()
+
+    return with_retries(url, attempt)
 
 
 def upload(local: str | os.PathLike, url: str) -> None:

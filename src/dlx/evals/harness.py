@@ -19,7 +19,7 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,8 @@ class TaskSet:
     """lm_eval.tasks.TaskManager over the local task folders (and lm-eval's own tasks when a name needs them)."""
     limit: int | None
     """Documents per task at most; None: all."""
+    resolved: list[str] = field(default_factory=list)
+    """The tasks lm-eval runs, by name (a YAML file's `task`, a group's tasks): what decontamination records."""
 
     def run(self, lm: Any) -> dict[str, Any]:
         """lm-eval's results object ({"results": {task: {"acc,none": ..., "acc_stderr,none": ...}}, "configs", ...})
@@ -146,9 +148,8 @@ def load_tasks(names: list[str], task_dir: str | None, limit: int | None, option
             raise UserError(f"{option}: unknown task {unknown[0]!r}: not one of lm-eval's tasks{where}")
         for name in wanted:
             announce(function_lines(name, _indexed_yaml(manager, name)))
-        for entry in entries:
-            _load_offline(entry, manager, option)
-    return TaskSet(list(names), entries, manager, limit)
+        resolved = [task for entry in entries for task in _load_offline(entry, manager, option)]
+    return TaskSet(list(names), entries, manager, limit, resolved)
 
 
 FUNCTION_TAG = re.compile(r"!function\s+([A-Za-z_][\w.]*)")
@@ -193,10 +194,11 @@ def _task_folders(names: list[str], task_dir: str | None, option: str) -> list[P
     return folders
 
 
-def _load_offline(entry: Any, manager: Any, option: str) -> None:
+def _load_offline(entry: Any, manager: Any, option: str) -> list[str]:
+    """Load one task (and its documents) offline; the names of the tasks it resolves to (a group: its tasks)."""
     name = entry if isinstance(entry, str) else entry.get("task", "?")
     try:
-        manager.load([entry])
+        return list(manager.load([entry])["tasks"])
     except Exception as e:  # datasets and lm-eval raise many kinds; the first line says which
         reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise UserError(

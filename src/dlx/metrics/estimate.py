@@ -17,8 +17,8 @@ buckets; with tp > 1 it is FSDP2's hybrid mode, which has none); DeepSpeed ZeRO 
 stage 2 also the gradients, stage 3 also the weights; FSDP shards all three (like stage 3).
 
 Activations saved for backward, per token and per layer (p = bytes of the compute dtype, d = dim, f = FFN hidden,
-k = n_kv_heads · head_dim, H = n_heads), counted from what dlx's modules keep (tests/test_plan.py checks the count
-against the tensors a block saves, on CPU):
+k = n_kv_heads · head_dim, H = n_heads), counted from what dlx's modules keep (tests/integration/test_plan.py checks the
+count against the tensors a block saves, on CPU):
     RMSNorm inputs (fp32 residual stream) and 1/rms         2 · (4d + 4)
     + the fp32 normalised product, where rms_norm is PyTorch's composite kernel (CPU)   2 · 4d
     normed inputs of the q/k/v and FFN matmuls (one cast)   2 · p·d

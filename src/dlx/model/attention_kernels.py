@@ -119,7 +119,7 @@ CPU_SDPA_KERNELS = {0: "scaled_dot_product_attention_math", 1: "scaled_dot_produ
 def cpu_sdpa_kernel(kernel: str | None = None) -> str:
     """The aten kernel behind a causal grouped-query SDPA call on this CPU under `dlx.device.prefer_sdpa_kernel(
     kernel)` (None: PyTorch's own choice), asked of `torch._fused_sdp_choice`, the function SDPA's dispatch asks;
-    tests/test_attention_choice.py checks the answer against what the profiler sees run."""
+    tests/integration/test_attention_choice.py checks the answer against what the profiler sees run."""
     q, k = torch.randn(1, 4, 32, 16), torch.randn(1, 2, 32, 16)
     with dev.prefer_sdpa_kernel(kernel):
         choice = torch._fused_sdp_choice(q, k, k, is_causal=True, enable_gqa=True)

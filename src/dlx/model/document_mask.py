@@ -89,5 +89,5 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Do
 def _compiled(function):
     """flex_attention and create_block_mask are fused kernels only when compiled (torch.compile inlines them when the
     model is compiled too). A new batch's mask is a new closure over new ids of the same shape: no recompile
-    (tests/test_compile.py)."""
+    (tests/integration/test_compile.py)."""
     return torch.compile(function, dynamic=False, fullgraph=True)

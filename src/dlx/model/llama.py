@@ -11,7 +11,7 @@ output is made fp32 and dlx.parallel.wrap leaves block inputs uncast) and each R
 output once in the compute dtype (bf16/fp16), where autocast would cast the same fp32 activation once per matmul
 (q, k, v; w1, w3). RoPE then rotates q and k in that dtype with tables cast once per forward: against the
 rotation in fp32 rounded to bf16 it differs by at most 2 · 2⁻⁷ · max|x| over each head vector (measured 1.33 at
-seq 2048; tests/test_model_perf.py).
+seq 2048; tests/unit/test_model_perf.py).
 """
 
 from __future__ import annotations

@@ -19,15 +19,16 @@ bytes, and the FSDP strategy precomputes every weight's scale in one all-reduce 
 
 Where float8 runs: CUDA compute capability 8.9 or later, and any device where `torch._scaled_mm` has a float8 kernel
 (`dlx.device.float8_capability`): torch ≥ 2.11 has one for the CPU, oneDNN's reference kernel, correct and some 100×
-slower than bf16. What the CPU tests (tests/test_float8.py) check: a small model with every block linear in float8,
-both recipes, in one process and under ddp and fsdp on 2-rank gloo, ends 30 steps within 2 % of bf16's loss at the
-same seed (measured: within 0.05 %); fsdp's float8 all-gather stays within 0.5 % of a bf16 all-gather at every step;
+slower than bf16. What the CPU tests (tests/integration/test_float8.py) check: a small model with every block linear in
+float8, both recipes, in one process and under ddp and fsdp on 2-rank gloo, ends 30 steps within 2 % of bf16's loss at
+the same seed (measured: within 0.05 %); fsdp's float8 all-gather stays within 0.5 % of a bf16 all-gather at every step;
 a resumed run (also fsdp's, with precomputed scales) repeats the uninterrupted run's losses bit for bit; export-hf
-writes plain weights that transformers loads with dlx's logits. Compiled (train.compile, tests/test_compile.py),
-both recipes trace into each block's one graph with no graph break and no recompile after step 1, in one process and
-under fsdp with the float8 all-gather; the aten graphs call a float8 matmul for each converted layer's forward and
-both its gradients; the losses are eager float8's bit for bit through AOTAutograd and within 2e-4 through Inductor's
-CPU code. Not checked on a CPU: speed, and torchao's CUDA kernels (cuBLAS tensorwise, CUTLASS rowwise).
+writes plain weights that transformers loads with dlx's logits. Compiled (train.compile,
+tests/integration/test_compile.py), both recipes trace into each block's one graph with no graph break and no recompile
+after step 1, in one process and under fsdp with the float8 all-gather; the aten graphs call a float8 matmul for each
+converted layer's forward and both its gradients; the losses are eager float8's bit for bit through AOTAutograd and
+within 2e-4 through Inductor's CPU code. Not checked on a CPU: speed, and torchao's CUDA kernels (cuBLAS tensorwise,
+CUTLASS rowwise).
 
 Recipes (torchao's names): `tensorwise` scales each tensor by one factor (cuBLAS float8 GEMM, the faster),
 `rowwise` one factor per row (CUTLASS kernel, the more accurate).

@@ -465,12 +465,13 @@ def _allowed_keys(section: str) -> str:
     return f"{section} keys are {', '.join(info.alias or key for key, info in fields.items())}"
 
 
-def build_config(raw: dict[str, Any], init: ResolvedInit | None = None) -> RunConfig:
+def build_config(raw: dict[str, Any], init: ResolvedInit | None = None, world_size: int | None = None) -> RunConfig:
     """Validate a recipe mapping into a RunConfig, or raise UserError with one line. Reads no file: `init` is
     model.init_from resolved by the recipe loader (its weights and the run's model shape); without it the model's
-    shape comes from the preset and the `model.*` keys (as in a run folder's config.yaml, which spells every field)."""
+    shape comes from the preset and the `model.*` keys (as in a run folder's config.yaml, which spells every field).
+    `world_size`: the ranks parallel.strategy auto plans for (default: the launcher's WORLD_SIZE, else 1)."""
     try:
-        return RunConfig.model_validate(raw, context={"init": init})
+        return RunConfig.model_validate(raw, context={"init": init, "world_size": world_size})
     except ValidationError as e:
         # One line even when the message quotes a value that holds a line break.
         raise UserError(f"recipe: {describe_error(e)}".replace("\n", "\\n")) from None

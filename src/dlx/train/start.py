@@ -91,6 +91,7 @@ def build_header(
     # ds_numel: a ZeRO-3 parameter's full size (its local tensor is empty); a DTensor's numel is already the full one
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in strategy.model.parameters() if p.requires_grad)
     header = header_lines(plan, trainable, strategy.precision.name, device_name(device)) + meter.header()
+    header += strategy_note(config)
     header += start.preflight.lines() if start.preflight else []
     header += observers.header()
     if init is not None:
@@ -102,6 +103,14 @@ def build_header(
         header += float8_header(strategy.model, config.train.float8_recipe, device)
     order = getattr(loader, "order", "")  # a mixture or synthetic source has no shard order
     return header + order_note(order) + bpb_note(config, start.data_info)
+
+
+def strategy_note(config: RunConfig) -> list[str]:
+    """One line when parallel.strategy auto chose the strategy, saying which and why."""
+    parallel = config.parallel
+    if parallel.auto_note is None or parallel.auto_note == "one process":
+        return []
+    return [f"parallel.strategy: {parallel.strategy} (auto: {parallel.auto_note})"]
 
 
 def order_note(order: str) -> list[str]:

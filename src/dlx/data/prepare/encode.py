@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dlx import faults
 from dlx.data.pool import InlinePool, WorkerPool
 from dlx.data.prepare.curation import DropIndex
 from dlx.data.prepare.inputs import InputList
@@ -64,6 +65,7 @@ def encode_corpus(
                 manifest = _commit(out, manifest, writers, finished, next_unit)
                 last_commit = time.monotonic()
             ui.advance(res.counts.nbytes, res.counts.files, res.tokens)
+        faults.pause_point("prepare_final")
         final = [info for w in writers.values() for info in w.close()]
         manifest = _commit(out, manifest, writers, final, next_unit, complete=True)
     finally:

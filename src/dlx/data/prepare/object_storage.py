@@ -1,6 +1,6 @@
 """`dlx prepare` from and to object storage: URL inputs are downloaded into a local staging folder (whole files,
-resumable), and an `--out` URL is prepared into a local staging folder, then published: every shard and the
-tokenizer first, `manifest.json` last, so a reader of the bucket never sees a half-written dataset (object stores have
+resumable), and an `--out` URL is prepared into a local staging folder, then published: every file the manifest
+lists first, `manifest.json` last, so a reader of the bucket never sees a half-written dataset (object stores have
 no rename; the manifest is what readers look for).
 
 The staging folders live under `$XDG_CACHE_HOME/dlx` (`~/.cache/dlx`) unless `DLX_STAGING_DIR` says otherwise; a
@@ -14,7 +14,7 @@ import hashlib
 from pathlib import Path
 
 from dlx.data import storage
-from dlx.data.shards import MANIFEST_FILE, TOKENIZER_FILE, read_manifest
+from dlx.data.shards import MANIFEST_FILE, Manifest, read_manifest
 from dlx.data.storage import staging_root
 from dlx.errors import UserError
 
@@ -26,7 +26,9 @@ def _key(url: str) -> str:
 def out_staging(url: str) -> Path:
     """The local folder an `--out` URL is prepared in before it is published."""
     storage.check_access(url, "--out")
-    return staging_root() / "out" / _key(url)
+    staging = staging_root() / "out" / _key(url)
+    storage.stage_as(staging, url)
+    return staging
 
 
 def local_inputs(inputs: list[str] | None) -> list[str] | None:
@@ -66,11 +68,55 @@ def _download_input(spec: str) -> str:
     return str(root / Path(prefix).name) if single else str(root)
 
 
-def publish(staging: Path, url: str) -> None:
-    """A complete staged dataset into `url`: shards and tokenizer.json, then manifest.json last."""
+def published_manifest(url: str) -> bytes | None:
+    """The manifest.json bytes of a dataset already published at `url`; None when there is none."""
+    try:
+        return storage.read_bytes(storage.join(url, MANIFEST_FILE))
+    except FileNotFoundError:
+        return None
+
+
+def refuse_overwrite(staging: Path, url: str, overwrite: bool) -> None:
+    """A published dataset whose staging folder is gone (another machine, a cleaned cache) is replaced only when
+    asked: this machine cannot tell whether it was made from the same inputs and options."""
+    if overwrite or (staging / MANIFEST_FILE).is_file() or published_manifest(url) is None:
+        return
+    raise UserError(
+        f"--out {url} already holds a published dataset that this machine did not prepare (no staging folder "
+        f"{staging}); choose another --out, or add --overwrite to replace it"
+    )
+
+
+def publish(staging: Path, url: str) -> str:
+    """A complete staged dataset into `url`: every file its manifest lists (`Manifest.dataset_files`), then
+    manifest.json last, so a reader never sees a half-published dataset. An identical published manifest means
+    nothing to do; a different one is taken down first, and files it named that the new one does not are removed
+    after. Returns the line that says what was published."""
     manifest = read_manifest(staging)
     if not manifest.complete:
         raise UserError(f"{staging} is not complete; run the same `dlx prepare` again to finish it before publishing")
-    for name in [s.name for s in manifest.shards] + [TOKENIZER_FILE]:
-        storage.upload(staging / name, storage.join(url, name))
+    ours = (staging / MANIFEST_FILE).read_bytes()
+    theirs = published_manifest(url)
+    if theirs == ours:
+        return f"{url} already holds this dataset (staged in {staging}): nothing to publish"
+    stale = _listed_names(theirs) - {entry.name for entry in manifest.dataset_files()}
+    if theirs is not None:
+        storage.remove(storage.join(url, MANIFEST_FILE))
+    for entry in manifest.dataset_files():
+        storage.upload(staging / entry.name, storage.join(url, entry.name))
     storage.upload(staging / MANIFEST_FILE, storage.join(url, MANIFEST_FILE))
+    for name in sorted(stale):
+        storage.remove(storage.join(url, name))
+    size = sum(entry.bytes or 0 for entry in manifest.dataset_files())
+    files = len(manifest.dataset_files()) + 1
+    return f"prepared {staging} → published {url} ({files} files, {size / 1e6:,.1f} MB)"
+
+
+def _listed_names(raw: bytes | None) -> set[str]:
+    """The file names a published manifest lists (none when there is none or it cannot be read)."""
+    if raw is None:
+        return set()
+    try:
+        return {entry.name for entry in Manifest.model_validate_json(raw).dataset_files()}
+    except ValueError:
+        return set()

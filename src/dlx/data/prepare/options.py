@@ -121,7 +121,9 @@ def build_options(
         raise UserError(f"--corpus {corpus!r} is unknown; the embedded corpora are: {', '.join(CORPORA)}")
     if bool(inputs) == (corpus is not None):
         raise UserError("give input files/folders/globs or --corpus stdlib (exactly one of the two)")
-    if (tokenizer is None) == (train_tokenizer is None):
+    if tokenizer is not None and train_tokenizer is not None:
+        raise UserError("give --tokenizer PATH or --train-tokenizer VOCAB_SIZE, not both")
+    if tokenizer is None and train_tokenizer is None and not dry_run:  # a dry run tokenizes nothing
         raise UserError("give --tokenizer PATH or --train-tokenizer VOCAB_SIZE (exactly one of the two)")
     if train_tokenizer is not None and not MIN_TRAINED_VOCAB <= train_tokenizer <= 2**32:
         raise UserError(f"--train-tokenizer must be between {MIN_TRAINED_VOCAB} and 2**32, got {train_tokenizer}")

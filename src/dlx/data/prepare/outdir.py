@@ -15,9 +15,11 @@ from dlx.atomic import atomic_write_bytes, atomic_write_text
 from dlx.data.shards import (
     MANIFEST_FILE,
     SPLITS,
+    TOKEN_BYTES_FILE,
     TOKENIZER_FILE,
     Manifest,
     ShardInfo,
+    describe_file,
     read_manifest,
     token_dtype,
     write_manifest,
@@ -133,14 +135,17 @@ def start_dataset(
     eos_id: int,
     bos_id: int | None,
     extra: dict[str, bytes] | None = None,
+    work: dict[str, bytes] | None = None,
 ) -> Manifest:
-    """The first writes of a dataset: tokenizer.json and the `extra` files, then a manifest without shards (`source`
-    holds the resume)."""
+    """The first writes of a dataset: tokenizer.json, token_bytes.npy and the `extra` files, then a manifest without
+    shards that lists them (`source` holds the resume). `work` files are written too but are not the dataset's (the
+    encode pass reads them, then deletes them): the manifest does not list them."""
     clear_fresh(out)
-    for name, data in (extra or {}).items():
+    for name, data in {**(extra or {}), **(work or {})}.items():
         atomic_write_bytes(out / name, data)
     atomic_write_text(out / TOKENIZER_FILE, tokenizer_json)
     token_bytes_sha256 = write_token_bytes(out, tokenizer_json)  # bytes per token id: bits per byte in evaluation
+    names = [TOKENIZER_FILE, *([TOKEN_BYTES_FILE] if token_bytes_sha256 else []), *(extra or {})]
     manifest = Manifest(
         dtype=token_dtype(vocab_size),
         vocab_size=vocab_size,
@@ -148,6 +153,7 @@ def start_dataset(
         bos_id=bos_id,
         tokenizer_sha256=tokenizer_sha256,
         token_bytes_sha256=token_bytes_sha256,
+        files=[describe_file(out, name) for name in names],
         source=source,
     )
     write_manifest(out, manifest)

@@ -165,12 +165,11 @@ def _write_start(out: Path, opts: PrepareOptions, request: dict, scan: ScanCount
         "scan": scan.record(),
         "resume": initial_resume_state(choose_unit_bytes(request["bytes"])),
     }
-    extra = None
+    extra = work = None
     if opts.curate.active:  # the encode pass follows the scan's per-document decisions instead of redoing them
-        extra = report_files(scan.curation, request, scan.drops) | {
-            VERDICTS_FILE: drops_bytes(verdicts_of(scan.verdicts))
-        }
-    return start_dataset(out, source, tok.json_text, tok.sha256, tok.vocab_size, tok.eos_id, tok.bos_id, extra)
+        extra = report_files(scan.curation, request, scan.drops)
+        work = {VERDICTS_FILE: drops_bytes(verdicts_of(scan.verdicts))}
+    return start_dataset(out, source, tok.json_text, tok.sha256, tok.vocab_size, tok.eos_id, tok.bos_id, extra, work)
 
 
 def _encode(

@@ -14,6 +14,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from dlx.data.storage import shown
+
 
 class _Rate(ProgressColumn):
     """MB/s of input (rich's recent-window speed) or tokens/s (since the start) for one task."""
@@ -70,7 +72,7 @@ class PrepareProgress:
             )
 
     def note(self, message: str) -> None:
-        self.console.print(message, soft_wrap=True, markup=False)
+        self.console.print(shown(message), soft_wrap=True, markup=False)
 
     def stop(self) -> None:
         if self._progress is not None:

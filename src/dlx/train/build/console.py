@@ -21,6 +21,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from dlx.data.storage import shown
 from dlx.metrics.meter import Ema
 
 LOSS_SMOOTHING = 0.9
@@ -50,13 +51,14 @@ class RunConsole:
         """tokens/s and MFU of the latest logged record."""
 
     def print(self, text: str = "") -> None:
+        """A line for the user (a bucket run's staging folder named by its URL: `storage.shown`)."""
         if self.is_main:
-            self.console.print(text, markup=False)
+            self.console.print(shown(text), markup=False)
 
     def warn(self, text: str) -> None:
         """Something the user must act on or know about (a damaged checkpoint, a skipped batch): to stderr."""
         if self.is_main:
-            print(text, file=sys.stderr, flush=True)
+            print(shown(text), file=sys.stderr, flush=True)
 
     def start(self) -> None:
         self.progress.start()

@@ -3,6 +3,9 @@
 A scheduler (SLURM, Kubernetes) sends SIGTERM before it kills a job; dying mid-step would lose every step since the last
 checkpoint. A second Ctrl-C raises KeyboardInterrupt at once, for a user who does not want to wait.
 
+A process started with SIGINT ignored (a shell script's `dlx pretrain &`, `nohup`) keeps ignoring it, as every Unix
+program does: the shell promised that Ctrl-C in the terminal does not reach it. SIGTERM still stops it in order.
+
 Before `GracefulStop` is entered (imports, the recipe, the process group) nothing of the run is written yet:
 `stop_outside_training` makes SIGTERM end the process there at once, with one line and exit status 143.
 """
@@ -37,6 +40,8 @@ class GracefulStop:
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
             for signum in (signal.SIGTERM, signal.SIGINT):
+                if signum == signal.SIGINT and signal.getsignal(signum) is signal.SIG_IGN:
+                    continue  # started with Ctrl-C ignored: it stays so
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 

@@ -55,4 +55,9 @@ def verify_data_read(run: Run) -> None:
 
 
 def wait_for_save(run: Run) -> None:
+    """Wait for the save still writing, if any; one console line once it is published."""
+    pending = run.progress.last_save
+    if pending is None or pending.settled:
+        return
     run.progress.wait_for_save()
+    run.console.print(f"checkpoint step {pending.state.step} saved: {pending.path}")

@@ -17,7 +17,7 @@ import torch
 
 from dlx.device import PRECISION_DTYPES, prefer_sdpa_kernel
 from dlx.errors import UserError
-from dlx.model.attention_kernels import AttentionChoice, AttentionShape, Timer, choose_attention
+from dlx.model.attention_kernels import AttentionChoice, AttentionShape, Timer, choose_attention, cpu_sdpa_kernel
 from dlx.model.document_mask import uses_flex
 from dlx.model.llama import Transformer
 from dlx.parallel.distributed import DistEnv, main_decides
@@ -50,7 +50,8 @@ def choose_run_attention(
     config: RunConfig, shape: AttentionShape, device: torch.device, timer: Timer | None = None
 ) -> AttentionChoice:
     """train.attention for this run: measured or checked at the run's shape (`choose_attention`), a UserError for a
-    kernel that cannot train here; under data.document_mask on CUDA nothing is measured (flex runs every batch)."""
+    kernel that cannot train here; under data.document_mask on CUDA nothing is measured (flex runs every batch), nor
+    under context parallelism (its boolean mask leaves the choice to SDPA: efficient or math)."""
     setting = config.train.attention
     if setting == "flex" and device.type != "cuda":
         raise UserError(
@@ -59,6 +60,9 @@ def choose_run_attention(
         )
     if config.data.document_mask and uses_flex(device) and setting in ("auto", "flex"):
         return AttentionChoice("flex" if setting == "flex" else None, setting, {}, shape)
+    if setting == "auto" and (config.parallel.cp > 1 or config.parallel.cp_path):
+        cpu_kernel = cpu_sdpa_kernel() if device.type == "cpu" else None
+        return AttentionChoice(None, "auto under parallel.cp", {}, shape, cpu_kernel)
     return choose_attention(setting, shape, device, timer)
 
 

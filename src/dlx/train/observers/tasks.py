@@ -132,7 +132,8 @@ def build_task_evaluation(
 
     lm = build_adapter(model, tokenizer, precision.autocast, env)
     evaluation = TaskEvaluation(tasks, lm, every, logger, console)
-    evaluation.data_note = decontamination_note(tokenizer.parent, tasks.names)  # the dataset's own tokenizer.json
+    # the dataset's folder holds its own tokenizer.json; decontamination recorded the tasks lm-eval runs, by name
+    evaluation.data_note = decontamination_note(tokenizer.parent, tasks.resolved or tasks.names)
     return evaluation
 
 

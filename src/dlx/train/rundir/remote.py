@@ -34,8 +34,11 @@ SYNC_EVERY_S = 5.0
 
 
 def staging_dir(url: str) -> Path:
+    """The local folder a run URL trains in; messages name the URL instead (`storage.shown`)."""
     digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:12]
-    return staging_root() / "runs" / f"{storage.basename(url)}-{digest}"
+    staging = staging_root() / "runs" / f"{storage.basename(url)}-{digest}"
+    storage.stage_as(staging, url)
+    return staging
 
 
 def complete_checkpoints(url: str) -> list[str]:

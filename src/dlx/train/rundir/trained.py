@@ -9,6 +9,7 @@ line naming it.
 from __future__ import annotations
 
 import fcntl
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,8 +54,11 @@ class TrainedSource:
     """Damaged checkpoints passed over in a run folder, for the console."""
 
     def describe(self) -> str:
-        where = "" if self.weights == self.folder else f" ({self.weights.relative_to(self.folder)})"
-        return f"{self.given}{where}, a {KINDS[self.kind]}"
+        """What was read: the source as given, the checkpoint's step and folder when it is one, and its kind."""
+        step = f"checkpoint step {int(self.weights.name[5:])}" if re.fullmatch(r"step-\d+", self.weights.name) else ""
+        inside = "" if self.weights == self.folder else str(self.weights.relative_to(self.folder))
+        where = ": ".join(part for part in (step, inside) if part)
+        return f"{self.given}{f' ({where})' if where else ''}, a {KINDS[self.kind]}"
 
     @property
     def in_shards(self) -> bool:

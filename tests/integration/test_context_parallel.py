@@ -10,6 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_parallel import (
+    LOSS_TOLERANCE,
+    PARAM_TOLERANCE,
+    RUN,
+    TESTS,
+    final_weights,
+    max_difference,
+    resumable_copy,
+    torchrun,
+)
 
 from dlx.errors import UserError
 from dlx.metrics.communication import communication_bytes, cp_communication_bytes
@@ -25,16 +35,6 @@ from dlx.parallel.context import (
 )
 from dlx.train.launch import launch
 from dlx.train.recipe import load_recipe
-from test_parallel import (
-    LOSS_TOLERANCE,
-    PARAM_TOLERANCE,
-    RUN,
-    TESTS,
-    final_weights,
-    max_difference,
-    resumable_copy,
-    torchrun,
-)
 from train_helpers import losses, run_cli, train_quietly
 
 TOLERANCE = 1e-5
@@ -186,12 +186,27 @@ def test_the_attention_function_serves_only_forwards_over_slices():
     [
         (["--data.seq_len", "30"], "data.seq_len 30 does not split into 2 × parallel.cp = 4"),
         (["--train.attention", "flash"], "train.attention flash cannot run context parallelism's attention"),
-        (["--train.attention", "auto"], "train.attention auto cannot run"),
+        (["--train.attention", "flex"], "train.attention flex cannot run"),
     ],
 )
 def test_bad_cp_recipe_is_one_line(layout, line):
     with pytest.raises(UserError, match=line):
         load_recipe(None, [*RUN, *CP2, *layout])
+
+
+def test_cp_with_the_defaults_is_a_recipe_that_runs():
+    """parallel.cp alone: strategy auto becomes what the ranks need, attention auto leaves SDPA a kernel that takes
+    the cp mask (the journey tests/journeys/test_journey_context_parallel.py trains it under torchrun)."""
+    from dlx.train.config import build_config
+
+    debug = {"model": {"preset": "debug"}, "data": {"seq_len": 64}, "train": {"max_steps": 1}}
+    config = build_config({**debug, "parallel": {"cp": 2}}, world_size=2)
+    assert (config.parallel.strategy, config.train.attention) == ("ddp", "auto")
+    assert config.parallel.auto_note == "2 ranks: 1 data-parallel × 2 context-parallel"
+    assert build_config({**debug, "parallel": {"cp": 2, "tp": 2}}, world_size=8).parallel.strategy == "fsdp"
+    assert build_config({**debug, "parallel": {"tp": 2}}, world_size=2).parallel.strategy == "none"
+    assert build_config({**debug, "parallel": {"dp_replicate": 2}}, world_size=4).parallel.strategy == "hsdp"
+    assert build_config(debug, world_size=1).parallel.strategy == "none"
 
 
 def test_cp_without_a_strategy_that_averages_its_gradients_is_one_line_before_step_1(tmp_path):

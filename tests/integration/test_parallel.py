@@ -30,7 +30,7 @@ from train_helpers import losses, run_cli, train_quietly
 
 pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("in_process_training")]
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 RUN = [
     "--model.preset",
     "debug",

@@ -143,7 +143,7 @@ def test_the_chinese_continuation_recipe_changes_rope_at_init_from(tmp_path):
     from hf_helpers import LLAMA32_1B_CONFIG
 
     (tmp_path / "config.json").write_text(json.dumps(LLAMA32_1B_CONFIG))
-    recipe = Path(__file__).parent.parent / "recipes" / "llama3.2-1b-continue-zh.yaml"
+    recipe = Path(__file__).parents[2] / "recipes" / "llama3.2-1b-continue-zh.yaml"
     args = load_recipe(recipe, ["--model.init_from", str(tmp_path)]).model.args
     assert (args.rope_theta, args.max_seq_len, args.vocab_size) == (1_000_000.0, 4096, 128256)
     assert args.rope_scaling is not None and args.rope_scaling.factor == 32.0

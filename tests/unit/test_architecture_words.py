@@ -8,7 +8,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "dlx"
 FILE_THEN_NAME = re.compile(r"`([\w/]+\.py)`\s+`([A-Za-z_][\w.]*)(?:\(\))?`")
 """`path.py` `name`: a file and, right after it, a name defined there."""

@@ -1,5 +1,5 @@
 """Trust, round 3: a resume never silently starts over, checkpoint files carry SHA-256s, damaged datasets are named.
-(Planted pickles on every checkpoint load path: tests/test_faults_security.py.)"""
+(Planted pickles on every checkpoint load path: tests/integration/test_faults_security.py.)"""
 
 from __future__ import annotations
 

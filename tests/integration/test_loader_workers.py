@@ -118,7 +118,7 @@ def test_a_killed_worker_raises_within_a_second(dataset: Path):
 
 
 def test_a_shard_a_worker_cannot_open_is_named_in_one_line(dataset: Path):
-    """A worker's failure with a known cause is a UserError (a failure's traceback: tests/test_pool.py)."""
+    """A worker's failure with a known cause is a UserError (a failure's traceback: tests/integration/test_pool.py)."""
     loader = TokenLoader(dataset, LoaderSettings(seq_len=16, micro_batch_size=2, num_workers=1, verify=False))
     (dataset / "train-00000.bin").unlink()  # after validation: the worker cannot open its shard
     with pytest.raises(UserError, match=r"cannot read shard train-00000\.bin \(No such file or directory\)") as error:

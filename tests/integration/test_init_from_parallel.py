@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_parallel import LOSS_TOLERANCE, RUN, STRATEGIES, TESTS, torchrun
 
 from dlx.data.source import LoaderSettings
 from dlx.data.synthetic import SyntheticLoader
 from hf_helpers import next_token_loss, write_hf_llama
-from test_parallel import LOSS_TOLERANCE, RUN, STRATEGIES, TESTS, torchrun
 from train_helpers import losses, train_quietly
 
 transformers = pytest.importorskip("transformers")

@@ -6,8 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from dlx.train.launch import launch
 from test_parallel import (
     LOSS_TOLERANCE,
     RUN,
@@ -16,6 +14,8 @@ from test_parallel import (
     resumable_copy,
     torchrun,
 )
+
+from dlx.train.launch import launch
 from train_helpers import losses, train_quietly
 
 HSDP_TOLERANCE = 1e-4

@@ -15,7 +15,7 @@ import pytest
 
 from train_helpers import make_dataset, run_cli
 
-RECIPES = Path(__file__).parent.parent / "recipes"
+RECIPES = Path(__file__).parents[2] / "recipes"
 SMALL = ["--data.seq_len", "16", "--data.micro_batch_size", "2", "--log.every", "1", "--eval.every", "0"]
 
 

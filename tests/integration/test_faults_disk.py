@@ -56,7 +56,8 @@ def check_refused_save(result: subprocess.CompletedProcess, run_dir, cause: str)
 @pytest.mark.skipif(not user_namespaces_work(), reason="unprivileged user namespaces (unshare -rm) are not available")
 def test_a_full_filesystem_during_a_save(tmp_path):
     """Preflight sees room for two checkpoints; the disk fills while the step-6 save has written its weights, so the
-    rest of the save meets ENOSPC. (Too little room at start is preflight's refusal: tests/test_train_preflight.py.)"""
+    rest of the save meets ENOSPC. (Too little room at start is preflight's refusal:
+    tests/integration/test_train_preflight.py.)"""
     first_checkpoint(tmp_path / "run")
     mount, back, faults = tmp_path / "mnt", tmp_path / "after", tmp_path / "faults"
     mount.mkdir()

@@ -7,7 +7,7 @@ import ast
 import collections
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "dlx"
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "dlx"
 ARCHITECTURE = PACKAGE.parents[1] / "ARCHITECTURE.md"
 CUDA_MODULES = {
     "device.py": "every CUDA call of dlx",

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_parallel import LOSS_TOLERANCE, PARAM_TOLERANCE, RUN, TESTS, final_weights, max_difference, torchrun
 
 from dlx.errors import UserError
 from dlx.model.hf import dlx_to_hf_name
@@ -29,7 +30,6 @@ from dlx.train.config import build_config
 from dlx.train.launch import launch
 from dlx.train.rundir.checkpoint import load_checkpoint_model
 from dlx.train.rundir.trained import resolve_trained
-from test_parallel import LOSS_TOLERANCE, PARAM_TOLERANCE, RUN, TESTS, final_weights, max_difference, torchrun
 from train_helpers import losses, run_cli, train_quietly
 
 pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("in_process_training")]

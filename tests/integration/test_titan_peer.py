@@ -13,7 +13,7 @@ import pytest
 import torch
 
 pytest.importorskip("torchtitan", reason="the bench extra's torchtitan")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from peers.contenders import Dlx  # noqa: E402

@@ -13,6 +13,8 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from test_float8 import RUN as FLOAT8_RUN
+from test_float8 import SHAPE as FLOAT8_SHAPE
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.utils import counters
 from torch._functorch.aot_autograd import make_boxed_func
@@ -27,8 +29,6 @@ from dlx.parallel.distributed import DistEnv
 from dlx.parallel.float8 import apply_float8
 from dlx.parallel.wrap import parallelize
 from dlx.train.observers.attention import AttentionObserver
-from test_float8 import RUN as FLOAT8_RUN
-from test_float8 import SHAPE as FLOAT8_SHAPE
 from train_helpers import losses, single_torch_thread, train_quietly
 
 TORCH_COMPILE = torch.compile

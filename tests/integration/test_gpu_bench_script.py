@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load(name: str):

@@ -249,8 +249,9 @@ def test_each_function_a_task_loads_is_named_in_one_line(tmp_path, capsys):
     """lm-eval's `!function` imports Python from the task YAML's folder: one line names each, for a task given as a
     YAML path and for one found in a task folder (eval.task_dir, `dlx eval --task-dir`)."""
     pytest.importorskip("lm_eval")
-    from dlx.evals.harness import load_tasks
     from test_evals import GENERATE_TASK, generate_task_dir
+
+    from dlx.evals.harness import load_tasks
 
     folder = generate_task_dir(tmp_path / "tasks")
     load_tasks([GENERATE_TASK], str(folder), limit=1)

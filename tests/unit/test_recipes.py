@@ -11,7 +11,7 @@ from dlx.train.demo import DEMO_RECIPE, demo_recipe
 from dlx.train.recipe import load_recipe, read_recipe_file
 from hf_helpers import LLAMA32_1B_CONFIG
 
-RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
+RECIPES = sorted((Path(__file__).parents[2] / "recipes").glob("*.yaml"))
 
 
 def test_there_are_recipes():

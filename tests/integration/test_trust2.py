@@ -222,7 +222,7 @@ def test_free_memory_within_the_cpu_heap_growth_is_a_warning_not_a_refusal(monke
 
 @pytest.mark.parametrize("recipe", ["demo", "debug"])
 def test_the_demo_and_debug_recipes_pass_the_check_here(recipe):
-    recipe_file = Path(__file__).parent.parent / "recipes" / f"{recipe}.yaml"
+    recipe_file = Path(__file__).parents[2] / "recipes" / f"{recipe}.yaml"
     config = load_recipe(
         recipe_file,
         ["--data.path", "synthetic", "--train.max_steps", "1", "--eval.tasks", "[]", "--eval.tasks_every", "0"],
@@ -321,7 +321,7 @@ def test_generate_reads_a_hugging_face_folder(tmp_path):
 def test_the_demo_takes_as_long_in_help_as_in_the_readme():
     from dlx.cli.train_commands import PRETRAIN_HELP
 
-    readme = Path(__file__).parent.parent.joinpath("README.md").read_text()
+    readme = Path(__file__).parents[2].joinpath("README.md").read_text()
     assert "3 to 6 minutes on a 2-core CPU" in " ".join(PRETRAIN_HELP.split())
     assert "the embedded demo: 3 to 6 minutes on a 2-core CPU" in readme
     assert "--model.preset null" in readme

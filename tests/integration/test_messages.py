@@ -16,7 +16,7 @@ from dlx.model.args import ModelArgs
 from dlx.train.config import SECTIONS
 from train_helpers import make_dataset, run_cli
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 FILE_SUFFIXES = {"safetensors", "json", "jsonl", "yaml", "yml", "py", "md", "png", "pt", "bin", "txt", "csv", "log"}
 """`model.safetensors`, `eval.jsonl`: file names, not keys."""
 

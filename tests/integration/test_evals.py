@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from test_hf_export import corpus_texts, prepare_corpus
 from tokenizers import Tokenizer
 
 from dlx.data.token_bytes import TOKEN_BYTES_FILE, read_token_bytes, token_byte_lengths
@@ -22,7 +23,6 @@ from dlx.errors import UserError
 from dlx.train.config import build_config
 from dlx.train.launch import launch
 from dlx.train.rundir.checkpoint import load_checkpoint_model
-from test_hf_export import corpus_texts, prepare_corpus
 from train_helpers import TINY, run_cli, train_quietly
 
 lm_eval = pytest.importorskip("lm_eval")

@@ -6,8 +6,8 @@ To 1e-6, not bit for bit: the fixture's weights come from the CPU that wrote it 
 kernels round last bits differently: on an AMD EPYC the uninterrupted run's losses of steps 1-6 equal the recorded
 ones while its step-6 weights differ from the fixture's in every tensor (up to 4e-7), so the resumed and the
 uninterrupted runs part by one float32 ulp at some later step. A lost optimizer, RNG or data-position state moves a
-loss by far more than 1e-6; tests/test_train_resume.py asserts bit-for-bit resume from a checkpoint this machine
-wrote."""
+loss by far more than 1e-6; tests/integration/test_train_resume.py asserts bit-for-bit resume from a checkpoint this
+machine wrote."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from train_helpers import losses
 
 pytestmark = pytest.mark.usefixtures("in_process_training")
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 EXPECTED = json.loads((FIXTURES / "resume_spike_expected.json").read_text())
 
 

@@ -307,7 +307,7 @@ EXPORT_AFTER_CHANGE = {  # --model.* overrides at init_from -> (max_position_emb
 @pytest.mark.parametrize("change", EXPORT_AFTER_CHANGE)
 def test_export_after_a_rope_change_states_the_context_the_new_rope_was_made_for(change, hf_dir, tmp_path, capsys):
     """The source's max_position_embeddings (128) describes RoPE the model no longer has; the unchanged case keeps
-    it (tests/test_trust2.py, test_export_of_an_init_from_run_keeps_the_source_context)."""
+    it (tests/integration/test_trust2.py, test_export_of_an_init_from_run_keeps_the_source_context)."""
     from dlx.cli.model_commands import export_hf
 
     hf, dataset = hf_dir

@@ -20,7 +20,7 @@ from dlx.bench.tune.time_model import LayoutCost, Rates, calibrate
 from dlx.errors import UserError
 from dlx.train.recipe import load_recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEBUG = str(ROOT / "recipes" / "debug.yaml")
 SMALL = ("--data.seq_len", "32", "--train.global_batch_size", "8")
 """The debug recipe at 8 sequences of 32 tokens per step: micro-batch × accumulation ∈ {1×8, 2×4, 4×2, 8×1}."""
@@ -36,7 +36,8 @@ def truth(layout) -> float:
 
 @pytest.fixture
 def synthetic_measure(monkeypatch):
-    """measure_config replaced by `truth` (nothing trains); the rates fixed; every measured layout recorded."""
+    """measure_config replaced by `truth` (nothing trains); the rates and attention calls fixed, so no decision depends
+    on this machine's speed or load; every measured layout recorded."""
     measured = []
 
     def fake_measure(config, device, warmup, steps):
@@ -57,8 +58,12 @@ def synthetic_measure(monkeypatch):
     def fake_rates(args, device, keys, link):
         return Rates({key: 1e-3 * key[1] for key in keys}, rates.memory_gbps, 1.0, False)
 
+    def fake_attention(args, device, seq_len, precision, keys):
+        return {(kind, micro): 1e-4 * micro * (1 + (kind == "math")) for kind, micro in keys}
+
     monkeypatch.setattr(tune_module, "measure_config", fake_measure)
     monkeypatch.setattr(tune_module, "measure_rates", fake_rates)
+    monkeypatch.setattr(tune_module, "measure_attention", fake_attention)
     return measured
 
 
