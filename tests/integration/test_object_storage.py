@@ -175,20 +175,41 @@ def test_a_cache_left_by_a_killed_run_is_verified_not_trusted(s3, tmp_path):
     assert list(cache.present) == ["train-00001.bin"]
 
 
-def test_a_local_checkpoint_the_bucket_never_received_is_not_resumed(s3, tmp_path, monkeypatch):
+def test_a_local_checkpoint_that_does_not_verify_is_not_resumed_over_the_bucket(s3, tmp_path, monkeypatch):
     from dlx.data import storage
-    from dlx.train.rundir.remote import pull_run, staging_dir
+    from dlx.train.rundir.remote import newest_verified, pull_run, staging_dir
 
     monkeypatch.setenv("DLX_STAGING_DIR", str(tmp_path / "staging"))
     url = f"s3://{BUCKET}/runs/never-uploaded"
     storage.write_bytes(storage.join(url, "config.yaml"), b"model: {}\n")
     storage.write_bytes(storage.join(url, "metrics.jsonl"), b'{"step": 1, "loss": 9.0}\n')
     staging = staging_dir(url)
-    (staging / "checkpoints" / "step-00000008").mkdir(parents=True)  # saved here, killed before its upload
+    (staging / "checkpoints" / "step-00000008").mkdir(parents=True)  # no trainer_state.json: not a whole checkpoint
+    (staging / "config.yaml").write_text("model: {}\n")
     (staging / "metrics.jsonl").write_text("".join(f'{{"step": {i}, "loss": 9.0}}\n' for i in range(1, 11)))
-    assert pull_run(url) == staging
-    assert not list((staging / "checkpoints").iterdir())  # the bucket's run holds no checkpoint: none to resume
-    assert (staging / "metrics.jsonl").read_text() == '{"step": 1, "loss": 9.0}\n'
+    assert pull_run(url) == staging and newest_verified(staging) is None
+    assert (staging / "metrics.jsonl").read_text() == '{"step": 1, "loss": 9.0}\n'  # the bucket's run wins
+
+
+def test_a_verified_local_checkpoint_newer_than_the_bucket_is_kept_and_said(s3, tmp_path, monkeypatch):
+    """A run trained here while the bucket got nothing (no config.yaml in it): its staging folder is kept whole."""
+    from dlx.data import storage
+    from dlx.train.rundir.remote import newest_verified, pull_run, staging_dir
+
+    monkeypatch.setenv("DLX_STAGING_DIR", str(tmp_path / "staging"))
+    url = f"s3://{BUCKET}/runs/outage"
+    staging = staging_dir(url)
+    data = make_dataset(tmp_path / "data")
+    train_quietly([*TINY, "--data.path", str(data), "--train.max_steps", "4", "--checkpoint.every", "2"], staging)
+    metrics = (staging / "metrics.jsonl").read_bytes()
+    said = []
+    assert pull_run(url, say=said.append) == staging
+    assert newest_verified(staging).name == "step-00000004" and (staging / "metrics.jsonl").read_bytes() == metrics
+    assert said == [
+        f"run folder {url}: this machine's staging folder {staging} holds checkpoint step-00000004 (verified), newer "
+        "than the bucket's (none): it is uploaded before training goes on"
+    ]
+    assert not storage.exists(storage.join(url, "config.yaml"))  # pulling uploads nothing: the sync does
 
 
 def test_pretrain_from_a_bucket_matches_a_local_run(s3, tmp_path):
@@ -380,7 +401,7 @@ def test_run_sync_sends_whole_changed_files_before_checkpoints(s3, tmp_path, mon
     import os
 
     from dlx.data import storage
-    from dlx.train.rundir import remote as remote_run
+    from dlx.train.rundir import sync as remote_run
 
     staging = tmp_path / "run"
     (staging / "checkpoints" / "step-00000002").mkdir(parents=True)

@@ -62,10 +62,9 @@ def pretrain(
 
         raise UserError("--resume auto needs --run-dir DIR: the folder every restart of the job starts or continues")
     if run_dir is not None and is_url(run_dir):
-        from dlx.train.rundir.remote import RunSync, pull_run
+        from dlx.train.rundir.sync import bucket_run
 
-        staging = pull_run(run_dir)
-        with RunSync(run_dir, staging):
+        with bucket_run(run_dir) as staging:
             return launch_run(recipe, overrides, staging, resume, auto, tune_budget_min if tune else None)
     launch_run(recipe, overrides, Path(run_dir) if run_dir else None, resume, auto, tune_budget_min if tune else None)
 

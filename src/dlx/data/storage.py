@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import os
 import random
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -68,9 +69,11 @@ def stage_as(local: str | os.PathLike, url: str) -> None:
 
 
 def shown(text: str) -> str:
-    """`text` as the user reads it: every staging folder registered with `stage_as` replaced by its URL."""
+    """`text` as the user reads it: every staging folder registered with `stage_as` replaced by its URL, except where
+    the text names it as one (`staging folder PATH`, `staged in PATH`, `cache folder PATH`: on this machine only)."""
     for local in sorted(_STAGED, key=len, reverse=True):
-        text = text.replace(local, _STAGED[local])
+        pattern = rf"(?<!staging folder )(?<!staged in )(?<!cache folder ){re.escape(local)}"
+        text = re.sub(pattern, _STAGED[local], text)
     return text
 
 

@@ -9,8 +9,14 @@ evicts the least recently used shard instead (for `benchmarks/bench_object_stora
 
 Every shard is downloaded into a temporary file, hashed as it streams and renamed into the cache only when its SHA-256
 is the manifest's (`dlx.data.storage.download`). At start the folder is checked, not trusted: temporary files of a
-killed run are deleted, every shard already there is hashed again and kept only when it matches. There is no lock and
-no shared memory: one cache folder per rank and split, and nothing a SIGKILL leaves behind blocks the next start.
+killed run are deleted, every shard already there is hashed again and kept only when it matches. A cached shard is
+then verified like a local one: its size and modification time are compared before each reuse (a changed file is
+hashed again, and downloaded again when it no longer matches) and, for the shards batches were read from, before a
+checkpoint is published (`verify_read`: a changed one stops the run, as a changed local shard does).
+
+One loader owns a cache folder (`claim_cache_folder`: an `flock` on it, released by the kernel however the loader
+ends); a second run of the same dataset on the machine gets the next free folder, so two runs never evict each
+other's shards. There is no shared memory, and nothing a SIGKILL leaves behind blocks the next start.
 
 The shards of the batches in flight (sent to a worker, not yet read back) are never evicted; the size bound is
 `capacity_bytes` or those shards together, whichever is larger, and a shard being downloaded counts toward it from
@@ -22,6 +28,8 @@ lock released. Workers map a shard for one batch at a time
 from __future__ import annotations
 
 import collections
+import fcntl
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +43,32 @@ from dlx.errors import UserError
 
 LOOKAHEAD_BATCHES = 4096
 """How many future batches the prefetch looks at; a shard not used within them counts as never used again."""
+MAX_CACHE_FOLDERS = 64
+"""Runs of one dataset at once on a machine (per split and rank), each with a cache folder of its own."""
+
+
+def claim_cache_folder(base: Path) -> Path:
+    """`base`, or `base.1`, `base.2`, …: the first cache folder no other process holds (this process's own loaders
+    of the split, an evaluation's rebuilt one say, share theirs), locked by this process until it ends (the kernel
+    releases the lock however it ends)."""
+    for index in range(MAX_CACHE_FOLDERS):
+        folder = base if index == 0 else base.with_name(f"{base.name}.{index}")
+        if str(folder) in _HELD:
+            return folder
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        _HELD[str(folder)] = fd
+        return folder
+    raise UserError(f"{MAX_CACHE_FOLDERS} runs already read {base.parent} on this machine; wait for one to end")
+
+
+_HELD: dict[str, int] = {}
+"""Cache folder → the descriptor holding its lock, in this process (kept until the process ends)."""
 
 
 class ShardCache:
@@ -68,6 +102,10 @@ class ShardCache:
         self._threads: list[threading.Thread] = []
         self._generation = 0
         self._failure: BaseException | None = None
+        self.verified: dict[str, tuple[int, int]] = {}
+        """Shard → (size, mtime_ns) of the file whose SHA-256 was last found to be the manifest's."""
+        self._read: set[str] = set()
+        """Shards batches were read from since the last `verify_read`."""
         self._check_folder()
 
     def _check_folder(self) -> None:
@@ -77,6 +115,7 @@ class ShardCache:
             keep = path.name in self.sha256 and path.is_file() and path.stat().st_size == self.sizes[path.name]
             if keep and sha256_file(path) == self.sha256[path.name]:
                 self.present[path.name] = -1
+                self.verified[path.name] = _stat(path)
             else:
                 path.unlink()
         while self._used() > self.capacity and self.present:
@@ -88,7 +127,34 @@ class ShardCache:
     def _evict(self, name: str) -> None:
         (self.folder / name).unlink(missing_ok=True)
         del self.present[name]
+        self.verified.pop(name, None)
         self._complete_until = 0
+
+    def _still_verified(self, name: str) -> bool:
+        """The cached file is the one verified, or, changed since, still hashes to the manifest's SHA-256."""
+        path = self.folder / name
+        stat = _stat(path)
+        if stat == self.verified.get(name):
+            return True
+        if stat[0] == self.sizes[name] and sha256_file(path) == self.sha256[name]:
+            self.verified[name] = stat
+            return True
+        return False
+
+    def verify_read(self) -> list[str]:
+        """Before a checkpoint: every cached shard batches were read from since the last call is still the verified
+        file (hashed again where its size or time changed); UserError naming the first that is not. Returns the
+        shards checked."""
+        with self._cond:
+            read, self._read = sorted(self._read), set()
+        for name in read:
+            if name in self.verified and not self._still_verified(name):
+                raise UserError(
+                    f"dataset {self.url}: shard {name} in the cache folder {self.folder} changed after it was "
+                    "verified (something wrote into it); the batches read from it are not trusted. Delete that "
+                    "folder and resume: the shard is downloaded again"
+                )
+        return read
 
     def start(self, future: Iterator[set[str]], pinned: int) -> None:
         """Prefetch for a new pass: `future` yields the shards of each batch from position 0 of the pass; the shards of
@@ -123,12 +189,17 @@ class ShardCache:
             self._position = position
             self._extend(position)
             self._cond.notify_all()
+            for name in self._future[position] & self.present.keys():
+                if not self._still_verified(name):  # changed in place since: download it again
+                    self._evict(name)
+                    self._cond.notify_all()
             while not self._future[position] <= self.present.keys():
                 if self._failure is not None:
                     raise self._failure
                 self._cond.wait(0.5)
             for name in self._future[position]:
                 self.present[name] = position
+            self._read |= self._future[position]
 
     # the prefetch thread, under self._cond unless downloading
 
@@ -167,6 +238,7 @@ class ShardCache:
                     self._in_flight.discard(name)
                     self.bytes_downloaded += downloaded
                     self.present[name] = self._position
+                    self.verified[name] = _stat(self.folder / name)  # its SHA-256 was checked as it streamed
                     self._cond.notify_all()
         except BaseException as e:  # handed to the trainer's thread by acquire
             with self._cond:
@@ -266,3 +338,11 @@ class CachedPlan:
 
     def describe_bad_token(self, cursor: Cursor, vocab_size: int) -> str:
         return self.plan.describe_bad_token(cursor, vocab_size)
+
+
+def _stat(path: Path) -> tuple[int, int]:
+    try:
+        stat = path.stat()
+    except OSError:
+        return (-1, -1)
+    return stat.st_size, stat.st_mtime_ns

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from dlx.data.loader.base import FeedLoader
-from dlx.data.loader.cache import CachedPlan, ShardCache
+from dlx.data.loader.cache import CachedPlan, ShardCache, claim_cache_folder
 from dlx.data.loader.feed import ReaderJob
 from dlx.data.loader.order import Cursor, Order, advance, make_state, read_state, schedule, settle
 from dlx.data.loader.plan import SplitPlan
@@ -81,6 +81,11 @@ class TokenLoader(FeedLoader):
         self._cursor = Cursor(0, 0)
         self._epoch = 0
         self._schedule = None
+
+    def verify_read_shards(self) -> list[str]:
+        """The shards consumed batches came from, verified (`FeedLoader`); from a bucket, the cached shards too
+        (`ShardCache.verify_read`)."""
+        return super().verify_read_shards() + (self.cache.verify_read() if self.cache is not None else [])
 
     @property
     def epoch(self) -> int:
@@ -153,7 +158,7 @@ def open_remote_split(folder: str | Path, split: str, settings: LoaderSettings) 
     shards = manifest.split_shards(split)
     if not shards or manifest.split_tokens(split) == 0:
         raise UserError(f"dataset {remote_origin(folder)} has no {split!r} tokens; run `dlx prepare` to fill it")
-    cache = Path(folder).resolve() / f"shards-{split}-rank{settings.rank}"
+    cache = claim_cache_folder(Path(folder).resolve() / f"shards-{split}-rank{settings.rank}")
     return manifest, SplitSpec(str(cache), manifest.dtype, tuple((s.name, s.tokens) for s in shards), volatile=True)
 
 

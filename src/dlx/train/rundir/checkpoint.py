@@ -24,10 +24,13 @@ without SHA-256s (written before dlx recorded them) are checked by size.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
 import shutil
+import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -340,9 +343,30 @@ def _scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict[st
     return state
 
 
+_PINNED: set[Path] = set()
+_PIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def pinned(path: Path) -> Iterator[bool]:
+    """While inside, pruning leaves the checkpoint `path` alone (an upload reads it); yields whether it still exists."""
+    with _PIN_LOCK:
+        _PINNED.add(path)
+        exists = path.is_dir()
+    try:
+        yield exists
+    finally:
+        with _PIN_LOCK:
+            _PINNED.discard(path)
+
+
 def prune_checkpoints(run_dir: Path, keep_last: int) -> None:
-    for old in list_checkpoints(run_dir)[keep_last:]:
-        shutil.rmtree(old, ignore_errors=True)
+    """All but the newest `keep_last` checkpoints go, except one an upload is reading (`pinned`): a later save prunes
+    it."""
+    with _PIN_LOCK:
+        for old in list_checkpoints(run_dir)[keep_last:]:
+            if old not in _PINNED:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 @dataclass

@@ -7,25 +7,21 @@ it would in any run folder, and `RunSync` uploads it.
 
 A checkpoint without `COMPLETE` (an upload cut short by a kill) is never read. `pull_run` makes a fresh machine's
 staging folder a copy of the run's top-level files and its newest complete checkpoint, so `--resume` and
-`--resume auto` continue from the bucket; `pull_checkpoint` does the same for `dlx export-hf` and `dlx eval`.
-A checkpoint pruned locally (`checkpoint.keep_last`) is removed from the bucket too, its marker first.
-
-Only the process of rank 0 (RANK unset or 0) uploads; the staging folder is on that machine, so a run in a bucket is
-single-node (every rank writes its DCP shards into the same staging folder).
+`--resume auto` continue from the bucket, unless this machine holds a newer verified checkpoint (then that one goes
+up first); `pull_checkpoint` does the same for `dlx export-hf` and `dlx eval`. Uploading, one writer per run and
+pruning in the bucket are `dlx.train.rundir.sync`'s.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
-import threading
 from pathlib import Path
 
 from dlx.data import storage
 from dlx.data.storage import staging_root
 from dlx.errors import UserError
-from dlx.train.rundir.checkpoint import CHECKPOINTS_DIR, list_checkpoints
+from dlx.train.rundir.checkpoint import CHECKPOINTS_DIR, DamagedCheckpoint, list_checkpoints, read_trainer_state
 from dlx.train.rundir.folder import RUN_CONFIG_FILE
 
 MARKER = "COMPLETE"
@@ -69,26 +65,48 @@ def pull_checkpoint(url: str, staging: Path, name: str) -> Path:
     return target
 
 
-def pull_run(url: str, key: str = "--run-dir") -> Path:
-    """The local staging folder of a run URL holding its top-level files and its newest complete checkpoint; an empty
-    staging folder when the bucket holds no run yet."""
+def pull_run(url: str, key: str = "--run-dir", say=print) -> Path:
+    """The local staging folder of a run URL, ready to train in (its lock is held: `sync.bucket_run`). Nothing
+    verified is discarded: when this machine holds a complete checkpoint whose files match their SHA-256s and that is
+    newer than the bucket's newest complete one (the bucket was unreachable, or its upload never finished), the
+    staging folder is kept as it is and uploaded before training goes on; otherwise it becomes a copy of the bucket's
+    top-level files and newest complete checkpoint, or an empty folder when the bucket holds no run yet."""
     storage.check_access(url, key)
     staging = staging_dir(url)
-    if not storage.exists(storage.join(url, RUN_CONFIG_FILE)):
-        shutil.rmtree(staging, ignore_errors=True)  # what a run never uploaded is not a run to continue
+    in_bucket = storage.exists(storage.join(url, RUN_CONFIG_FILE))
+    bucket = complete_checkpoints(url) if in_bucket else []
+    local = newest_verified(staging)
+    if local is not None and (not bucket or local.name > bucket[0]):
+        say(
+            f"run folder {url}: this machine's staging folder {staging} holds checkpoint {local.name} (verified), "
+            f"newer than the bucket's ({bucket[0] if bucket else 'none'}): it is uploaded before training goes on"
+        )
+        return staging
+    if not in_bucket:
+        shutil.rmtree(staging, ignore_errors=True)  # no run in the bucket, nothing verified here: a new run
+        staging.mkdir(parents=True, exist_ok=True)
         return staging
     staging.mkdir(parents=True, exist_ok=True)
     for name in storage.listdir(url):
         if name != CHECKPOINTS_DIR and storage.exists(storage.join(url, name)) and "." in name:
             storage.download(storage.join(url, name), staging / name)
-    complete = complete_checkpoints(url)
     (staging / CHECKPOINTS_DIR).mkdir(exist_ok=True)
-    for local in list_checkpoints(staging):  # newer local ones never reached the bucket: the bucket's run wins, as
-        if not complete or local.name > complete[0]:  # its metrics.jsonl, just downloaded, ends where they began
-            shutil.rmtree(local)
-    if complete:
-        pull_checkpoint(url, staging, complete[0])
+    if bucket:
+        pull_checkpoint(url, staging, bucket[0])
     return staging
+
+
+def newest_verified(staging: Path) -> Path | None:
+    """The newest checkpoint of a staging run folder whose files all match their recorded sizes and SHA-256s."""
+    if not (staging / RUN_CONFIG_FILE).is_file():
+        return None
+    for path in list_checkpoints(staging):
+        try:
+            read_trainer_state(path)
+        except DamagedCheckpoint:
+            continue
+        return path
+    return None
 
 
 def pull_source(path: str, role: str) -> str:
@@ -106,96 +124,3 @@ def pull_source(path: str, role: str) -> str:
     if not complete:
         raise UserError(f"{role} {path} holds no complete checkpoint; give a run folder that saved one")
     return str(pull_checkpoint(path, staging_dir(path), complete[0]))
-
-
-class RunSync:
-    """Uploads a staging run folder to its URL every few seconds from a background thread and once more on exit.
-
-    The top-level files go first and again after each checkpoint (a checkpoint's upload can take minutes), each one
-    only when its size or mtime changed since it was last sent, and only as a whole file: one read between two equal
-    `stat`s, and an appended `.jsonl` up to its last complete line."""
-
-    def __init__(self, url: str, staging: Path, every_s: float = SYNC_EVERY_S):
-        self.url, self.staging, self.every_s = url, staging, every_s
-        self.uploaded = set(complete_checkpoints(url)) if storage.exists(url) else set()
-        self.sent: dict[str, tuple[int, int]] = {}
-        """Top-level file name -> (size, mtime in ns) of the copy in the bucket."""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self.failure: BaseException | None = None
-
-    def __enter__(self) -> RunSync:
-        if os.environ.get("RANK", "0") == "0":
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if not self._thread.is_alive():
-            return
-        self._stop.set()
-        self._thread.join()
-        self.sync()  # the last checkpoint and the final files
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                self.sync()
-            except Exception as e:  # retried at the next sync; the final one raises
-                self.failure = e
-
-    def sync(self) -> None:
-        """The changed top-level files, then each checkpoint not uploaded yet (marker last) with the files again after
-        it, then the removal of pruned ones."""
-        self.sync_files()
-        local = {p.name: p for p in list_checkpoints(self.staging)}
-        for name in sorted(set(local) - self.uploaded):
-            storage.upload_tree(local[name], storage.join(self.url, CHECKPOINTS_DIR, name))
-            storage.write_bytes(storage.join(self.url, CHECKPOINTS_DIR, name, MARKER), b"")
-            self.uploaded.add(name)
-            self.sync_files()
-        for name in sorted(self.uploaded - set(local)):
-            storage.remove(storage.join(self.url, CHECKPOINTS_DIR, name, MARKER))
-            storage.remove(storage.join(self.url, CHECKPOINTS_DIR, name), recursive=True)
-            self.uploaded.discard(name)
-
-    def sync_files(self) -> None:
-        """Each top-level file whose size or mtime changed since it was sent, as one whole object."""
-        for path in top_level_files(self.staging):
-            stamp = file_stamp(path)
-            if stamp is None or self.sent.get(path.name) == stamp:
-                continue
-            data = whole_copy(path, stamp)
-            if data is not None:  # else it changed while read: the next sync sends it
-                storage.write_bytes(storage.join(self.url, path.name), data)
-                self.sent[path.name] = stamp
-
-
-def top_level_files(staging: Path) -> list[Path]:
-    """The run folder's own files: not its temporary files (`.NAME.XXXX.tmp`), not the writer's lock."""
-    if not staging.is_dir():
-        return []
-    return sorted(
-        p for p in staging.iterdir() if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".lock")
-    )
-
-
-def file_stamp(path: Path) -> tuple[int, int] | None:
-    try:
-        stat = path.stat()
-    except FileNotFoundError:
-        return None
-    return stat.st_size, stat.st_mtime_ns
-
-
-def whole_copy(path: Path, stamp: tuple[int, int]) -> bytes | None:
-    """The file's bytes when it did not change while they were read, an appended `.jsonl` cut after its last complete
-    line (a record being written is sent at the next sync); None when it changed."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    if file_stamp(path) != stamp or len(data) != stamp[0]:
-        return None
-    if path.suffix == ".jsonl":
-        return data[: data.rfind(b"\n") + 1]
-    return data
