@@ -3,7 +3,7 @@
 A `LineFile` hands back only the lines appended since its last read. A file rewritten in place (a spike rollback marks
 records abandoned, a resume drops the records past its checkpoint: both replace the file) or shortened is read again
 from its start, and the caller is told to start over. A line without its newline at the end is held back until it is
-whole; one that stays cut short (a crash mid-write) is named once. Local files are read from where the last read
+whole; one cut short (a crash mid-write) is named until it is whole. Local files are read from where the last read
 stopped; bucket objects are read whole (object stores have no append) and only the new part is parsed.
 """
 
@@ -39,8 +39,11 @@ class LineFile:
         records, torn = parse_lines(complete)
         if torn:
             problems.add(f"{self.label}: {torn} line(s) cut short by a crash mid-write are skipped")
+        cut = f"{self.label}: its last line is cut short (a crash mid-write); the lines before it are shown"
         if rest.strip() and not _parses(rest):
-            problems.add(f"{self.label}: its last line is cut short (a crash mid-write); the lines before it are shown")
+            problems.add(cut)
+        else:
+            problems.discard(cut)  # a writer finished the line
         return records, reset
 
     def _new_bytes(self) -> tuple[bytes, bool]:

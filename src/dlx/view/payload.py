@@ -77,6 +77,7 @@ def run_payload(reader: RunReader, points: int) -> dict[str, Any]:
         "time_kind": axes.time_kind,
         "x": {name: first_of_bucket(values, starts) for name, values in axes.step_axes().items()},
         "series": {key: envelope(columns.values[key], starts) for key in DRAWN if _any_finite(columns.values[key])},
+        "breaks": process_starts(columns, starts),
         "evals": point_series(evals, axes, points, ("eval_s", "batches", "perplexity")),
         "tasks": point_series(tasks, axes, points, ("tasks_s",), skip_suffix="_stderr"),
         "events": [event_payload(e, axes) for e in events],
@@ -118,6 +119,14 @@ class Axes:
         return {"step": rounded(steps), "tokens": rounded(tokens), "time": rounded(seconds)}
 
 
+def process_starts(columns: StepColumns, starts: np.ndarray) -> list[int]:
+    """The buckets where a later process's records begin (a restart): the page breaks its lines there."""
+    if not len(starts):
+        return []
+    flags = np.asarray(columns.values["first_of_process"], dtype=np.float64)
+    return [int(b) for b in np.flatnonzero(np.add.reduceat(flags, starts) > 0) if b > 0]
+
+
 def point_series(
     records: list[dict[str, Any]], axes: Axes, points: int, skipped: tuple[str, ...], skip_suffix: str = "\0"
 ) -> dict[str, Any]:
@@ -149,7 +158,9 @@ def event_payload(event: dict[str, Any], axes: Axes) -> dict[str, Any]:
     step = float(event.get("step") or 0)
     time = event.get("time") if _is_number(event.get("time")) else math.nan
     x = {axis: values[0] for axis, values in axes.at([step], [time]).items()}
-    details = ", ".join(f"{k} {v}" for k, v in event.items() if k not in EVENT_DETAILS_SKIPPED)
+    details = ", ".join(
+        f"{k} {v}" for k, v in event.items() if k not in EVENT_DETAILS_SKIPPED and not isinstance(v, dict)
+    )
     return {"event": str(event.get("event", "")), "step": event.get("step"), "x": x, "details": details}
 
 

@@ -99,12 +99,13 @@ def _config(text: str | None, place: Place, problems: Problems) -> dict[str, Any
 
 
 def report_verdict(report: str) -> list[str]:
-    """The lines of report.md's "Bottleneck verdict" section (empty before the run ends), markdown emphasis removed."""
+    """The lines of report.md's "Bottleneck verdict" section (empty before the run ends) but its fixed rules, markdown
+    emphasis removed."""
     lines, inside = [], False
     for line in report.splitlines():
         if line.startswith("## "):
             inside = line.strip() == "## Bottleneck verdict"
             continue
-        if inside and line.strip():
+        if inside and line.strip() and not line.startswith("- Rules:"):
             lines.append(line.replace("**", "").removeprefix("- "))
     return lines

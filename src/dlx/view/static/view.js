@@ -46,14 +46,23 @@
   }
 
   // ---- series of one run on the chosen axis -------------------------------------------------------------------
-  function table(xs, envelope, scale) {
-    // [x, lo, hi] or [x, v], x strictly increasing (a repeated x keeps its first value)
-    const keep = [];
+  function table(xs, envelope, scale, breaks) {
+    // [x, lo, hi] or [x, v], x strictly increasing (a repeated x keeps its first value); a null point before each
+    // break (a restart), so the line does not join two processes across the time between them
+    const breakAt = new Set(breaks || []), columns = envelope.v ? [envelope.v] : [envelope.lo, envelope.hi];
+    const out = [[], ...columns.map(() => [])];
     let last = -Infinity;
-    for (let i = 0; i < xs.length; i++) if (xs[i] !== null && xs[i] > last) { keep.push(i); last = xs[i]; }
-    const pick = (arr) => keep.map((i) => (arr[i] === null ? null : arr[i] * scale));
-    const x = keep.map((i) => xs[i]);
-    return envelope.v ? [x, pick(envelope.v)] : [x, pick(envelope.lo), pick(envelope.hi)];
+    for (let i = 0; i < xs.length; i++) {
+      if (xs[i] === null || xs[i] <= last) continue;
+      if (breakAt.has(i) && out[0].length) {
+        out[0].push((last + xs[i]) / 2);
+        columns.forEach((_, c) => out[c + 1].push(null));
+      }
+      out[0].push(xs[i]);
+      columns.forEach((col, c) => out[c + 1].push(col[i] === null ? null : col[i] * scale));
+      last = xs[i];
+    }
+    return out;
   }
 
   function chartParts(payload, spec) {
@@ -66,7 +75,7 @@
         const keys = part.prefix ? Object.keys(source.series).filter((k) => k.startsWith(part.prefix))
           : [part.key].filter((k) => source.series[k]);
         keys.forEach((key, j) => {
-          const t = table(source.x[axis], source.series[key], part.scale || 1);
+          const t = table(source.x[axis], source.series[key], part.scale || 1, part.from === "train" ? run.breaks : []);
           if (!t[0].length) return;
           tables.push(t);
           const label = run.name + (part.prefix ? " " + key.slice(part.prefix.length) : part.label ? " " + part.label : "");
@@ -74,10 +83,10 @@
           const stroke = part.prefix ? shade(color(i), j) : color(i);
           const points = { show: part.from !== "train", size: 4 };
           if (t.length === 2) {
-            series.push({ label, stroke, width: 1.5, dash, spanGaps: true, points });
+            series.push({ label, stroke, width: 1.5, dash, points });
           } else {
-            series.push({ label: label + " min", stroke, width: 1, dash, spanGaps: true, points: { show: false } });
-            series.push({ label: label + " max", stroke, width: 1, dash, spanGaps: true, points: { show: false } });
+            series.push({ label: label + " min", stroke, width: 1, dash, points: { show: false } });
+            series.push({ label: label + " max", stroke, width: 1, dash, points: { show: false } });
             bands.push({ series: [column + 1, column], fill: stroke + "40" });
           }
           column += t.length - 1;
@@ -148,7 +157,9 @@
     for (const spec of chartSpecs(payload)) {
       const parts = chartParts(payload, spec);
       if (!parts.tables.length) continue;
-      const data = parts.tables.length === 1 ? parts.tables[0] : uPlot.join(parts.tables);
+      // nulls in a table are gaps (a restart, a NaN); the alignment's fillers are skipped over
+      const data = parts.tables.length === 1 ? parts.tables[0]
+        : uPlot.join(parts.tables, parts.tables.map((t) => t.map(() => 1)));
       const holder = el("div", { class: "chart", "data-title": spec.title }, [el("h3", { text: spec.title })]);
       box.append(holder);
       const options = {
