@@ -75,3 +75,16 @@ def wait_for(driver: Any, script: str, timeout_s: float = 60.0) -> Any:
             assert value, f"{script!r} still false after {timeout_s:.0f} s; console: {console_errors(driver)}"
             return value
         time.sleep(0.1)
+
+
+def require_browser() -> None:
+    """Skip where no browser is installed; under CI (which installs one) its absence fails instead."""
+    import os
+
+    import pytest
+
+    missing = browser_missing()
+    if missing and os.environ.get("CI"):
+        pytest.fail(f"CI must install the browser: {missing}")
+    if missing:
+        pytest.skip(missing)

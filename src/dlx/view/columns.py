@@ -67,46 +67,60 @@ class StepColumns:
         return len(self.step)
 
     def add(self, records: list[dict[str, Any]]) -> None:
+        """Append records in file order: the abandoned counted, the kept as columns (one pass per key)."""
+        kept = []
         for record in records:
             if "step" not in record:
                 continue
-            steps = int(record.get("window_steps") or 1)
-            step_s = number(record.get("step_s"))
             if record.get("abandoned"):
+                steps, step_s = int(record.get("window_steps") or 1), number(record.get("step_s"))
                 self.abandoned_steps += steps
                 self.abandoned_s += 0.0 if math.isnan(step_s) else step_s * steps
-                continue
-            self._keep(record, steps, step_s)
-
-    def _keep(self, record: dict[str, Any], steps: int, step_s: float) -> None:
-        step = int(record["step"])
-        previous = self.step[-1] if self.step else 0
-        self._total_tokens += number(record.get("tokens")) * max(step - previous, 0) if record.get("tokens") else 0
-        self.step.append(step)
-        self.tokens.append(self._total_tokens)
-        self.time.append(number(record.get("time")))
-        self.window.append(steps)
+            else:
+                kept.append(record)
+        if not kept:
+            return
         for key, column in self.values.items():
-            column.append(float(bool(record.get(key))) if key in FLAGS else number(record.get(key)))
-        stage = int(record.get("stage") or 0)
-        self.stage.append(stage)
-        if isinstance(record.get("source_tokens"), dict):
-            self.stage_source_tokens[stage] = dict(record["source_tokens"])
-        skipped = record.get("skipped_updates")
-        if isinstance(skipped, list) and not math.isnan(step_s):
-            self.skipped_steps += len(skipped)
-            self.skipped_s += len(skipped) * step_s
+            if key in FLAGS:
+                column += [1.0 if r.get(key) else 0.0 for r in kept]
+            else:
+                column += [v if type(v) is float else number(v) for r in kept for v in (r.get(key),)]
+        self.time += [number(r.get("time")) for r in kept]
+        self.window += [int(r.get("window_steps") or 1) for r in kept]
+        self._add_steps(kept)
+
+    def _add_steps(self, kept: list[dict[str, Any]]) -> None:
+        """Steps, tokens trained up to each, stages, and the skipped updates."""
+        for record in kept:
+            step = int(record["step"])
+            previous = self.step[-1] if self.step else 0
+            if record.get("tokens"):
+                self._total_tokens += number(record["tokens"]) * max(step - previous, 0)
+            self.step.append(step)
+            self.tokens.append(self._total_tokens)
+            stage = int(record.get("stage") or 0)
+            self.stage.append(stage)
+            if isinstance(record.get("source_tokens"), dict):
+                self.stage_source_tokens[stage] = dict(record["source_tokens"])
+            skipped, step_s = record.get("skipped_updates"), number(record.get("step_s"))
+            if isinstance(skipped, list) and not math.isnan(step_s):
+                self.skipped_steps += len(skipped)
+                self.skipped_s += len(skipped) * step_s
 
     def trained_s(self) -> float:
         """Seconds of the kept records' steps (Σ step_s × window_steps), skipped updates included."""
         return math.fsum(s * w for s, w in zip(self.values["step_s"], self.window, strict=True) if not math.isnan(s))
 
-    def verdict_records(self) -> list[dict[str, Any]]:
-        """The kept records with the keys `dlx.metrics.verdict` reads, for a run that has no report.md yet."""
+    def verdict_records(self, most: int) -> list[dict[str, Any]]:
+        """The kept records with the keys `dlx.metrics.verdict` reads: every one, or every k-th when there are more
+        than `most` (an even sample of the run; each process's first record always kept, as the verdict leaves it
+        out)."""
         keys = [k for k in self.values if k.endswith("_s") or k in ("tokens_per_s", "mfu", *VERDICT_KEYS)]
+        stride = max(1, -(-len(self.window) // most))
+        chosen = sorted(set(range(0, len(self.window), stride)) | {i for i, f in enumerate(self.values[FLAGS[0]]) if f})
         records = []
-        for i, steps in enumerate(self.window):
-            record: dict[str, Any] = {"window_steps": steps}
+        for i in chosen:
+            record: dict[str, Any] = {"window_steps": self.window[i]}
             for key in keys:
                 value = self.values[key][i]
                 if not math.isnan(value):

@@ -118,25 +118,32 @@ def shares(requested: dict[str, float], realised: dict[str, float]) -> list[dict
     ]
 
 
+VERDICT_RECORDS = 5000
+"""Records the page's verdict judges at most: a longer run is judged on an even sample (every k-th record)."""
+
+
 def verdict(columns: StepColumns, report_lines: list[str]) -> dict[str, Any]:
-    """{"lines", "final", "shares"}: report.md's verdict when the run has ended, else `dlx.metrics.verdict`'s over the
-    records so far; `shares` the percent of step time in each phase, as the verdict counts them."""
-    records = columns.verdict_records()
+    """{"lines", "final", "shares", "judged"}: report.md's verdict when the run has ended, else `dlx.metrics.verdict`'s
+    over the records so far; `shares` the percent of step time in each phase as the verdict counts them, over
+    `judged` records (an even sample of at most VERDICT_RECORDS)."""
+    records = columns.verdict_records(VERDICT_RECORDS)
     if not records:
-        return {"lines": report_lines, "final": bool(report_lines), "shares": {}}
+        return {"lines": report_lines, "final": bool(report_lines), "shares": {}, "judged": 0}
     from dlx.metrics.verdict import bottleneck_verdict
 
     judged = bottleneck_verdict(records)
     shares_pct = {k[:-4]: v for k, v in judged.evidence.items() if k.endswith("_pct") and v is not None}
+    result = {"final": bool(report_lines), "shares": shares_pct, "judged": len(records)}
     if report_lines:
-        return {"lines": report_lines, "final": True, "shares": shares_pct}
+        return {**result, "lines": report_lines}
     kind = judged.kind if judged.confident else f"{judged.kind} (tentative)"
+    sample = "" if len(records) == len(columns) else f", every {-(-len(columns) // VERDICT_RECORDS)}th record"
     lines = [
-        f"{kind}: {judged.reason} (over the records so far: report.md has the run's own verdict at its end)",
+        f"{kind}: {judged.reason} (over the records so far{sample}: report.md has the run's own verdict at its end)",
         f"Evidence: {judged.evidence_line()}",
         f"Confidence: {judged.confidence_line()}",
     ]
-    return {"lines": lines, "final": False, "shares": shares_pct}
+    return {**result, "lines": lines}
 
 
 def flat_config(config: dict[str, Any]) -> dict[str, str]:

@@ -9,7 +9,8 @@
     rollback: "#d62728", non_finite_loss: "#ff7f0e", stopped: "#000000", stage: "#9467bd", source_epoch: "#17becf",
     init_from: "#8c564b" };
   const AXIS_NAMES = { step: "step", tokens: "tokens", time: "wall-clock" };
-  const view = { drawn: 0, charts: 0, renders: 0, readyMs: null, lastSteps: {}, error: null };
+  // what a test or benchmark reads: charts drawn, when the first render ended and was painted, each run's last step
+  const view = { drawn: 0, charts: 0, renders: 0, readyMs: null, paintMs: null, lastSteps: {}, plots: [] };
   window.dlxView = view;
   let payloadText = null;
   let charts = [];
@@ -147,6 +148,11 @@
     };
   }
 
+  function yValues(u, splits) {
+    return splits.map((v) => (v === 0 ? "0" : Math.abs(v) < 1e-2 || Math.abs(v) >= 1e6 ? v.toExponential(1)
+      : String(+v.toPrecision(4))));
+  }
+
   function axisValues(u, splits) {
     if (axis === "time") return splits.map(duration);
     return splits.map((v) => (Math.abs(v) >= 1e4 ? si(v) : String(+v.toFixed(6))));
@@ -166,12 +172,13 @@
         width, height: 240, series: [{ label: AXIS_NAMES[axis], value: (u, v) => (v === null ? "" : axisValues(u, [v])[0]) },
           ...parts.series],
         bands: parts.bands, scales: { x: { time: false } }, legend: { show: payload.runs.length <= 4 },
-        axes: [{ values: axisValues }, { size: 60 }], plugins: [eventsPlugin(payload)],
+        axes: [{ values: axisValues }, { size: 60, values: yValues }], plugins: [eventsPlugin(payload)],
         cursor: { drag: { x: true, y: false } },
       };
       charts.push(new uPlot(options, data, holder));
     }
     view.charts = charts.length;
+    view.plots = charts;
   }
 
   // ---- tables -------------------------------------------------------------------------------------------------
@@ -303,7 +310,10 @@
     document.querySelector('#axis option[value="time"]').textContent =
       timeKinds.has("trained") ? "wall-clock (step time only where a run has no time)" : "wall-clock";
     view.renders += 1;
-    if (view.readyMs === null) view.readyMs = performance.now();
+    if (view.readyMs === null) {
+      view.readyMs = performance.now();
+      requestAnimationFrame(() => requestAnimationFrame(() => { view.paintMs = performance.now(); }));
+    }
     document.body.dataset.ready = String(view.renders);
   }
 
