@@ -102,6 +102,7 @@ def ten_long_runs(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_ten_runs_of_100k_steps_make_a_small_file_that_draws_every_spike(ten_long_runs, tmp_path):
     require_browser()
     page = tmp_path / "long.html"
@@ -119,7 +120,9 @@ def test_ten_runs_of_100k_steps_make_a_small_file_that_draws_every_spike(ten_lon
         assert len(browser.execute_script("return Object.keys(window.dlxView.lastSteps)")) == 10
         assert console_errors(browser) == []
         loss_chart = "window.dlxView.plots.find(p => p.root.parentNode.dataset.title.startsWith('loss'))"
-        highest = browser.execute_script(f"const p = {loss_chart}; return Math.max(...p.data.slice(1).flat())")
+        highest = browser.execute_script(
+            f"return {loss_chart}.data.slice(1).flat().reduce((m, v) => (typeof v === 'number' && v > m ? v : m), 0)"
+        )
     spike = min(json.loads(line)["loss"] for run in ten_long_runs.iterdir() for line in spike_lines(run))
     assert highest >= round(spike, 1)  # the spikes, 1 step in 100,000, are on the chart
     assert min(SPIKES) < 100_000

@@ -65,4 +65,5 @@ def test_two_real_runs_side_by_side_in_a_browser(tmp_path):
         assert "resume" in browser.find_element("tag name", "body").text
         if os.environ.get(SCREENSHOT_ENV):
             browser.set_window_size(1280, 1000)
+            wait_for(browser, "window.dlxView.renders >= 2")  # drawn again at the new width
             browser.save_screenshot(str(Path(os.environ[SCREENSHOT_ENV])))

@@ -159,7 +159,6 @@
   }
 
   function drawCharts(payload, box) {
-    const width = Math.max(480, Math.min(900, (box.clientWidth || 1000) / 2 - 30));
     for (const spec of chartSpecs(payload)) {
       const parts = chartParts(payload, spec);
       if (!parts.tables.length) continue;
@@ -169,7 +168,7 @@
       const holder = el("div", { class: "chart", "data-title": spec.title }, [el("h3", { text: spec.title })]);
       box.append(holder);
       const options = {
-        width, height: 240, series: [{ label: AXIS_NAMES[axis], value: (u, v) => (v === null ? "" : axisValues(u, [v])[0]) },
+        width: Math.max(300, holder.clientWidth - 14), height: 240, series: [{ label: AXIS_NAMES[axis], value: (u, v) => (v === null ? "" : axisValues(u, [v])[0]) },
           ...parts.series],
         bands: parts.bands, scales: { x: { time: false } }, legend: { show: payload.runs.length <= 4 },
         axes: [{ values: axisValues }, { size: 60, values: yValues }], plugins: [eventsPlugin(payload)],
@@ -282,7 +281,7 @@
       chartBox.append(holder);
       const xs = measured.map((_, i) => i + 1);
       const pts = (stroke, label) => ({ label, stroke, width: 0, points: { show: true, size: 7, fill: stroke } });
-      charts.push(new uPlot({ width: 520, height: 240, scales: { x: { time: false } },
+      charts.push(new uPlot({ width: Math.max(300, holder.clientWidth - 14), height: 240, scales: { x: { time: false } },
         series: [{ label: "candidate" }, pts("#999", "predicted before measuring"), pts("#1f77b4", "predicted"), pts("#d62728", "measured")],
         plugins: [{ hooks: { draw: [() => { view.drawn += 1; }] } }] },
         [xs, measured.map((c) => c.predicted_before_measured_s), measured.map((c) => c.predicted_step_s),
@@ -342,6 +341,11 @@
   document.getElementById("axis").addEventListener("change", (e) => {
     axis = e.target.value;
     if (payloadText !== null) render(JSON.parse(payloadText));
+  });
+  let resizing = null;
+  window.addEventListener("resize", () => {  // charts take their width from the grid: draw them again
+    clearTimeout(resizing);
+    resizing = setTimeout(() => { if (payloadText !== null) render(JSON.parse(payloadText)); }, 200);
   });
   const embedded = document.getElementById("dlx-data").textContent.trim();
   if (embedded) {
