@@ -150,7 +150,7 @@ def test_the_mixture_per_stage_is_requested_against_realised():
 def test_abandoned_records_are_not_drawn_but_counted_lost():
     columns = StepColumns()
     columns.add([record(1), record(2, abandoned=True, window_steps=4), record(2)])
-    assert columns.step == [1, 2] and columns.abandoned_steps == 4 and columns.abandoned_s == 2.0
+    assert list(columns.step) == [1, 2] and columns.abandoned_steps == 4 and columns.abandoned_s == 2.0
 
 
 def test_config_differences_name_each_key_that_differs_from_the_first_run():

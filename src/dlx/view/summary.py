@@ -81,13 +81,13 @@ def restart_cost(resume: dict[str, Any], columns: StepColumns, events: list[dict
 def stage_mixtures(config: dict[str, Any], columns: StepColumns) -> list[dict[str, Any]]:
     """Per stage: its steps and, for each source, the requested share (config.yaml's data.mix, or the stage's own
     `mix` in data.stages, carried over when unset) against the realised share of the tokens the stage trained on."""
-    from dlx.data.mixture.sources import mix_sources
+    from dlx.data.mixture.sources import mix_sources, parse_mix
 
     data = config.get("data") or {}
     stage_mixes, mix = [], data.get("mix")
     for stage in data.get("stages") or [{}]:
         mix = (stage or {}).get("mix") or mix
-        stage_mixes.append(mix)
+        stage_mixes.append(_as_mix(mix, parse_mix))
     stages, previous = [], {}
     for stage in sorted(columns.stage_source_tokens):
         tokens = columns.stage_source_tokens[stage]
@@ -97,6 +97,16 @@ def stage_mixtures(config: dict[str, Any], columns: StepColumns) -> list[dict[st
         requested = {s.name: s.weight for s in mix_sources(requested_mix)} if isinstance(requested_mix, dict) else {}
         stages.append({"stage": stage, "steps": stage_steps(columns, stage), "sources": shares(requested, realised)})
     return stages
+
+
+def _as_mix(value: Any, parse_mix: Any) -> dict[str, float] | None:
+    """A config's mix as {path: weight}: a mapping as it is, `PATH=W,…` text parsed; None for anything else."""
+    if isinstance(value, str):
+        try:
+            return parse_mix(value)
+        except ValueError:
+            return None
+    return value if isinstance(value, dict) else None
 
 
 def stage_steps(columns: StepColumns, stage: int) -> list[int]:

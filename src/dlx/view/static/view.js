@@ -15,6 +15,7 @@
   let payloadText = null;
   let charts = [];
   let axis = "step";
+  let zoom = null;  // the x range dragged on any chart: every chart shows it, and keeps it across refreshes
 
   function el(tag, attrs, children) {
     const node = document.createElement(tag);
@@ -153,6 +154,12 @@
       : String(+v.toPrecision(4))));
   }
 
+  function zoomAll(u) {
+    if (u.select.width < 5) return;
+    zoom = { min: u.posToVal(u.select.left, "x"), max: u.posToVal(u.select.left + u.select.width, "x") };
+    for (const c of charts) if (c !== u && c.series[0].label === u.series[0].label) c.setScale("x", zoom);
+  }
+
   function axisValues(u, splits) {
     if (axis === "time") return splits.map(duration);
     return splits.map((v) => (Math.abs(v) >= 1e4 ? si(v) : String(+v.toFixed(6))));
@@ -172,9 +179,12 @@
           ...parts.series],
         bands: parts.bands, scales: { x: { time: false } }, legend: { show: payload.runs.length <= 4 },
         axes: [{ values: axisValues }, { size: 60, values: yValues }], plugins: [eventsPlugin(payload)],
-        cursor: { drag: { x: true, y: false } },
+        cursor: { drag: { x: true, y: false } }, hooks: { setSelect: [zoomAll] },
       };
-      charts.push(new uPlot(options, data, holder));
+      const chart = new uPlot(options, data, holder);
+      if (zoom) chart.setScale("x", zoom);
+      holder.addEventListener("dblclick", () => { zoom = null; render(JSON.parse(payloadText)); });
+      charts.push(chart);
     }
     view.charts = charts.length;
     view.plots = charts;
@@ -340,6 +350,7 @@
 
   document.getElementById("axis").addEventListener("change", (e) => {
     axis = e.target.value;
+    zoom = null;
     if (payloadText !== null) render(JSON.parse(payloadText));
   });
   let resizing = null;
