@@ -1,6 +1,7 @@
-"""`dlx pretrain` twice (one run resumed), then `dlx view` of their folder as one file, opened in headless chromium:
-both runs, their charts, the mixture, the resume and the config difference are on the page; a folder with no steps, a
-torn last line and a missing path are one line each; the page requests nothing and logs no error."""
+"""`dlx pretrain` twice (one run resumed) and `dlx tune`, then `dlx view` of their outputs as one file, opened in
+headless chromium: both runs, their charts, the mixture, the resume, the config difference and the tune's predicted
+against measured step times are on the page; a folder with no steps, a torn last line and a missing path are one line
+each; the page requests nothing and logs no error."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 
 from browser_helpers import chromium, console_errors, require_browser, wait_for
 from train_helpers import TINY, make_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SCREENSHOT_ENV = "DLX_VIEW_SCREENSHOT"
 """A path: the test saves its page there as PNG (the README's picture)."""
@@ -35,8 +38,10 @@ def test_two_real_runs_side_by_side_in_a_browser(tmp_path):
     shutil.copy(runs / "a" / "config.yaml", runs / "waiting")  # a run that has logged no step yet
     with open(runs / "b" / "metrics.jsonl", "a") as f:
         f.write('{"step": 13, "lo')  # a crash mid-write
+    tune = ["--data.seq_len", "32", "--train.global_batch_size", "8", "--keep", "train.compile", "--budget-min", "0.2"]
+    dlx("tune", ROOT / "recipes" / "debug.yaml", *tune, "--out", tmp_path / "tune" / "tuned.yaml")
     page = tmp_path / "page.html"
-    result = dlx("view", runs, tmp_path / "nothing", "--out", page)
+    result = dlx("view", runs, tmp_path / "tune" / "tuned.yaml", tmp_path / "nothing", "--out", page)
     b, waiting = runs / "b", runs / "waiting"
     assert sorted(result.stderr.splitlines()) == sorted(
         [
@@ -55,7 +60,10 @@ def test_two_real_runs_side_by_side_in_a_browser(tmp_path):
         assert names == ["a", "b", "waiting"]
         assert browser.execute_script("return window.dlxView.lastSteps") == {"a": 12, "b": 12, "waiting": None}
         charts = browser.execute_script("return window.dlxView.charts")
-        assert charts >= 8 and browser.execute_script("return window.dlxView.drawn") >= charts
+        assert charts >= 9 and browser.execute_script("return window.dlxView.drawn") >= charts
+        tune_chart = "window.dlxView.plots.find(p => p.root.parentNode.dataset.title === 'tune tuned')"
+        measured = browser.execute_script(f"return {tune_chart}.data[3].filter(v => v > 0).length")
+        assert measured >= 1  # measured step times beside the predicted ones
         assert console_errors(browser) == []
         assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
         text = browser.find_element("tag name", "body").text

@@ -147,6 +147,19 @@ def test_the_mixture_per_stage_is_requested_against_realised():
     ]
 
 
+def test_task_metrics_are_drawn_without_their_standard_errors(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    write_lines(run / "metrics.jsonl", [record(s, time=100.0 + s) for s in (1, 2, 3, 4)])
+    tasks = [{"step": s, "hellaswag/acc": 0.25 + s / 100, "hellaswag/acc_stderr": 0.01, "tasks_s": 9.0} for s in (2, 4)]
+    write_lines(run / "tasks.jsonl", tasks)
+    viewer = Viewer([str(run)])
+    viewer.refresh()
+    drawn = viewer.payload()["runs"][0]["tasks"]
+    assert drawn["series"] == {"hellaswag/acc": {"v": [0.27, 0.29]}}
+    assert drawn["x"]["step"] == [2, 4] and drawn["x"]["tokens"] == [64, 128]
+
+
 def test_abandoned_records_are_not_drawn_but_counted_lost():
     columns = StepColumns()
     columns.add([record(1), record(2, abandoned=True, window_steps=4), record(2)])

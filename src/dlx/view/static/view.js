@@ -186,8 +186,6 @@
       holder.addEventListener("dblclick", () => { zoom = null; render(JSON.parse(payloadText)); });
       charts.push(chart);
     }
-    view.charts = charts.length;
-    view.plots = charts;
   }
 
   // ---- tables -------------------------------------------------------------------------------------------------
@@ -318,6 +316,8 @@
     const timeKinds = new Set(payload.runs.map((r) => r.time_kind));
     document.querySelector('#axis option[value="time"]').textContent =
       timeKinds.has("trained") ? "wall-clock (step time only where a run has no time)" : "wall-clock";
+    view.charts = charts.length;
+    view.plots = charts;
     view.renders += 1;
     if (view.readyMs === null) {
       view.readyMs = performance.now();
