@@ -16,6 +16,7 @@ LAYERS = {
     "metrics": 2,
     "parallel": 2,
     "evals": 2,
+    "view": 2,
     "model": 1,
     "data": 1,
     "device": 0,

@@ -41,6 +41,9 @@ def _register_commands() -> None:
     from dlx.cli import passkey_commands
 
     passkey_commands.register(app)
+    from dlx.cli import view_commands
+
+    view_commands.register(app)
 
 
 BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}

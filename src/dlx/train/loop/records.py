@@ -1,5 +1,6 @@
 """What the trainer logs: each logged step's record (the meter's figures from every rank's mean phase times, and
-besides them the loader's epoch, the z-loss, the ranks' step-time spread, tokens per `data.mix` source) and each
+besides them the loader's epoch, the wall-clock `time` in Unix seconds, the z-loss, the ranks' step-time spread, tokens
+per `data.mix` source) and each
 evaluation's (each rank its share of the batches, the mean over ranks; validation loss per `data.mix` source).
 
 Per-source figures (data.mix only: the loader's `source_tokens` and the run's `data_info.mixture` say so):
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import statistics
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -75,8 +77,9 @@ def rank_step_times(run: Run, timings: dict[str, float]) -> dict[str, float]:
 
 
 def step_fields(run: Run, step: int) -> dict[str, Any]:
-    """The fields a metrics record adds to the meter's: `epoch`, and `z_loss` and `source_tokens` when they apply."""
-    fields: dict[str, Any] = {"epoch": run.loader.epoch}
+    """The fields a metrics record adds to the meter's: `epoch`, `time` (wall-clock, Unix seconds), and `z_loss` and
+    `source_tokens` when they apply."""
+    fields: dict[str, Any] = {"epoch": run.loader.epoch, "time": round(time.time(), 3)}
     z = run.objective.step_z_loss()
     if z is not None:
         fields["z_loss"] = distributed.all_reduce([float(z)], "mean", run.device)[0]

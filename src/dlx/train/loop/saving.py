@@ -4,11 +4,13 @@ it is published is `dlx.train.rundir.checkpoint`'s."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from dlx.errors import UserError
 from dlx.parallel import distributed
 from dlx.train.rundir import checkpoint as ckpt
+from dlx.train.rundir import folder
 
 if TYPE_CHECKING:
     from dlx.train.run import Run
@@ -16,13 +18,16 @@ if TYPE_CHECKING:
 
 def save(run: Run, final: bool = False) -> None:
     """Wait for the previous save, then start this one (`final`: the run's last, which gathers model.safetensors under
-    checkpoint.full_weights last); a background save is waited for by the next save or the end of the run."""
+    checkpoint.full_weights last); a background save is waited for by the next save or the end of the run. events.jsonl
+    gets a `checkpoint` line with `save_s`, the seconds the steps waited for this save (and the previous one's end)."""
+    began = time.perf_counter()
     wait_for_save(run)
     verify_data_read(run)
     cfg, progress = run.config.checkpoint, run.progress
     progress.state.loader = run.loader.state_dict()
     progress.state.observers = run.observers.state_dict()
     full_weights = cfg.full_weights == "every" or (cfg.full_weights == "last" and final)
+    background = cfg.async_save and not final
     progress.last_save = ckpt.save_checkpoint(
         run.run_dir,
         run.strategy,
@@ -31,10 +36,13 @@ def save(run: Run, final: bool = False) -> None:
         progress.state,
         cfg.keep_last,
         full_weights,
-        background=cfg.async_save and not final,
+        background=background,
     )
     if progress.last_save.future is None:
         wait_for_save(run)
+    if run.env.is_main:
+        save_s = round(time.perf_counter() - began, 3)
+        folder.append_event(run.run_dir, event="checkpoint", step=progress.step, save_s=save_s, background=background)
 
 
 def verify_data_read(run: Run) -> None:

@@ -20,11 +20,13 @@ from __future__ import annotations
 import gc
 import math
 import signal
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from dlx import faults
@@ -128,8 +130,11 @@ def train(run: Run, resume: bool) -> None:
             "nothing (raise train.max_steps to train further)"
         )
         return
-    if resume and run.env.is_main:
-        folder.append_event(run.run_dir, event="resume", step=progress.step, checkpoint=progress.last_checkpoint)
+    if run.env.is_main:  # startup_s: from the process's start to its first step (goodput counts it lost)
+        startup_s = round(time.time() - psutil.Process().create_time(), 3)
+        where = {"checkpoint": progress.last_checkpoint} if resume else {}
+        kind = "resume" if resume else "start"
+        folder.append_event(run.run_dir, event=kind, step=progress.step, **where, startup_s=startup_s)
     print_header(run)
     run.console.start()
     train_loop(run)

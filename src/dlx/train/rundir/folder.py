@@ -3,7 +3,8 @@
 RUN_DIR/
     config.yaml        the resolved recipe (every default filled in, the model fully spelled out)
     tokenizer.json     the dataset's tokenizer, so `dlx generate RUN_DIR` needs nothing else
-    metrics.jsonl      one record per logged step; eval.jsonl one per evaluation; events.jsonl (resume, NaN, stop)
+    metrics.jsonl      one record per logged step; eval.jsonl one per evaluation; events.jsonl (start, resume,
+                       checkpoints, spikes, rollbacks, NaN, stop: each line with its wall-clock `time`)
     checkpoints/       step-00000100/ ... (see dlx.train.rundir.checkpoint)
     report.md          with loss.png and throughput.png, at the end of the run
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +193,10 @@ def check_resume_compatible(saved: dict[str, Any], resolved: dict[str, Any]) -> 
 
 
 def append_event(run_dir: Path, **fields: Any) -> None:
-    """One line in events.jsonl: resumes, fall-backs, skipped batches, stops. Small, rare, flushed at once."""
+    """One line in events.jsonl: starts, resumes, checkpoints, fall-backs, skipped batches, stops, each with its
+    wall-clock `time` (Unix seconds; `dlx view` puts events on the time axis and counts goodput from them). Small, rare,
+    flushed at once."""
+    fields.setdefault("time", round(time.time(), 3))
     with open(run_dir / EVENTS_FILE, "a", encoding="utf-8") as f:
         f.write(json.dumps(fields, default=str) + "\n")
 
