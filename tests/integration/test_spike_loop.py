@@ -6,6 +6,7 @@ checkpoint.keep_last. Spikes are planted with DLX_FAULT_SPIKE (dlx.faults)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,9 @@ def test_a_run_that_keeps_spiking_stops_after_the_allowed_rollbacks(tmp_path, pl
     assert [e["rollbacks"] for e in back] == [1, 2, 3] and {e["to_step"] for e in back} == {9}
     folders = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert folders == ["step-00000009", "step-00000012"]  # keep_last 2 counts the set-aside ones: they went first
+
+    shutil.rmtree(run_dir / "checkpoints" / "step-00000012")  # resumed from the checkpoint saved before the rollbacks
+    plant("11,12x20*")
+    with pytest.raises(UserError, match=r"after 3 rollbacks \(train.spike_max_rollbacks\)"):
+        launch(None, loop, run_dir, True)  # the run's own history counts, not the older checkpoint's
+    assert len(events(run_dir, "rollback")) == 3  # no fourth rollback on a restart

@@ -117,6 +117,8 @@ def test_checkpoints_recorded_without_sha256s_still_resume(run_dir, capsys):
     [
         ({"step": "2"}, "has step '2', not a count"),
         ({"step": -5}, "has step -5, not a count"),
+        ({"step": 10**20}, "has step 100000000000000000000, not a count between 0 and 1,000,000,000,000"),
+        ({"step": 1}, "trainer_state.json says step 1, its folder step-00000002"),
         ({"step": None}, "has no 'step'"),
         ({"files": ["model.safetensors"]}, "'files' that is not a mapping"),
         ({"files": {"model.safetensors": "big"}}, "'files' that is not a mapping"),
@@ -132,6 +134,17 @@ def test_a_trainer_state_with_a_wrong_schema_is_damaged(run_dir, change, problem
         read_checkpoint(newest)
     notes = []
     assert find_resumable(run_dir, say=notes.append).path == previous and "is damaged" in notes[0]
+
+
+def test_a_damaged_loader_position_falls_back_to_the_previous_checkpoint(run_dir, capsys):
+    newest, previous = list_checkpoints(run_dir)[:2]
+    state = state_of(newest)
+    state["loader"] = {**state["loader"], "sequences": "many"}
+    (newest / "trainer_state.json").write_text(json.dumps(state))
+    assert launch(None, ["--train.max_steps", "3"], run_dir, resume=True) == 0
+    said = "".join(capsys.readouterr())
+    assert f"checkpoint {newest} is damaged: the synthetic loader state is damaged: sequences='many'" in said
+    assert f"resuming from {previous}" in said
 
 
 # datasets

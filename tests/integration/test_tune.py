@@ -173,6 +173,8 @@ def test_the_winner_is_written_as_a_recipe_pretrain_loads(synthetic_measure, tmp
         (("--world-size", "3"), "--world-size 3: no layout divides it"),
         (("--memory-limit-gb", "0.01"), "no layout reaches the global batch of 8 sequences"),
         (("--budget-min", "0.01"), "is too small for one measurement"),
+        (("--budget-min", "nan"), "--budget-min must be a positive number of minutes, got nan"),
+        (("--budget-min", "inf"), "--budget-min must be a positive number of minutes, got inf"),
     ],
 )
 def test_bad_inputs_are_one_line(args, message, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -49,8 +50,8 @@ def tune(
     recipe, overrides = split_command_line(list(ctx.args))
     if recipe is None:
         raise UserError("dlx tune needs a recipe: dlx tune RECIPE.yaml [--section.key VALUE ...]")
-    if budget_min <= 0:
-        raise UserError(f"--budget-min must be positive, got {budget_min}")
+    if not math.isfinite(budget_min) or budget_min <= 0:
+        raise UserError(f"--budget-min must be a positive number of minutes, got {budget_min}")
     out_path = out or Path("runs") / "tune" / f"{Path(recipe).stem}-tuned.yaml"
     options = {
         "world_size": world_size,
@@ -125,8 +126,8 @@ def pretrain_tuned(
 
     if recipe is None or resume:
         raise UserError("--tune needs a recipe and a new run: dlx pretrain RECIPE.yaml --tune (without --resume)")
-    if budget_min <= 0:
-        raise UserError(f"--tune-budget-min must be positive, got {budget_min}")
+    if not math.isfinite(budget_min) or budget_min <= 0:
+        raise UserError(f"--tune-budget-min must be a positive number of minutes, got {budget_min}")
     launched = env_from_torchrun()
     if launched.world_size > 1 and run_dir is None:
         raise UserError("--tune under torchrun needs --run-dir DIR: every rank must train in the same folder")

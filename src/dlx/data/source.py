@@ -18,8 +18,15 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from dlx.errors import UserError
+
 if TYPE_CHECKING:
     import torch
+
+
+class DamagedState(UserError):
+    """A saved loader position that no loader writes (missing or out-of-range fields): the checkpoint holding it is
+    damaged, and a resume falls back to the previous one. (A position saved for other data is a plain UserError.)"""
 
 
 @dataclass(frozen=True)

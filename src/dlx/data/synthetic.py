@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from dlx.data import SYNTHETIC
-from dlx.data.source import LoaderSettings
+from dlx.data.source import DamagedState, LoaderSettings
 from dlx.errors import UserError
 
 _MASK32 = 0xFFFFFFFF
@@ -90,7 +90,9 @@ class SyntheticLoader:
     def load_state_dict(self, state: dict) -> None:
         if state.get("kind") != SYNTHETIC or "sequences" not in state:
             raise UserError("the checkpoint's loader state is not from synthetic data; resume with the run's data.path")
-        self._consumed = int(state["sequences"])
+        if type(state["sequences"]) is not int or state["sequences"] < 0:
+            raise DamagedState(f"the synthetic loader state is damaged: sequences={state['sequences']!r}")
+        self._consumed = state["sequences"]
 
     @property
     def worker_pids(self) -> list[int]:

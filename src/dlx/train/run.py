@@ -135,7 +135,7 @@ def build_run(
         plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
         attention = choose_for_run(config, plan.micro_batch_size, env, precision.name, device)
         console = RunConsole(plan.total_steps, 0, config.log.progress, is_main=env.is_main)
-        loaded = find_checkpoint(run_dir, console, env) if resume else None
+        loaded = find_checkpoint(run_dir, console, env, loader) if resume else None
         init = resolve_initial_weights(config, data_info, loaded is not None, console)
         tokenizer = data_info.tokenizer or (init.tokenizer if init is not None else None)
         sampler, tasks = check_observers(config, plan.total_steps, tokenizer)  # eval.sample_*, eval.tasks, profile.*

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlx.data.loader.shard_blocks import block_permutation
+from dlx.data.source import DamagedState
 from dlx.errors import UserError
 
 
@@ -154,11 +155,9 @@ def make_state(order: Order, cursor: Cursor, split: str, seq_len: int) -> dict:
 
 def read_state(state: dict, order: Order, split: str, seq_len: int) -> Cursor:
     """The cursor a saved state resumes at; UserError when it was saved for other data or another order."""
-    if state.get("format") != STATE_FORMAT or state.get("version") != STATE_VERSION:
-        raise UserError(
-            f"loader state has format {state.get('format')!r} v{state.get('version')}, expected "
-            f"{STATE_FORMAT!r} v{STATE_VERSION}"
-        )
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or state.get("version") != STATE_VERSION:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise DamagedState(f"loader state has format {found!r}, expected {STATE_FORMAT!r} v{STATE_VERSION}")
     expected = make_state(order, Cursor(0, 0), split, seq_len)
     for key in ("split", "seq_len", "n_windows", "seed", "order"):
         if state.get(key) != expected[key]:
@@ -167,7 +166,9 @@ def read_state(state: dict, order: Order, split: str, seq_len: int) -> Cursor:
                 f"{key}={expected[key]!r} (same dataset, seq_len, seed and shuffle are needed to continue exactly"
                 f"{ORDER_HINT if key == 'order' else ''})"
             )
-    epoch, consumed = int(state["epoch"]), int(state["consumed"])
-    if epoch < 0 or not 0 <= consumed <= order.n_windows:
-        raise UserError(f"loader state is damaged: epoch={epoch}, consumed={consumed} of {order.n_windows} windows")
+    epoch, consumed = state.get("epoch"), state.get("consumed")
+    if type(epoch) is not int or type(consumed) is not int or epoch < 0 or not 0 <= consumed <= order.n_windows:
+        raise DamagedState(
+            f"loader state is damaged: epoch={epoch!r}, consumed={consumed!r} of {order.n_windows} windows"
+        )
     return Cursor(epoch, consumed)

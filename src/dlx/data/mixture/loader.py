@@ -18,7 +18,7 @@ from dlx.data.loader.windows import count_windows
 from dlx.data.mixture.order import MixOrder, SourcePattern, source_epochs
 from dlx.data.mixture.plan import MixturePlan
 from dlx.data.mixture.sources import Source, open_sources
-from dlx.data.source import LoaderSettings
+from dlx.data.source import DamagedState, LoaderSettings
 from dlx.errors import UserError
 
 STATE_FORMAT = "dlx-mixture-state"
@@ -124,8 +124,8 @@ class MixtureLoader(FeedLoader):
                     f"{key}={expected[key]!r} (same datasets, sizes, weights, seq_len, seed and shuffle are needed)"
                 )
         position = state.get("position")
-        if not isinstance(position, int) or position < 0:
-            raise UserError(f"the data.mix loader state is damaged: position={position!r}")
+        if type(position) is not int or position < 0:
+            raise DamagedState(f"the data.mix loader state is damaged: position={position!r}")
         self._stop()
         self._position = position
         self._reported_epochs = self.source_epochs()

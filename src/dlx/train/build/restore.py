@@ -1,19 +1,22 @@
 """The run folder at start-up: which folder (new, or the one to resume), the checkpoint a resume restores, and what a
 new run's folder holds before step 1 (config.yaml, the tokenizer, where the initial weights came from). `build_run`
-(dlx.train.run) calls these; rank 0 takes the decisions that touch the file system."""
+(dlx.train.run) calls these; rank 0 takes the decisions that touch the file system. `rewind` takes a running run back
+to one of its checkpoints (a spike rollback decides when)."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from dlx.atomic import atomic_write_bytes
 from dlx.data.shards import TOKENIZER_FILE
-from dlx.data.source import BatchSource
+from dlx.data.source import BatchSource, DamagedState
 from dlx.parallel.distributed import DistEnv, main_decides
+from dlx.metrics.logger import MetricsLogger
 from dlx.parallel.strategy import Strategy
 from dlx.train.rundir import checkpoint as ckpt
 from dlx.train.rundir import folder
@@ -21,6 +24,7 @@ from dlx.train.config import CheckpointSection, RunConfig
 from dlx.train.build.console import RunConsole
 from dlx.train.build.data import DatasetInfo
 from dlx.train.build.optim import ScheduledLR
+from dlx.train.build.progress import RunProgress
 from dlx.train.recipe import write_resolved
 from dlx.train.rundir.runlock import RunLock
 from dlx.train.build.step_plan import StepPlan
@@ -75,12 +79,23 @@ def restore(
     return state, loaded.path
 
 
-def find_checkpoint(run_dir: Path, console: RunConsole, env: DistEnv) -> ckpt.LoadedCheckpoint | None:
-    """Rank 0 picks the newest complete checkpoint (setting damaged ones aside); the other ranks then read it. A folder
-    whose checkpoints are all damaged is refused (UserError) and left as it was."""
+def find_checkpoint(
+    run_dir: Path, console: RunConsole, env: DistEnv, loader: BatchSource
+) -> ckpt.LoadedCheckpoint | None:
+    """Rank 0 picks the newest complete checkpoint whose loader position `loader` takes (setting damaged ones aside);
+    the other ranks then read it. A folder whose checkpoints are all damaged is refused (UserError), left as it was."""
+
+    def loader_takes(loaded: ckpt.LoadedCheckpoint) -> None:
+        try:
+            if loaded.state.loader is not None:
+                loader.load_state_dict(loaded.state.loader)
+        except DamagedState as e:
+            raise ckpt.DamagedCheckpoint(str(e)) from None
 
     def find() -> ckpt.LoadedCheckpoint | None:
-        return ckpt.find_resumable(run_dir, say=console.warn, set_aside=True, refuse_all_damaged=True)
+        return ckpt.find_resumable(
+            run_dir, say=console.warn, set_aside=True, refuse_all_damaged=True, accept=loader_takes
+        )
 
     if not env.is_distributed:
         return find()
@@ -163,3 +178,36 @@ def resume_notes(
         f"train.global_batch_size {before} to keep it"
     )
     return [changed, *notes]
+
+
+class Rewindable(Protocol):
+    """What `rewind` moves back: the parts of a built run (`dlx.train.run.Run`) that hold its position."""
+
+    run_dir: Path
+    config: RunConfig
+    progress: RunProgress
+    strategy: Strategy
+    scheduler: ScheduledLR
+    loader: BatchSource
+    logger: MetricsLogger
+    console: RunConsole
+    env: DistEnv
+
+
+def rewind(run: Rewindable, checkpoint: Path) -> None:
+    """The run back at `checkpoint`: its weights, optimizer, schedule, random generators and loader position; newer
+    checkpoints set aside (rank 0, `checkpoint.set_aside_after`); the records after it marked abandoned."""
+    loaded = ckpt.read_checkpoint(checkpoint)
+    if run.env.is_main:
+        ckpt.set_aside_after(run.run_dir, ckpt.checkpoint_step(checkpoint), run.config.checkpoint.keep_last)
+    progress = run.progress
+    progress.state = ckpt.apply_checkpoint(
+        loaded, run.strategy, run.scheduler, run.strategy.precision.scaler, say=run.console.warn
+    )
+    run.strategy.zero_grad()
+    run.loader.load_state_dict(progress.state.loader)
+    progress.last_checkpoint, progress.last_save = checkpoint, None
+    run.logger.mark_abandoned(progress.step)
+    for record in progress.records:
+        if record.get("step", 0) > progress.step:
+            record.setdefault("abandoned", True)

@@ -11,9 +11,11 @@ first step.
   function of the seed and the position), then the loader jumps past the last spiking step. Skips accumulate: a later
   rollback to the same or an older checkpoint replays every earlier skip that lies after it, so no data a rollback
   skipped is read again. After `train.spike_max_rollbacks` rollbacks, the next one stops the run with one line.
-  Checkpoints newer than the one reloaded belong to the abandoned branch: set aside as `step-N.rolled-back` (they
-  count toward `checkpoint.keep_last`; the oldest set-aside ones go first), and their records in metrics.jsonl are
-  marked `"abandoned": true`.
+  The guard decides; `build.restore.rewind` moves the run back, setting aside the checkpoints of the abandoned
+  branch (`step-N.rolled-back`; `checkpoint.prune_checkpoints`'s one retention rule counts them toward
+  `checkpoint.keep_last`, the oldest first) and marking their records in metrics.jsonl `"abandoned": true`. The
+  rollbacks are counted from events.jsonl, the run's own history, so a run that stopped at the cap stops there again
+  when resumed from an older checkpoint.
 
 Every rank takes the same decisions: they read the loss all ranks agreed on (`trainer.agree_on_step`). Each spike,
 skip and rollback goes to events.jsonl and the console, and the report's event list; a step record lists the steps
@@ -23,20 +25,19 @@ since the previous record whose update the guard left out (`skipped_updates`).
 from __future__ import annotations
 
 import math
-import shutil
 from collections import deque
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlx.errors import UserError
+from dlx.parallel.distributed import main_decides
+from dlx.train.build.restore import rewind
 from dlx.train.observers.base import Observer, RunView
 from dlx.train.rundir import checkpoint as ckpt
 from dlx.train.rundir import folder
+from dlx.train.rundir.folder import read_events
 
 if TYPE_CHECKING:
     from dlx.train.config import TrainSection
-
-ROLLED_BACK_SUFFIX = ".rolled-back"
 
 
 class SpikeGuard(Observer):
@@ -65,6 +66,7 @@ class SpikeGuard(Observer):
 
     def attach(self, run: RunView) -> None:
         self.run = run
+        self._count_past_rollbacks()
 
     def state_dict(self) -> dict[str, Any]:
         """The window, the counts and the pending skips (empty when the policy is off)."""
@@ -77,6 +79,14 @@ class SpikeGuard(Observer):
         self.window = deque(state.get("window", []), maxlen=self.window.maxlen)
         self.counts.update(state.get("counts", {}))
         self.jumps = {int(step): position for step, position in state.get("jumps", {}).items()}
+        self._count_past_rollbacks()
+
+    def _count_past_rollbacks(self) -> None:
+        """The rollbacks the run's history (events.jsonl) holds, not only its checkpoint's count: a checkpoint saved
+        before later rollbacks would give a restarted run a fresh allowance. Once attached (every rank, rank 0 reads)."""
+        if self.policy == "rollback" and self.run is not None:
+            past = main_decides(lambda: len(read_events(self._run().run_dir, "rollback")))
+            self.counts["rollbacks"] = max(self.counts["rollbacks"], past)
 
     def header(self) -> list[str]:
         if self.policy == "off":
@@ -140,8 +150,6 @@ class SpikeGuard(Observer):
         self._forget_before(step - run.config.checkpoint.every * (run.config.checkpoint.keep_last + 1))
         if step in self.jumps:  # kept: a later rollback to before `step` replays the skip
             run.loader.load_state_dict(self.jumps[step])
-        if run.config.checkpoint.every and step % run.config.checkpoint.every == 0:
-            self._prune_set_aside()  # a checkpoint was just published: the set-aside ones make room first
         if len(self.streak) >= self.patience:
             self.roll_back()
 
@@ -154,7 +162,7 @@ class SpikeGuard(Observer):
         run, first, last = self._run(), self.streak[0], self.streak[-1]
         self.streak = []
         run.progress.wait_for_save()
-        older = [p for p in ckpt.list_checkpoints(run.run_dir) if checkpoint_step(p) < first]
+        older = [p for p in ckpt.list_checkpoints(run.run_dir) if ckpt.checkpoint_step(p) < first]
         if not older or last not in self.positions:
             run.console.warn(f"spikes at steps {first}-{last}: no checkpoint before step {first}; going on")
             return False
@@ -165,7 +173,9 @@ class SpikeGuard(Observer):
                 f"resume from {older[0]} with a larger train.spike_max_rollbacks"
             )
         skipped = {"from": self.positions.get(first - 1), "to": self.positions[last]}
-        self._restore(older[0])
+        rewind(run, older[0])
+        saved = run.progress.state.observers.get(self.name, {})  # the guard keeps its own counts and skips
+        self.window = deque(saved.get("window", []), maxlen=self.window.maxlen)  # the replayed steps refill it
         to_step = run.progress.step
         self.jumps = {k: p for k, p in self.jumps.items() if to_step <= k < first}  # earlier skips still ahead
         self.jumps[first - 1] = self.positions[last]
@@ -177,25 +187,6 @@ class SpikeGuard(Observer):
         self._rewarm()
         return True
 
-    def _restore(self, checkpoint: Path) -> None:
-        """Every piece of the run from `checkpoint`; the guard keeps its own counts and skips (they accumulate)."""
-        run = self._run()
-        loaded = ckpt.read_checkpoint(checkpoint)
-        self._set_aside_newer(checkpoint_step(checkpoint))
-        progress = run.progress
-        progress.state = ckpt.apply_checkpoint(
-            loaded, run.strategy, run.scheduler, run.strategy.precision.scaler, say=run.console.warn
-        )
-        run.strategy.zero_grad()
-        run.loader.load_state_dict(progress.state.loader)
-        saved = progress.state.observers.get(self.name, {})
-        self.window = deque(saved.get("window", []), maxlen=self.window.maxlen)  # the replayed steps refill it
-        progress.last_checkpoint, progress.last_save = checkpoint, None
-        run.logger.mark_abandoned(progress.step)
-        for record in progress.records:
-            if record.get("step", 0) > progress.step:
-                record.setdefault("abandoned", True)
-
     def _rewarm(self) -> None:
         """After a rollback, scale the next step's learning rate (already set by the schedule) by k / spike_rewarmup
         for its k-th step; the logged lr is the one applied."""
@@ -203,26 +194,6 @@ class SpikeGuard(Observer):
             return
         self.rewarmed += 1
         self._run().scheduler.scale_last_lr(self.rewarmed / self.rewarmup)
-
-    def _set_aside_newer(self, step: int) -> None:
-        """Checkpoints after `step` are of the abandoned branch: renamed so that no resume takes them (rank 0)."""
-        run = self._run()
-        if not run.env.is_main:
-            return
-        for path in ckpt.list_checkpoints(run.run_dir):
-            if checkpoint_step(path) > step:
-                path.rename(free_name(path, ROLLED_BACK_SUFFIX))
-        self._prune_set_aside()
-
-    def _prune_set_aside(self) -> None:
-        """Set-aside checkpoints count toward checkpoint.keep_last: the oldest go while there are more (rank 0)."""
-        run = self._run()
-        if not run.env.is_main:
-            return
-        live = ckpt.list_checkpoints(run.run_dir)
-        aside = sorted(set_aside_checkpoints(run.run_dir), key=lambda p: p.stat().st_mtime, reverse=True)
-        for path in aside[max(run.config.checkpoint.keep_last - len(live), 0) :]:
-            shutil.rmtree(path, ignore_errors=True)
 
     def _announce(self, first: int, last: int, skipped: dict[str, Any]) -> None:
         run = self._run()
@@ -246,22 +217,3 @@ class SpikeGuard(Observer):
     def _run(self) -> RunView:
         assert self.run is not None, "the guard is attached when the run is built"
         return self.run
-
-
-def checkpoint_step(path: Path) -> int:
-    return int(path.name.split("-")[1].split(".")[0])
-
-
-def set_aside_checkpoints(run_dir: Path) -> list[Path]:
-    """The checkpoints a rollback set aside (`step-N.rolled-back`, `-2` ...)."""
-    root = run_dir / ckpt.CHECKPOINTS_DIR
-    return [p for p in root.glob(f"step-*{ROLLED_BACK_SUFFIX}*") if p.is_dir()] if root.is_dir() else []
-
-
-def free_name(path: Path, suffix: str) -> Path:
-    """`path` + `suffix`, or + `suffix`-2, -3 ... when a step was rolled back before."""
-    candidate, n = path.with_name(path.name + suffix), 1
-    while candidate.exists():
-        n += 1
-        candidate = path.with_name(f"{path.name}{suffix}-{n}")
-    return candidate

@@ -30,7 +30,7 @@ import random
 import re
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -360,13 +360,51 @@ def pinned(path: Path) -> Iterator[bool]:
             _PINNED.discard(path)
 
 
+ROLLED_BACK_SUFFIX = ".rolled-back"
+"""A checkpoint of a branch a spike rollback abandoned: `step-N.rolled-back` (`-2`, `-3` … when rolled back again)."""
+
+
 def prune_checkpoints(run_dir: Path, keep_last: int) -> None:
-    """All but the newest `keep_last` checkpoints go, except one an upload is reading (`pinned`): a later save prunes
-    it."""
+    """The one retention rule: the newest `keep_last` checkpoints stay, except that one an upload is reading
+    (`pinned`) stays until a later save; checkpoints a rollback set aside count toward `keep_last`, the oldest going
+    first."""
     with _PIN_LOCK:
-        for old in list_checkpoints(run_dir)[keep_last:]:
+        live = list_checkpoints(run_dir)
+        for old in live[keep_last:]:
             if old not in _PINNED:
                 shutil.rmtree(old, ignore_errors=True)
+        aside = sorted(set_aside_checkpoints(run_dir), key=lambda p: p.stat().st_mtime, reverse=True)
+        for path in aside[max(keep_last - min(len(live), keep_last), 0) :]:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def set_aside_after(run_dir: Path, step: int, keep_last: int) -> None:
+    """The checkpoints after `step` belong to an abandoned branch: renamed so that no resume takes them, then the
+    retention rule."""
+    for path in list_checkpoints(run_dir):
+        if checkpoint_step(path) > step:
+            path.rename(free_name(path, ROLLED_BACK_SUFFIX))
+    prune_checkpoints(run_dir, keep_last)
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step of a checkpoint folder (`step-00000012`, also set aside: `step-00000012.rolled-back`)."""
+    return int(path.name.split("-")[1].split(".")[0])
+
+
+def set_aside_checkpoints(run_dir: Path) -> list[Path]:
+    """The checkpoints a rollback set aside (`step-N.rolled-back`, `-2` ...)."""
+    root = run_dir / CHECKPOINTS_DIR
+    return [p for p in root.glob(f"step-*{ROLLED_BACK_SUFFIX}*") if p.is_dir()] if root.is_dir() else []
+
+
+def free_name(path: Path, suffix: str) -> Path:
+    """`path` + `suffix`, or + `suffix`-2, -3 ... when a step was rolled back before."""
+    candidate, n = path.with_name(path.name + suffix), 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}{suffix}-{n}")
+    return candidate
 
 
 @dataclass
@@ -387,6 +425,9 @@ def read_trainer_state(path: Path, checksums: bool = True) -> TrainerState:
     except (OSError, ValueError, TypeError) as e:
         raise DamagedCheckpoint(f"{TRAINER_STATE_FILE} unreadable ({type(e).__name__})") from None
     problem = schema_problem(raw, state.step, state.tokens_seen, state.world_size, state.files, state.loader)
+    named = _NAME.match(path.name.split(".")[0])
+    if problem is None and named and int(named.group(1)) != state.step:
+        problem = f"{TRAINER_STATE_FILE} says step {state.step}, its folder {path.name}"
     problem = problem or next(filter(None, (file_problem(path, n, r, checksums) for n, r in state.files.items())), None)
     if problem:
         raise DamagedCheckpoint(problem)
@@ -435,9 +476,14 @@ def read_checkpoint(path: Path, checksums: bool = True) -> LoadedCheckpoint:
 
 
 def find_resumable(
-    run_dir: Path, say=print, set_aside: bool = False, refuse_all_damaged: bool = False
+    run_dir: Path,
+    say=print,
+    set_aside: bool = False,
+    refuse_all_damaged: bool = False,
+    accept: Callable[[LoadedCheckpoint], None] | None = None,
 ) -> LoadedCheckpoint | None:
-    """The newest checkpoint that reads back completely; each damaged newer one is reported and skipped, and with
+    """The newest checkpoint that reads back completely (and that `accept` takes: it raises DamagedCheckpoint for a
+    part it cannot use, a damaged loader position say); each damaged newer one is reported and skipped, and with
     `set_aside` renamed to `step-N.damaged` (kept for inspection, never again taken for a checkpoint or pruned).
     `refuse_all_damaged` (a resume): a folder that has checkpoints, none usable, is refused with one UserError naming
     them, and nothing is renamed."""
@@ -446,6 +492,8 @@ def find_resumable(
     for path in list_checkpoints(run_dir):
         try:
             loaded = read_checkpoint(path)
+            if accept is not None:
+                accept(loaded)
         except DamagedCheckpoint as e:
             damaged.append((path, e))
             continue

@@ -22,6 +22,10 @@ from typing import Any
 import torch
 
 STATE_FILE = "trainer_state.json"
+MAX_STEP = 10**12
+"""More optimizer steps than any run takes: a larger step in trainer_state.json is damage, not a position."""
+MAX_COUNT = 2**63 - 1
+MAX_WORLD = 1 << 20
 CHUNK = 8 << 20
 """Bytes read per update when a file is verified."""
 
@@ -97,9 +101,13 @@ def schema_problem(raw: dict, step: Any, tokens_seen: Any, world_size: Any, file
     for key in ("step", "files", "format"):
         if key not in raw:
             return f"{STATE_FILE} has no {key!r}"
-    for key, value, least in (("step", step, 0), ("tokens_seen", tokens_seen, 0), ("world_size", world_size, 1)):
-        if type(value) is not int or value < least:
-            return f"{STATE_FILE} has {key} {value!r}, not a count"
+    for key, value, least, most in (
+        ("step", step, 0, MAX_STEP),
+        ("tokens_seen", tokens_seen, 0, MAX_COUNT),
+        ("world_size", world_size, 1, MAX_WORLD),
+    ):
+        if type(value) is not int or not least <= value <= most:
+            return f"{STATE_FILE} has {key} {value!r}, not a count between {least} and {most:,}"
     if not isinstance(files, dict) or not all(_valid_record(r) for r in files.values()):
         return f"{STATE_FILE} has 'files' that is not a mapping of file names to sizes and SHA-256s"
     if raw["format"] not in ("full", "dcp", "deepspeed") or not isinstance(loader, (dict, type(None))):

@@ -201,6 +201,20 @@ def append_event(run_dir: Path, **fields: Any) -> None:
         f.write(json.dumps(fields, default=str) + "\n")
 
 
+def read_events(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    """The run's events.jsonl (of one `kind` when given), a line cut short by a crash left out."""
+    events = []
+    path = run_dir / EVENTS_FILE
+    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and (kind is None or event.get("event") == kind):
+            events.append(event)
+    return events
+
+
 def key_default(section: str, key: str) -> Any:
     """The recipe key's default value, as a resolved config.yaml writes it."""
     from dlx.train.config import RunConfig
