@@ -83,7 +83,8 @@ class SpikeGuard(Observer):
 
     def _count_past_rollbacks(self) -> None:
         """The rollbacks the run's history (events.jsonl) holds, not only its checkpoint's count: a checkpoint saved
-        before later rollbacks would give a restarted run a fresh allowance. Once attached (every rank, rank 0 reads)."""
+        before later rollbacks would give a restarted run a fresh allowance. Once attached (every rank, rank 0
+        reads)."""
         if self.policy == "rollback" and self.run is not None:
             past = main_decides(lambda: len(read_events(self._run().run_dir, "rollback")))
             self.counts["rollbacks"] = max(self.counts["rollbacks"], past)
