@@ -44,11 +44,10 @@ def trained_bos_id(tokenizer_file: Path) -> int | None:
     """The BOS id the run's documents started with: its dataset's manifest when the tokenizer.json is a run folder's
     copy and data.path (or the first data.mix source) is still there, else `document_bos_id`."""
     from dlx.data.shards import MANIFEST_FILE, read_manifest
-    from dlx.train.recipe import read_recipe_file
-    from dlx.train.rundir.folder import RUN_CONFIG_FILE
+    from dlx.train.rundir.folder import RUN_CONFIG_FILE, saved_config
 
     if (tokenizer_file.parent / RUN_CONFIG_FILE).is_file():
-        data = read_recipe_file(tokenizer_file.parent / RUN_CONFIG_FILE).get("data") or {}
+        data = saved_config(tokenizer_file.parent).get("data") or {}
         path = next(iter(data.get("mix") or {}), None) or data.get("path")
         if isinstance(path, str) and (Path(path) / MANIFEST_FILE).is_file():
             return read_manifest(path).bos_id
