@@ -1,14 +1,17 @@
-"""What every benchmark writes beside its figures (command, git SHA, versions, hardware), and how it appends them to
-its section of BENCHMARKS.md."""
+"""What every benchmark writes beside its figures (command, git SHA, versions, hardware), how it appends them to its
+section of BENCHMARKS.md, and how it updates its row of the headline table at the top (`publish(..., headline=)`)."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -99,9 +102,49 @@ def record_section(section: str, intro: str, lines: list[str], path: Path = BENC
     atomic_write_text(path, text)
 
 
-def publish(section: str, intro: str, lines: list[str], record: bool = True) -> None:
+@dataclass(frozen=True)
+class Headline:
+    """A benchmark's row in BENCHMARKS.md's headline table: its latest figure, the peer it is measured against and the
+    ratio (dlx ÷ peer, or what the figure is against its target)."""
+
+    figure: str
+    peer: str = "—"
+    ratio: str = "—"
+
+
+HEADLINE_START = "<!-- headline: every benchmark's publish step rewrites its row -->"
+HEADLINE_END = "<!-- /headline -->"
+HEADLINE_HEADER = "| benchmark | latest figure | peer | ratio | machine | date | command |\n" + "|---" * 7 + "|"
+
+
+def headline_row(section: str, headline: Headline) -> str:
+    """The row of `section` for a result measured now, on this machine, by this command."""
+    machine = f"{cpu_name().split('(')[0].strip()}, {os.cpu_count()} CPUs, {machine_load().split(' (')[-1][:-1]}"
+    command = shlex.join([Path(sys.argv[0]).as_posix().split("benchmarks/", 1)[-1], *sys.argv[1:]])
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    cells = [section, headline.figure, headline.peer, headline.ratio, machine, date, f"`benchmarks/{command}`"]
+    return "| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |"
+
+
+def update_headline(section: str, row: str, path: Path = BENCHMARKS_MD) -> None:
+    """Replace the row of `section` in the headline table (added in section order when missing)."""
+    text = path.read_text()
+    start, end = text.index(HEADLINE_START), text.index(HEADLINE_END)
+    rows = [
+        line for line in text[start:end].splitlines() if line.startswith("| ") and not line.startswith("| benchmark")
+    ]
+    rows = [line for line in rows if line.split(" | ")[0] != f"| {section}"] + [row]
+    order = [m.group(1) for m in re.finditer(r"^## (.+)$", text, flags=re.M)]
+    rows.sort(key=lambda line: order.index(name) if (name := line.split(" | ")[0][2:]) in order else len(order))
+    table = f"{HEADLINE_START}\n{HEADLINE_HEADER}\n" + "\n".join(rows) + "\n"
+    atomic_write_text(path, text[:start] + table + text[end:])
+
+
+def publish(section: str, intro: str, lines: list[str], record: bool = True, headline: Headline | None = None) -> None:
     """Print an entry, and append it to the `## section` of BENCHMARKS.md (`record_section`) unless `record` is False
-    (a benchmark's --no-record)."""
+    (a benchmark's --no-record); with `headline`, its row of the headline table too."""
     print("\n".join(lines))
     if record:
         record_section(section, intro, lines)
+        if headline is not None:
+            update_headline(section, headline_row(section, headline))
