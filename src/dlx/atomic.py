@@ -42,20 +42,43 @@ def make_temp_file(path: Path) -> tuple[int, str]:
     return fd, tmp
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def synced_temp_file(path: Path, data: bytes) -> str:
+    """A new temporary file beside `path` holding `data`, written and fsynced; its name."""
     fd, tmp = make_temp_file(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = synced_temp_file(path, data)
+    try:
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    fsync_dir(path.parent)
+
+
+def create_once(path: str | os.PathLike, data: bytes) -> None:
+    """Create `path` holding `data` (fsynced) unless it exists; never replaces it, even when two writers race."""
+    path = Path(path)
+    tmp = synced_temp_file(path, data)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
     fsync_dir(path.parent)
 
 

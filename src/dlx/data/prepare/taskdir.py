@@ -13,14 +13,12 @@ task folder that belongs to another dataset is told apart.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlx.atomic import atomic_write_text, fsync_dir, make_temp_file
+from dlx.atomic import atomic_write_text, create_once, fsync_dir
 from dlx.data.prepare.outdir import TASKS_DIR
 from dlx.data.prepare.scan import ScanCounts
 from dlx.data.shards import TOKENIZER_FILE
@@ -47,7 +45,7 @@ def publish_plan(out: Path, plan: dict, tokenizer_json: str) -> None:
     """Write plan.json and tokenizer.json unless a task already did; UserError if that task's plan differs."""
     folder = tasks_dir(out)
     folder.mkdir(parents=True, exist_ok=True)
-    _create_once(folder / PLAN_FILE, json.dumps(plan, indent=1) + "\n")
+    create_once(folder / PLAN_FILE, (json.dumps(plan, indent=1) + "\n").encode())
     existing = read_plan(out)
     if existing != plan:
         raise UserError(
@@ -55,7 +53,7 @@ def publish_plan(out: Path, plan: dict, tokenizer_json: str) -> None:
             f"{', '.join(_differences(existing, plan))}); give every task the same inputs and options, or choose "
             "another --out"
         )
-    _create_once(folder / TOKENIZER_FILE, tokenizer_json)
+    create_once(folder / TOKENIZER_FILE, tokenizer_json.encode())
     if hashlib.sha256((folder / TOKENIZER_FILE).read_bytes()).hexdigest() != plan["tokenizer"]["sha256"]:
         raise UserError(f"{folder / TOKENIZER_FILE} was changed by hand; delete {out} and run the tasks again")
 
@@ -74,21 +72,6 @@ def read_plan(out: Path) -> dict:
     if not isinstance(plan, dict) or plan.get("format") != PLAN_FORMAT:
         raise UserError(f"{path} is not a plan of `dlx prepare --tasks`; delete {out} and run the tasks again")
     return plan
-
-
-def _create_once(path: Path, text: str) -> None:
-    """Create `path` holding `text` (fsynced) unless it exists; never replaces it, even when two writers race."""
-    fd, tmp = make_temp_file(path)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        with contextlib.suppress(FileExistsError):
-            os.link(tmp, path)
-    finally:
-        os.unlink(tmp)
-    fsync_dir(path.parent)
 
 
 def _differences(existing: dict, plan: dict) -> list[str]:
