@@ -2,7 +2,8 @@
 prepared dataset it reads (`Source`).
 
 Three kinds implement it: one prepared dataset (`dlx.data.loader.TokenLoader`), several by weight
-(`dlx.data.mixture.MixtureLoader`, data.mix) and generated tokens (`dlx.data.synthetic.SyntheticLoader`). The trainer
+(`dlx.data.mixture.MixtureLoader`, data.mix) and generated tokens (`dlx.data.synthetic.SyntheticLoader`); a staged
+run's `dlx.data.stages.StagedLoader` reads one of them per stage. The trainer
 reads batches, sizes, special ids, position and per-source figures through this protocol only.
 
 A single dataset is not read as a mixture of one: the mixture's window order (its own permutation seeds, no epoch
@@ -123,6 +124,10 @@ class BatchSource(Protocol):
         """Process ids of the running workers (empty when there are none)."""
         ...
 
+    def warm(self) -> None:
+        """Start reading ahead from the current position (worker processes) without taking a batch."""
+        ...
+
     def source_tokens(self) -> dict[str, int]:
         """Training tokens each named source has supplied, all ranks together; empty unless there are several
         sources to tell apart (data.mix)."""
@@ -136,8 +141,9 @@ class BatchSource(Protocol):
         """Where the next batch comes from: JSON-ready, identical on every rank."""
         ...
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from `state_dict()`'s position; UserError when it belongs to other data."""
+    def load_state_dict(self, state: dict, steps_done: int | None = None) -> None:
+        """Continue from `state_dict()`'s position; UserError when it belongs to other data. `steps_done`: the
+        optimizer steps the state was saved after (a staged source, `dlx.data.stages`, switches stages by step)."""
         ...
 
     def verify_read_shards(self) -> list[str]:

@@ -87,10 +87,13 @@ class SyntheticLoader:
     def state_dict(self) -> dict:
         return {"kind": SYNTHETIC, "sequences": self._consumed}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, steps_done: int | None = None) -> None:
         if state.get("kind") != SYNTHETIC or "sequences" not in state:
             raise UserError("the checkpoint's loader state is not from synthetic data; resume with the run's data.path")
         self._consumed = int(state["sequences"])
+
+    def warm(self) -> None:
+        """Nothing to start: batches are made on demand."""
 
     @property
     def worker_pids(self) -> list[int]:
