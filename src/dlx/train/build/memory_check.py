@@ -25,9 +25,9 @@ from dlx import device as dev
 from dlx.errors import UserError
 from dlx.metrics.estimate import TrainingShape, max_micro_batch, plan_memory
 from dlx.parallel.distributed import DistEnv, all_reduce
-from dlx.train.config import RunConfig
 from dlx.train.build.preflight import CheckResult
 from dlx.train.build.stages import resolve_stages
+from dlx.train.config import RunConfig
 
 CPU_HEAP_GROWTH = 0.46
 """The most a CPU run's resident memory grew beyond its live tensors in bench_memory_estimate (14-46 %): free memory

@@ -21,12 +21,11 @@ from dlx.parallel.float8 import apply_float8, gathers_in_float8
 from dlx.parallel.materialize import ShardFiller, materialize
 from dlx.parallel.strategy import DCP_FOLDER, Strategy
 from dlx.precision import Precision
-from dlx.train.config import RunConfig
 from dlx.train.build.console import RunConsole
 from dlx.train.build.data import DatasetInfo
 from dlx.train.build.optim import build_optimizer
 from dlx.train.build.step_plan import StepPlan
-from dlx.train.rundir.trained import TrainedSource, resolve_trained
+from dlx.train.config import RunConfig
 from dlx.train.init.vocab_growth import (
     VOCAB_TENSORS,
     data_extends_weights,
@@ -34,6 +33,7 @@ from dlx.train.init.vocab_growth import (
     fill_grown,
     new_token_pieces,
 )
+from dlx.train.rundir.trained import TrainedSource, resolve_trained
 
 
 def seed_everything(seed: int) -> None:
@@ -105,7 +105,8 @@ def load_initial_weights(model: Transformer, source: TrainedSource, data_tokeniz
     e.g. FSDP2 on the meta device, then `to_empty`), when each rank reads only its own rows. Under torchrun every rank
     reads the same files, which the operating system's page cache holds once. From a checkpoint's DCP shards, each rank
     reads the parts its layout holds (every rank calls this then: the read is collective). When the data's tokenizer
-    extends the weights' or the model's vocabulary is larger, the embedding and head grow (`dlx.train.init.vocab_growth`)."""
+    extends the weights' or the model's vocabulary is larger, the embedding and head grow
+    (`dlx.train.init.vocab_growth`)."""
     if source.in_shards:
         try:
             dcp.load_model_weights(model, source.weights / DCP_FOLDER)

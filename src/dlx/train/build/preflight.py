@@ -42,10 +42,10 @@ from dlx.data.tokenizer_identity import same_tokenizer
 from dlx.errors import UserError
 from dlx.model.stats import ParamFormula
 from dlx.parallel.traits import STRATEGY_TRAITS
-from dlx.train.config import RunConfig
 from dlx.train.build.data import run_sources, source_label
 from dlx.train.build.stages import resolve_stages
 from dlx.train.build.step_plan import resolve_grad_accum
+from dlx.train.config import RunConfig
 
 
 @dataclass(frozen=True)

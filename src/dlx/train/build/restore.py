@@ -15,15 +15,15 @@ from dlx.data.shards import TOKENIZER_FILE
 from dlx.data.source import BatchSource
 from dlx.parallel.distributed import DistEnv, main_decides
 from dlx.parallel.strategy import Strategy
-from dlx.train.rundir import checkpoint as ckpt
-from dlx.train.rundir import folder
-from dlx.train.config import CheckpointSection, RunConfig
 from dlx.train.build.console import RunConsole
 from dlx.train.build.data import DatasetInfo
 from dlx.train.build.optim import ScheduledLR
-from dlx.train.recipe import write_resolved
-from dlx.train.rundir.runlock import RunLock
 from dlx.train.build.step_plan import StepPlan
+from dlx.train.config import CheckpointSection, RunConfig
+from dlx.train.recipe import write_resolved
+from dlx.train.rundir import checkpoint as ckpt
+from dlx.train.rundir import folder
+from dlx.train.rundir.runlock import RunLock
 from dlx.train.rundir.trained import TrainedSource
 
 

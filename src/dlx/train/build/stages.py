@@ -168,11 +168,13 @@ def resolve_stages(config: RunConfig, dp_size: int) -> StagePlan | None:
     ends = stage_ends(config, tokens_per_step)
     kind, mix = _first_data(config)
     stages, ids = [], {}
-    for index, (section, seq_len, rope) in enumerate(zip(written, data.stage_seq_lens(), config.stage_ropes())):
+    settings = zip(written, data.stage_seq_lens(), config.stage_ropes(), strict=True)
+    for index, (section, seq_len, rope) in enumerate(settings):
         if section.mix is not None:
             kind, mix = "mix", section.mix
         sources = _stage_sources(config, kind, mix, names)
-        numbers = tuple(ids.setdefault((names.key(s.path), seq_len), len(ids)) for s in sources) if kind == "mix" else ()
+        keys = [(names.key(s.path), seq_len) for s in sources] if kind == "mix" else []
+        numbers = tuple(ids.setdefault(key, len(ids)) for key in keys)
         micro, accum = stage_batch(config, index, seq_len, grad_accum, dp_size)
         first = 1 if index == 0 else ends[index - 1] + 1
         until = None if section.until is None else str(section.until)
