@@ -1,7 +1,9 @@
-"""Shared by the data.stages tests: two prepared datasets with one tokenizer and different contents."""
+"""Shared by the data.stages tests: two prepared datasets with one tokenizer and different contents; a run cut back
+to one of its checkpoints."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -23,3 +25,12 @@ def two_sources(root: Path) -> dict[str, Path]:
     tokenizer = (code / "tokenizer.json").read_text()
     prose = write_dataset(root / "prose", splits, manifest.vocab_size, manifest.eos_id, tokenizer=tokenizer)
     return {"code": code, "prose": prose}
+
+
+def cut_at(run_dir: Path, step: int, copy: Path) -> Path:
+    """A copy of a run as if it had stopped after its step-`step` checkpoint."""
+    shutil.copytree(run_dir, copy)
+    for checkpoint in (copy / "checkpoints").iterdir():
+        if int(checkpoint.name.removeprefix("step-")) > step:
+            shutil.rmtree(checkpoint)
+    return copy

@@ -6,13 +6,12 @@ tests/unit/test_staged_loader.py's, exactly; here the losses agree within the fl
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from dlx.train.launch import launch
-from stage_helpers import two_sources
+from stage_helpers import cut_at, two_sources
 from test_parallel import LOSS_TOLERANCE, torchrun
 from train_helpers import losses, train_quietly
 
@@ -55,25 +54,29 @@ def test_two_ranks_train_the_stages_like_one_process(runs):
     assert [r["stage"] for r in records] == [0, 0, 1, 1, 2, 2]
 
 
-def cut(run_dir: Path, step: int, copy: Path) -> Path:
-    shutil.copytree(run_dir, copy)
-    for checkpoint in (copy / "checkpoints").iterdir():
-        if int(checkpoint.name.removeprefix("step-")) > step:
-            shutil.rmtree(checkpoint)
-    return copy
-
-
 @pytest.mark.parametrize("step", [2, 3])
 def test_saved_on_two_ranks_resumed_in_one_process(runs, tmp_path, step):
     """At the boundary after stage 0, and inside stage 1."""
-    resumed = cut(runs["two"], step, tmp_path / "run")
+    resumed = cut_at(runs["two"], step, tmp_path / "run")
     assert launch(None, ["--parallel.strategy", "none"], resumed, resume=True) == 0
     assert close(losses(resumed), losses(runs["one"]))
 
 
 def test_saved_in_one_process_resumed_on_two_ranks(runs, tmp_path):
     """Inside the last stage, after its RoPE change."""
-    resumed = cut(runs["one"], 5, tmp_path / "run")
+    resumed = cut_at(runs["one"], 5, tmp_path / "run")
     result, _ = torchrun(["pretrain", "--resume", "--run-dir", str(resumed), "--parallel.strategy", "ddp"], tmp_path)
     assert result.returncode == 0, result.stderr[-6000:]
     assert close(losses(resumed), losses(runs["one"]))
+
+
+def test_context_parallel_takes_the_length_stages(runs, tmp_path):
+    """parallel.cp 2 on 2 ranks: each holds half of every sequence at 32, 64 and 16 tokens; the losses are one
+    process's."""
+    attention = ["--train.attention", "default"]
+    one = train_quietly([*recipe(runs["sources"]), *attention], tmp_path / "one")
+    split = tmp_path / "cp"
+    argv = ["pretrain", *recipe(runs["sources"]), *attention, "--parallel.strategy", "ddp", "--parallel.cp", "2"]
+    result, _ = torchrun([*argv, "--run-dir", str(split)], tmp_path)
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert close(losses(split), losses(one))

@@ -6,14 +6,13 @@ line and leaves the run folder as it was; what the run records of its stages (re
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from dlx.errors import UserError
 from dlx.train.launch import launch
-from stage_helpers import two_sources
+from stage_helpers import cut_at, two_sources
 from train_helpers import TINY, losses, run_cli
 
 pytestmark = pytest.mark.usefixtures("in_process_training")
@@ -47,15 +46,6 @@ def args(sources: dict[str, Path], stages: list[dict] | None, steps: int, *extra
 def train(run_dir: Path, argv: list[str], resume: bool = False) -> Path:
     assert launch(None, argv, run_dir, resume) == 0
     return run_dir
-
-
-def cut_at(run_dir: Path, step: int, copy: Path) -> Path:
-    """The run as if it had stopped after its step-`step` checkpoint."""
-    shutil.copytree(run_dir, copy)
-    for checkpoint in (copy / "checkpoints").iterdir():
-        if int(checkpoint.name.removeprefix("step-")) > step:
-            shutil.rmtree(checkpoint)
-    return copy
 
 
 @pytest.fixture(scope="module")
