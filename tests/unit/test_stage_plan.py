@@ -166,7 +166,7 @@ def test_draws_carried_into_a_stage_continue_the_source_s_pass():
 
 def spans(*ends: int, content: str = "a") -> list[StageSpan]:
     firsts = [1, *(end + 1 for end in ends[:-1])]
-    return [StageSpan(f, e, 1, 8, {"until": str(e), "mix": content}) for f, e in zip(firsts, ends, strict=True)]
+    return [StageSpan(f, e, 1, {"until": str(e), "mix": content}) for f, e in zip(firsts, ends, strict=True)]
 
 
 def described(*ends: int, content: str = "a") -> list[dict]:

@@ -10,63 +10,26 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from dataset_helpers import write_dataset
-from dlx.data.stages import StagedLoader
 from dlx.train.build.data import build_train_loader
-from dlx.train.config import build_config
-
-OFFSETS = {"big": 0, "small": 100_000}
-TOKENIZER = json.dumps({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}, "added_tokens": []})
+from stage_helpers import counting_sources, loader_recipe, read_steps
 
 
 @pytest.fixture
 def folders(tmp_path: Path) -> dict[str, Path]:
-    """`big`: 801 tokens (100 windows of 8); `small`: 321 tokens (40 windows of 8)."""
-    out = {}
-    for name, n_tokens in (("big", 801), ("small", 321)):
-        offset = OFFSETS[name]
-        splits = {"train": [np.arange(offset, offset + n_tokens)], "val": [np.arange(offset + 50_000, offset + 50_100)]}
-        out[name] = write_dataset(tmp_path / name, splits, vocab_size=1 << 20, tokenizer=TOKENIZER)
-    return out
+    return counting_sources(tmp_path)
 
 
 def recipe(folders: dict[str, Path], stages: list[dict], steps: int, micro: int = 2) -> object:
-    mix = {str(folders["big"]): 1.0, str(folders["small"]): 1.0}
-    stages = [dict(stage) for stage in stages]
-    for stage in stages:
-        if "mix" in stage:
-            stage["mix"] = {str(folders[name]): weight for name, weight in stage["mix"].items()}
-    data = {"mix": mix, "seq_len": 8, "micro_batch_size": micro, "num_workers": 0, "stages": stages}
-    raw = {"model": {"preset": "debug", "vocab_size": 1 << 20}, "data": data}
-    return build_config({**raw, "train": {"max_steps": steps, "global_batch_size": 8, "seed": 11}})
+    return loader_recipe(folders, stages, steps, micro)
 
 
-def row_ids(inputs: torch.Tensor) -> list[tuple[str, int]]:
-    """(source, window) of each row: its first token over the source's offset, in windows of the row's length."""
-    ids = []
-    for first in inputs[:, 0].tolist():
-        name = "small" if first >= OFFSETS["small"] else "big"
-        ids.append((name, (first - OFFSETS[name]) // inputs.shape[1]))
-    return ids
-
-
-def steps_of(config, world_size: int, steps: int, start: StagedLoader | None = None) -> list[list]:
+def steps_of(config, world_size: int, steps: int) -> list[list]:
     """Each optimizer step's rows over all ranks (sorted: the ranks and micro-steps split a step's windows)."""
     loaders = [build_train_loader(config, torch.device("cpu"), r, world_size) for r in range(world_size)]
     return [sorted(rows) for rows in read_steps(loaders, steps)]
-
-
-def read_steps(loaders: list[StagedLoader], steps: int) -> list[list]:
-    out = []
-    for _ in range(steps):
-        step = loaders[0].stage  # every rank is in the same stage
-        accum = loaders[0].spans[step].grad_accum
-        out.append([row for loader in loaders for _ in range(accum) for row in row_ids(next(loader)[0])])
-    return out
 
 
 def test_a_source_that_returns_goes_on_with_its_pass(folders):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -89,8 +90,6 @@ class StageSpan:
     last_step: int
     grad_accum: int
     """Micro-batches of this rank per optimizer step."""
-    tokens_per_step: int
-    """Tokens all ranks read per optimizer step."""
     reads: dict[str, Any] = field(default_factory=dict)
     """What the stage reads, JSON-ready (seq_len, sources and weights, RoPE, `until` as written)."""
 
@@ -105,14 +104,15 @@ class StageSpan:
 
 
 class StageSources(Protocol):
-    """Opens each stage's batch source and counts what a whole stage supplies."""
+    """Opens each stage's batch source and counts what a stage supplies."""
 
     def open(self, stage: int) -> BatchSource:
         """Stage `stage`'s source at the stage's start."""
         ...
 
-    def stage_tokens(self, stage: int) -> dict[str, int]:
-        """Training tokens each named source supplies over the whole stage, all ranks together."""
+    def stage_tokens(self, stage: int, steps: int | None = None) -> dict[str, int]:
+        """Training tokens each named source supplies in the first `steps` steps of the stage (None: all of them),
+        all ranks together."""
         ...
 
 
@@ -126,7 +126,9 @@ class StagedLoader:
         self._loader = sources.open(0)
         self._next: BatchSource | None = None
         self._finished: list[BatchSource] = []
-        """Closed sources of earlier stages: the shards their batches came from are verified with the current's."""
+        """Sources of earlier stages: the shards their batches came from are verified with the current's."""
+        self._closing: list[threading.Thread] = []
+        """Earlier stages' sources being closed in the background (their workers take a while to exit)."""
 
     @property
     def stage(self) -> int:
@@ -152,8 +154,11 @@ class StagedLoader:
         return batch
 
     def _enter(self, stage: int) -> None:
-        """Close the current stage's source (kept for verification) and make `stage`'s the current one."""
-        self._loader.close()
+        """Make `stage`'s source the current one; the previous one is closed in a thread (its workers' exit is no
+        step's time) and kept for verification."""
+        closing = threading.Thread(target=self._loader.close, name="dlx-stage-close", daemon=True)
+        closing.start()
+        self._closing.append(closing)
         self._finished.append(self._loader)
         self._loader = self._next if self._next is not None else self._sources.open(stage)
         self._next, self._stage, self._read = None, stage, 0
@@ -197,12 +202,7 @@ class StagedLoader:
 
     def stage_source_tokens(self) -> dict[str, int]:
         """Training tokens each named source has supplied in the current stage, all ranks together."""
-        tokens = self._loader.source_tokens()
-        single = self.spans[self._stage].reads.get("path_name")
-        if not tokens and single:  # one dataset read in its own order: every token is its
-            steps = self._read // self.spans[self._stage].grad_accum
-            tokens = {single: steps * self.spans[self._stage].tokens_per_step}
-        return tokens
+        return self._sources.stage_tokens(self._stage, self._read // self.spans[self._stage].grad_accum)
 
     def source_tokens(self) -> dict[str, int]:
         """Training tokens each named source has supplied since step 0, over every stage."""
@@ -257,10 +257,14 @@ class StagedLoader:
         return hashed + self._loader.verify_read_shards()
 
     def close(self) -> None:
+        """Stop every stage source's workers, waiting for those closing in the background (idempotent)."""
         self._loader.close()
         if self._next is not None:
             self._next.close()
             self._next = None
+        for closing in self._closing:
+            closing.join()
+        self._closing = []
 
     def __enter__(self) -> StagedLoader:
         return self

@@ -203,8 +203,8 @@ class RunStages:
             settings = replace(settings, seed=settings.seed + index * VAL_SEED_OFFSET * 2)
         return open_loader(self.config, settings)
 
-    def stage_tokens(self, index: int) -> dict[str, int]:
-        return self.plan.stage_tokens(index)
+    def stage_tokens(self, index: int, steps: int | None = None) -> dict[str, int]:
+        return self.plan.stage_tokens(index, steps)
 
 
 def build_eval_loaders(

@@ -79,7 +79,7 @@ class Stage:
         if self.kind == "mix":
             reads["mix"] = [[s.name, s.weight] for s in self.sources]
         elif self.kind == "path":
-            reads["path"], reads["path_name"] = str(self.sources[0].path), self.sources[0].name
+            reads["path"] = self.sources[0].name
         else:
             reads["synthetic"] = True
         return {**reads, **self.rope}
@@ -96,10 +96,7 @@ class StagePlan:
         return next((stage for stage in self.stages if step <= stage.last_step), self.stages[-1])
 
     def spans(self) -> list[StageSpan]:
-        return [
-            StageSpan(s.first_step, s.last_step, s.grad_accum, self.tokens_per_step, s.reads(self.tokens_per_step))
-            for s in self.stages
-        ]
+        return [StageSpan(s.first_step, s.last_step, s.grad_accum, s.reads(self.tokens_per_step)) for s in self.stages]
 
     def shapes(self) -> tuple[StageShape, ...]:
         """Each stage's batch shape, for the step plan."""
