@@ -151,6 +151,6 @@ class BatchSource(Protocol):
         the first that is not); returns the shards hashed now."""
         ...
 
-    def close(self) -> None:
-        """Stop any workers (idempotent)."""
+    def close(self, at_once: bool = False) -> None:
+        """Stop any workers (idempotent); `at_once`: kill them, their batches are not wanted (a finished stage)."""
         ...

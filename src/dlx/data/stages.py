@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -126,9 +125,7 @@ class StagedLoader:
         self._loader = sources.open(0)
         self._next: BatchSource | None = None
         self._finished: list[BatchSource] = []
-        """Sources of earlier stages: the shards their batches came from are verified with the current's."""
-        self._closing: list[threading.Thread] = []
-        """Earlier stages' sources being closed in the background (their workers take a while to exit)."""
+        """Closed sources of earlier stages: the shards their batches came from are verified with the current's."""
 
     @property
     def stage(self) -> int:
@@ -154,11 +151,9 @@ class StagedLoader:
         return batch
 
     def _enter(self, stage: int) -> None:
-        """Make `stage`'s source the current one; the previous one is closed in a thread (its workers' exit is no
-        step's time) and kept for verification."""
-        closing = threading.Thread(target=self._loader.close, name="dlx-stage-close", daemon=True)
-        closing.start()
-        self._closing.append(closing)
+        """Make `stage`'s source the current one; the previous one is closed at once (its workers killed: an exiting
+        interpreter would compete with the step for the CPU) and kept for verification."""
+        self._loader.close(at_once=True)
         self._finished.append(self._loader)
         self._loader = self._next if self._next is not None else self._sources.open(stage)
         self._next, self._stage, self._read = None, stage, 0
@@ -256,15 +251,12 @@ class StagedLoader:
         hashed = [shard for loader in self._finished for shard in loader.verify_read_shards()]
         return hashed + self._loader.verify_read_shards()
 
-    def close(self) -> None:
-        """Stop every stage source's workers, waiting for those closing in the background (idempotent)."""
-        self._loader.close()
+    def close(self, at_once: bool = False) -> None:
+        """Stop the current and the next stage's workers (idempotent)."""
+        self._loader.close(at_once)
         if self._next is not None:
-            self._next.close()
+            self._next.close(at_once)
             self._next = None
-        for closing in self._closing:
-            closing.join()
-        self._closing = []
 
     def __enter__(self) -> StagedLoader:
         return self

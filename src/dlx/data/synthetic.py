@@ -109,7 +109,7 @@ class SyntheticLoader:
         """No shards: nothing to verify."""
         return []
 
-    def close(self) -> None:
+    def close(self, at_once: bool = False) -> None:
         pass
 
     def __enter__(self) -> SyntheticLoader:

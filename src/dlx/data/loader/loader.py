@@ -121,9 +121,9 @@ class TokenLoader(FeedLoader):
             self._schedule = schedule(self._order, start, self.loop)
             self._open(start, self.loop)
 
-    def _stop(self) -> None:
+    def _stop(self, at_once: bool = False) -> None:
         self._schedule = None
-        super()._stop()
+        super()._stop(at_once)
 
     def state_dict(self) -> dict:
         """Where the next batch comes from; JSON-ready, identical on every rank."""
