@@ -2,8 +2,9 @@
 
 A stage is a span of optimizer steps, first_step to last_step, with its own source (one prepared dataset, a mixture,
 or generated tokens) at its own seq_len and micro-batch size; `grad_accum` micro-batches of this rank make one of its
-steps. The stage's source is opened when the stage begins (the next one's already a few micro-batches before, so that
-its workers have batches ready at the boundary) and closed when it ends. What carries from one stage to the next
+steps. The next stage's source is opened and starts reading ahead `WARM_MICRO_BATCHES` micro-batches before the
+boundary (its workers have batches ready when it begins); a finished stage's source is closed at once, its workers
+killed (an exiting interpreter would take CPU from the step). What carries from one stage to the next
 (each source's draws, `dlx.data.mixture.order.MixOrder.first_draws`) is decided by whoever opens the stage
 (`StageSources`), from the stage plan alone: the position is (stage, that stage source's own state), independent of
 the rank and the world size as each source's is.
@@ -19,12 +20,13 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from dlx.data.source import BatchSource
 from dlx.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 STATE_FORMAT = "dlx-stages-state"
 STATE_VERSION = 1
