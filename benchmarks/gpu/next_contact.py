@@ -30,10 +30,10 @@ and figures), table.md, steps.log, summary.txt, the two pretrain runs' metrics.j
 torchtitan included (torch >= 2.11 runs float8 matmuls on a CPU with oneDNN's reference kernel, about a second a step
 here; without torchao that step is refused in one line and the others run). `--only a,b` reruns chosen steps.
 
-The rows of a second device call (`first_call=False` in ROWS: the context-parallel path at degree 1, `dlx tune`) run
-only when `--only` names them, so each call stays within its 9.5 minutes:
+The rows of a second device call (`first_call=False` in ROWS: the context-parallel path at degree 1, `dlx tune`, a
+stage boundary of data.stages) run only when `--only` names them, so each call stays within its 9.5 minutes:
 
-    run(command="DLX_GIT_SHA=<sha> python3 benchmarks/gpu/next_contact.py --only cp-path,tune",
+    run(command="DLX_GIT_SHA=<sha> python3 benchmarks/gpu/next_contact.py --only cp-path,tune,stages",
         carry=["benchmarks/gpu/wheels"], timeout_s=600)
 """
 
@@ -58,7 +58,7 @@ import run_gpu_bench  # noqa: E402  (puts src/ and benchmarks/ on sys.path)
 
 ROOT = run_gpu_bench.ROOT
 TARGETS = {"mfu": 0.60, "bare": 0.98, "hf": 1.15, "float8": 1.10, "float8_loss": 0.02, "plan": 0.15, "titan": 1.05}
-TARGETS |= {"cp_path": 0.97, "tune_mfu": 0.576, "tune_s": 600.0}
+TARGETS |= {"cp_path": 0.97, "tune_mfu": 0.576, "tune_s": 600.0, "stage_extra": 1.0}
 TORCH_LOGS = "graph_breaks,recompiles"
 SEED_ROW = "the seed's row (its A100: HF Trainer 8.9 s/it, 42.73 GB)"
 
@@ -172,11 +172,30 @@ def tune_detail(figures: dict) -> list[str]:
     ]
 
 
+def stages_row(figures: dict) -> tuple[str, str, str, str]:
+    value = figures.get("extra_steps")
+    measure = "stage boundary (seq_len 2,048 → 4,096, RoPE): the crossing step's extra time, in normal steps (1B bf16)"
+    target = f"< {TARGETS['stage_extra']:.0f} step"
+    return (measure, shown(value, ".2f"), target, verdict(value, value is not None and value < TARGETS["stage_extra"]))
+
+
+def stages_detail(figures: dict) -> list[str]:
+    if not figures:
+        return []
+    crossing, wait = figures["crossing_s"], figures["crossing_data_wait_s"]
+    before, after = figures["stage0_median_s"], figures["stage1_median_s"]
+    return [
+        f"- stage boundary: crossing step {crossing:.3f} s (data wait {wait:.4f} s); median steps {before:.3f} s at "
+        f"2,048 tokens, {after:.3f} s at 4,096"
+    ]
+
+
 TITAN = "torchtitan"
 ROWS = [
     Row(TITAN, side_by_side_argv, 100, titan_row, titan_detail),
     Row("cp-path", wave_argv("cp-path"), 180, cp_path_row, first_call=False),
     Row("tune", wave_argv("tune"), 240, tune_row, tune_detail, first_call=False),
+    Row("stages", wave_argv("stages"), 150, stages_row, stages_detail, first_call=False),
 ]
 """The comparisons run after the eight fixed steps, in this order."""
 

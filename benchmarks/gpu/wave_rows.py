@@ -1,4 +1,5 @@
-"""next_contact.py's rows for the context-parallel path and `dlx tune`, one worker per row, each writing OUT.json.
+"""next_contact.py's rows for the context-parallel path, `dlx tune` and a stage boundary, one worker per row, each
+writing OUT.json.
 
     python benchmarks/gpu/wave_rows.py cp-path gpu|dry OUT.json
         `dlx bench` twice on one device, the plain path and the context-parallel code path at degree 1
@@ -6,6 +7,10 @@
     python benchmarks/gpu/wave_rows.py tune gpu|dry OUT.json
         `dlx tune recipes/llama3.2-1b.yaml --json` within the minutes the script can spare; the winner's layout,
         tokens/s and MFU, and the search's own time.
+    python benchmarks/gpu/wave_rows.py stages gpu|dry OUT.json
+        `dlx pretrain` llama3.2-1b bf16 (eager) on synthetic tokens with data.stages: 8 steps at seq_len 2,048
+        (micro-batch 4), then 8 at 4,096 (micro-batch 2, the same tokens per step) with another RoPE base; the step
+        that crosses the boundary against the median of the stage it enters (its first step excluded from neither).
 
 Dry (on the CPU, in CI): the debug model, a few steps, no compile, the same commands.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,10 +72,38 @@ def tune_row(dry: bool) -> dict:
     }
 
 
+def stages_row(dry: bool) -> dict:
+    """The seconds of the step that crosses a seq_len and RoPE boundary, beside the stages' median steps."""
+    model, seq, micro, precision = ("debug", 32, 2, "fp32") if dry else ("llama3.2-1b", 2048, 4, "bf16")
+    per_stage = 2 if dry else 8
+    stages = [{"until": per_stage}, {"seq_len": 2 * seq, "rope_theta": 1e6}]
+    with tempfile.TemporaryDirectory(prefix="dlx-stages-row-") as tmp:
+        run = Path(tmp) / "run"
+        argv = [sys.executable, "-m", "dlx", "pretrain", "--run-dir", str(run), "--model.preset", model]
+        argv += ["--model.max_seq_len", str(2 * seq), "--data.seq_len", str(seq), "--data.micro_batch_size", str(micro)]
+        argv += ["--data.stages", json.dumps(stages), "--train.max_steps", str(2 * per_stage), "--train.precision"]
+        argv += [precision, "--train.warmup_ratio", "0", "--eval.every", "0", "--log.every", "1"]
+        argv += ["--log.progress", "false", "--checkpoint.keep_last", "1"]
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"dlx pretrain with data.stages: exit {done.returncode}\n{done.stderr[-3000:]}")
+        records = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    crossing = records[per_stage + 1]
+    before = statistics.median(records[s]["step_s"] for s in range(2, per_stage + 1))
+    after = statistics.median(records[s]["step_s"] for s in range(per_stage + 2, 2 * per_stage + 1))
+    return {
+        "crossing_s": crossing["step_s"],
+        "crossing_data_wait_s": crossing["data_wait_s"],
+        "stage0_median_s": before,
+        "stage1_median_s": after,
+        "extra_steps": (crossing["step_s"] - after) / after,
+    }
+
+
 def main(argv: list[str]) -> int:
     name, shape, out = argv
     dry = shape == "dry"
-    results = {"cp-path": cp_path_row, "tune": tune_row}[name](dry)
+    results = {"cp-path": cp_path_row, "tune": tune_row, "stages": stages_row}[name](dry)
     Path(out).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results))
     return 0

@@ -249,7 +249,7 @@ def test_next_contact_fits_one_device_call():
     ]
     assert sum(seconds for _, _, seconds in listed) <= 570
     second = [(name, seconds) for name, _, seconds in next_contact.steps(work, dry=False, later=True)[len(listed) :]]
-    assert [name for name, _ in second] == ["cp-path", "tune"]  # `--only cp-path,tune`: the second call
+    assert [name for name, _ in second] == ["cp-path", "tune", "stages"]  # `--only cp-path,tune,stages`: 2nd call
     assert sum(seconds for _, seconds in second) <= 570
     argv = dict((name, argv) for name, argv, _ in listed)
     assert argv["torchtitan"][1].endswith("benchmarks/peers/side_by_side.py") and argv["torchtitan"][2] == "llama3.2-1b"
@@ -277,6 +277,7 @@ def test_next_contact_judges_each_target_from_the_figures():
     titan = "dlx ÷ torchtitan, tokens/s (llama3.2-1b bf16 compiled, seq 2048, micro-batch 24)"
     assert rows[titan] == ("1.040", "≥ 1.05", "MISSED")
     results |= {"cp-path": {"figures": {"cp_over_plain": 0.975}}, "tune": {"figures": {"mfu": 0.58, "seconds": 420}}}
+    results["stages"] = {"figures": {"extra_steps": 0.4}}
     rows = {row[0]: row[1:] for row in next_contact.target_rows(results)}
     cp = "context-parallel path at degree 1 ÷ plain path, tokens/s (llama3.2-1b bf16 compiled, 16,384 tokens)"
     assert rows[cp] == ("0.975", "≥ 0.97", "met")
@@ -285,6 +286,8 @@ def test_next_contact_judges_each_target_from_the_figures():
         "≥ 57.6% MFU in ≤ 600 s",
         "met",
     )
+    stages = "stage boundary (seq_len 2,048 → 4,096, RoPE): the crossing step's extra time, in normal steps (1B bf16)"
+    assert rows[stages] == ("0.40", "< 1 step", "met")
     assert rows["dlx pretrain MFU, lowest 10-step window after the first"] == ("58.0%", "≥ 60 %", "MISSED")
     assert rows["graph breaks / recompiles logged"] == ("0 / 1", "0 / 0 after step 1", "MISSED")
     assert rows["dlx ÷ bare loop, tokens/s"] == ("0.990", "≥ 0.98", "met")
@@ -334,7 +337,9 @@ def test_next_contact_dry_run_measures_every_step_on_the_cpu(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     statuses = {name: step["status"] for name, step in results.items()}
     titan = statuses.pop("torchtitan")
-    assert (statuses.pop("cp-path"), statuses.pop("tune")) == ("ok", "ok")  # the second call's rows, dry
+    second = (statuses.pop("cp-path"), statuses.pop("tune"), statuses.pop("stages"))
+    assert second == ("ok", "ok", "ok")  # the second call's rows, dry
+    assert results["stages"]["figures"]["crossing_s"] > 0
     assert results["cp-path"]["figures"]["cp_over_plain"] > 0 and results["tune"]["figures"]["measured"]
     assert statuses == dict.fromkeys(
         ("ceilings", "pretrain-bf16", "bare", "pretrain-float8", "hf-compiled", "seed-dlx", "seed-hf", "plan"), "ok"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dlx.train.build.stages import resolve_stages
 from dlx.train.demo import DEMO_RECIPE, demo_recipe
 from dlx.train.recipe import load_recipe, read_recipe_file
 from hf_helpers import LLAMA32_1B_CONFIG
@@ -26,6 +27,24 @@ def test_recipe_loads(path, tmp_path):
         overrides = ["--model.init_from", str(tmp_path)]
     config = load_recipe(path, overrides)
     assert config.data.seq_len <= config.model.args.max_seq_len
+    plan = resolve_stages(config, dp_size=2)  # data.stages: every end, batch shape and RoPE resolve
+    if plan is not None:
+        assert all(stage.seq_len <= config.model.args.max_seq_len for stage in plan.stages)
+        assert {s.micro_batch_size * s.grad_accum * s.seq_len * 2 for s in plan.stages} == {plan.tokens_per_step}
+
+
+def test_the_stage_recipes_resolve_as_their_comments_say(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA32_1B_CONFIG))
+    folder = Path(__file__).parent.parent / "recipes"
+    anneal = resolve_stages(
+        load_recipe(folder / "llama3.2-1b-continue-zh-anneal.yaml", ["--model.init_from", str(tmp_path)]), 1
+    )
+    assert [(s.first_step, s.last_step) for s in anneal.stages] == [(1, 16000), (16001, 20000)]
+    assert anneal.stages[1].weights == {"code": 0.2, "general": 0.075, "zh": 0.225, "zh-hq": 0.5}
+    long = resolve_stages(load_recipe(folder / "llama3.2-1b-long-zh.yaml", ["--model.init_from", str(tmp_path)]), 2)
+    shapes = [(s.seq_len, s.micro_batch_size, s.grad_accum, s.rope["rope_theta"]) for s in long.stages]
+    assert shapes == [(4096, 8, 4, 500000.0), (16384, 2, 4, 2e6), (32768, 1, 4, 2e6)]
+    assert long.tokens_per_step == 262_144
 
 
 def test_demo_recipe_file_is_the_embedded_demo():

@@ -2,7 +2,8 @@
 prepared dataset it reads (`Source`).
 
 Three kinds implement it: one prepared dataset (`dlx.data.loader.TokenLoader`), several by weight
-(`dlx.data.mixture.MixtureLoader`, data.mix) and generated tokens (`dlx.data.synthetic.SyntheticLoader`). The trainer
+(`dlx.data.mixture.MixtureLoader`, data.mix) and generated tokens (`dlx.data.synthetic.SyntheticLoader`); a staged
+run's `dlx.data.stages.StagedLoader` reads one of them per stage. The trainer
 reads batches, sizes, special ids, position and per-source figures through this protocol only.
 
 A single dataset is not read as a mixture of one: the mixture's window order (its own permutation seeds, no epoch
@@ -130,6 +131,10 @@ class BatchSource(Protocol):
         """Process ids of the running workers (empty when there are none)."""
         ...
 
+    def warm(self) -> None:
+        """Start reading ahead from the current position (worker processes) without taking a batch."""
+        ...
+
     def source_tokens(self) -> dict[str, int]:
         """Training tokens each named source has supplied, all ranks together; empty unless there are several
         sources to tell apart (data.mix)."""
@@ -143,8 +148,9 @@ class BatchSource(Protocol):
         """Where the next batch comes from: JSON-ready, identical on every rank."""
         ...
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from `state_dict()`'s position; UserError when it belongs to other data."""
+    def load_state_dict(self, state: dict, steps_done: int | None = None) -> None:
+        """Continue from `state_dict()`'s position; UserError when it belongs to other data. `steps_done`: the
+        optimizer steps the state was saved after (a staged source, `dlx.data.stages`, switches stages by step)."""
         ...
 
     def verify_read_shards(self) -> list[str]:
@@ -152,6 +158,6 @@ class BatchSource(Protocol):
         the first that is not); returns the shards hashed now."""
         ...
 
-    def close(self) -> None:
-        """Stop any workers (idempotent)."""
+    def close(self, at_once: bool = False) -> None:
+        """Stop any workers (idempotent); `at_once`: kill them, their batches are not wanted (a finished stage)."""
         ...

@@ -87,12 +87,15 @@ class SyntheticLoader:
     def state_dict(self) -> dict:
         return {"kind": SYNTHETIC, "sequences": self._consumed}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, steps_done: int | None = None) -> None:
         if state.get("kind") != SYNTHETIC or "sequences" not in state:
             raise UserError("the checkpoint's loader state is not from synthetic data; resume with the run's data.path")
         if type(state["sequences"]) is not int or state["sequences"] < 0:
             raise DamagedState(f"the synthetic loader state is damaged: sequences={state['sequences']!r}")
         self._consumed = state["sequences"]
+
+    def warm(self) -> None:
+        """Nothing to start: batches are made on demand."""
 
     @property
     def worker_pids(self) -> list[int]:
@@ -108,7 +111,7 @@ class SyntheticLoader:
         """No shards: nothing to verify."""
         return []
 
-    def close(self) -> None:
+    def close(self, at_once: bool = False) -> None:
         pass
 
     def __enter__(self) -> SyntheticLoader:

@@ -109,16 +109,19 @@ class ThroughputMeter:
         grad_norm: float | torch.Tensor | None,
         tokens: int,
         timings: dict[str, float],
+        seq_len: int | None = None,
     ) -> dict[str, Any]:
-        """One flat, JSON-serialisable record for the optimizer step that produced `timings` (PhaseTimer.end_step)."""
+        """One flat, JSON-serialisable record for the optimizer step that produced `timings` (PhaseTimer.end_step).
+        `seq_len`: the step's sequence length when it is not the meter's (a stage of data.stages)."""
         step_s = float(timings["step_s"])
         if step_s <= 0:
             raise ValueError(f"step_s must be positive, got {step_s}: pass the dict PhaseTimer.end_step returned")
         phases = {name: float(seconds) for name, seconds in timings.items() if name != "step_s"}
         phases = {**dict.fromkeys(STANDARD_PHASES, 0.0), **phases}
         tokens_per_s = tokens / step_s
-        tflops = tokens_per_s / self.world_size * self.flops.attention / 1e12
-        tflops_dense = tokens_per_s / self.world_size * self.flops.dense / 1e12
+        flops = self.flops if seq_len in (None, self.seq_len) else training_flops_per_token(self.model_args, seq_len)
+        tflops = tokens_per_s / self.world_size * flops.attention / 1e12
+        tflops_dense = tokens_per_s / self.world_size * flops.dense / 1e12
         rec: dict[str, Any] = {
             "step": int(step),
             "loss": _scalar(loss),

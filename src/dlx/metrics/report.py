@@ -17,6 +17,7 @@ from dlx.atomic import atomic_write_text
 from dlx.metrics import flops, plots
 from dlx.metrics.logger import TASKS_FILE, read_jsonl
 from dlx.metrics.profiler import profile_report_section
+from dlx.metrics.stage_report import stages_section
 from dlx.metrics.verdict import LOW_MFU, THRESHOLDS, Verdict, steady_records
 
 REPORT_FILE = "report.md"
@@ -45,7 +46,8 @@ def write_report(
 ) -> Path:
     """Write run_dir/report.md with loss.png, throughput.png and phases.png beside it; return the report's path.
     `source_weights`: data.mix's {source name: weight}, for the realised mixture against them. `events`: the run's
-    events.jsonl lines (resumes, loss spikes, rollbacks, skipped batches, stops)."""
+    events.jsonl lines (resumes, loss spikes, rollbacks, skipped batches, stops; with data.stages each stage's start
+    and end, for the Stages section)."""
     run_dir = Path(run_dir)
     evals = [{"step": r["step"], "loss": r.get("loss", r.get("eval_loss")), "bpb": r.get("bpb")} for r in eval_records]
     tasks = read_jsonl(run_dir / TASKS_FILE)  # eval.tasks: lm-evaluation-harness metrics
@@ -64,6 +66,7 @@ def write_report(
         _losses(records, evals),
         _z_loss(records),
         _mixture(records, eval_records, source_weights or {}),
+        stages_section(events, records, eval_records),
         _tasks(tasks),
         _verdict(verdict),
         _events(events),

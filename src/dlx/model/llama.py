@@ -17,6 +17,7 @@ seq 2048; tests/unit/test_model_perf.py).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -220,6 +221,17 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(self.args, device)  # (max_seq_len, head_dim) each
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+
+    @torch.no_grad()
+    def set_rope(self, rope_theta: float, rope_scaling: Any) -> None:
+        """RoPE with another base or scaling from the next forward on: `args` and the tables, rewritten in place
+        (same shape and dtype, so a compiled forward keeps its graph). Idempotent."""
+        self.args = ModelArgs.model_validate(
+            {**self.args.model_dump(), "rope_theta": rope_theta, "rope_scaling": rope_scaling}
+        )
+        cos, sin = rope_tables(self.args, self.rope_cos.device)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:

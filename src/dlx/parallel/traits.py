@@ -46,6 +46,9 @@ class StrategyTraits:
     """`dlx bench` measures it."""
     package: str | None
     """A package it needs that dlx does not install by default (checked before anything is written)."""
+    fixed_grad_accum: bool = False
+    """Counts the micro-batches of a step itself (DeepSpeed's gradient_accumulation_steps), so every stage of
+    data.stages keeps train.grad_accum."""
 
     def checkpoint_format_for(self, tp: int) -> str:
         return "dcp" if tp > 1 else self.checkpoint_format
@@ -85,6 +88,7 @@ _STRATEGIES = (
         runs_float8=False,
         benched=False,
         package="deepspeed",
+        fixed_grad_accum=True,
     ),
 )
 """One per strategy, every trait named (the module docstring's table, in words)."""

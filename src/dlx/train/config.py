@@ -25,8 +25,9 @@ from pydantic import (
 
 from dlx.data import SYNTHETIC
 from dlx.data.mixture.sources import check_mix, parse_mix
+from dlx.data.stages import parse_until
 from dlx.errors import UserError
-from dlx.model.args import ModelArgs
+from dlx.model.args import ROPE_TYPES, ModelArgs, RopeScaling
 from dlx.model.presets import PRESETS, resolve_model_args
 from dlx.parallel.config import ParallelConfig, sequence_problem
 from dlx.parallel.traits import STRATEGY_TRAITS
@@ -106,6 +107,38 @@ def model_overrides_problem(overrides: dict[str, Any]) -> str | None:
     return None
 
 
+class StageSection(BaseModel):
+    """One stage of `data.stages`; a key left out carries over from the stage before (the first: data.*, model.*)."""
+
+    model_config = _STRICT
+
+    until: int | str | None = None
+    """The stage's last step: a step, a token count of the run (40B), a share of max_steps (80%), or decay (WSD's)."""
+    mix: dict[str, float] | None = None
+    """{PATH: W, ...} read in this stage, as data.mix; left out: the previous stage's data."""
+    seq_len: int | None = Field(None, gt=0, le=1 << 20)
+    """Tokens per sequence in this stage, at equal tokens per step (fewer sequences per micro-batch or step)."""
+    rope_theta: float | None = Field(None, gt=0)
+    """model.rope_theta from this stage's first step on (not on the first stage: that is model.rope_theta)."""
+    rope_scaling: RopeScaling | None = None
+    """model.rope_scaling from this stage's first step on; null: plain RoPE (not on the first stage)."""
+
+    @field_validator("until", mode="before")
+    @classmethod
+    def _parse_until(cls, value: Any) -> Any:
+        if value is not None:
+            parse_until(value)  # ValueError naming the syntax
+        return value
+
+    @field_validator("mix", mode="before")
+    @classmethod
+    def _parse_mix(cls, value: Any) -> Any:
+        return DataSection._parse_mix(value)
+
+    def sets_rope(self) -> bool:
+        return bool({"rope_theta", "rope_scaling"} & self.model_fields_set)
+
+
 class DataSection(BaseModel):
     model_config = _STRICT
 
@@ -133,6 +166,8 @@ class DataSection(BaseModel):
     """GB of shards a dataset in object storage keeps in cache_dir per split and rank (furthest-needed goes first)."""
     cache_downloads: int = Field(4, ge=1, le=64)
     """Shards of a dataset in object storage downloaded at once, in the order the coming batches read them."""
+    stages: list[StageSection] | None = Field(None, min_length=1, max_length=64)
+    """Stages in order, each {until, mix, seq_len, rope_theta, rope_scaling}; the last runs to train.max_steps."""
 
     @field_validator("mix", mode="before")
     @classmethod
@@ -147,7 +182,26 @@ class DataSection(BaseModel):
     def _mix_or_path(self) -> DataSection:
         if self.mix is not None and "path" in self.model_fields_set:
             raise ValueError("data.mix and data.path are exclusive: list every dataset with its weight in data.mix")
+        for index, stage in enumerate(self.stages or []):
+            last = index == len(self.stages) - 1
+            if last and stage.until is not None:
+                raise ValueError(f"data.stages[{index}].until: the last stage runs to train.max_steps; leave it out")
+            if not last and stage.until is None:
+                raise ValueError(f"data.stages[{index}].until is missing: every stage but the last says where it ends")
+            if index == 0 and stage.sets_rope():
+                raise ValueError(
+                    "data.stages[0]: the first stage's RoPE is the model's; set model.rope_theta or model.rope_scaling"
+                )
+            if stage.mix is not None and self.path == SYNTHETIC and self.mix is None:
+                raise ValueError(f"data.stages[{index}].mix: synthetic data has no datasets; set data.mix or data.path")
         return self
+
+    def stage_seq_lens(self) -> list[int]:
+        """Each stage's seq_len, carried over (one entry, data.seq_len, without stages)."""
+        lengths = [self.seq_len]
+        for stage in self.stages or []:
+            lengths.append(stage.seq_len or lengths[-1])
+        return lengths[1:] if self.stages else lengths
 
 
 class TrainSection(BaseModel):
@@ -351,13 +405,15 @@ class RunConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
         args = self.model.args
-        if self.data.seq_len > args.max_seq_len:
-            raise ValueError(
-                f"data.seq_len ({self.data.seq_len}) exceeds model.max_seq_len ({args.max_seq_len}); "
-                "lower data.seq_len or raise model.max_seq_len"
-            )
+        for key, seq_len in self._seq_len_keys():
+            if seq_len > args.max_seq_len:
+                raise ValueError(
+                    f"{key} ({seq_len}) exceeds model.max_seq_len ({args.max_seq_len}); "
+                    f"lower {key} or raise model.max_seq_len"
+                )
         if self.data.path == SYNTHETIC and not self.data.mix and self.train.max_steps is None:
             raise ValueError("synthetic data has no epochs: set train.max_steps (or data.path to a prepared dataset)")
+        self._check_stages()
         self._check_parallel()
         self._check_observers()
         return self
@@ -378,11 +434,10 @@ class RunConfig(BaseModel):
         if not strategy.skips_nan_steps and train.spike_policy != "off":
             raise ValueError(f"train.spike_policy is not available with parallel.strategy {strategy.name}; use off")
         parallel = self.parallel
-        problem = sequence_problem(
-            parallel.cp, parallel.cp_path, self.data.seq_len, train.attention, self.data.document_mask
-        )
-        if problem:
-            raise ValueError(problem)
+        for key, seq_len in self._seq_len_keys():
+            problem = sequence_problem(parallel.cp, parallel.cp_path, seq_len, train.attention, self.data.document_mask)
+            if problem:
+                raise ValueError(problem if key == "data.seq_len" else f"{key}: {problem}")
         self._check_tensor_parallel()
 
     def _check_tensor_parallel(self) -> None:
@@ -400,12 +455,13 @@ class RunConfig(BaseModel):
         if problem:
             raise ValueError(problem)
         cp = self.parallel.cp
-        if self.data.seq_len % (tp * cp):
-            of = f"parallel.tp ({tp})" if cp == 1 else f"parallel.tp × parallel.cp ({tp * cp})"
-            raise ValueError(
-                f"data.seq_len ({self.data.seq_len}) must be a multiple of {of}: sequence parallelism gives each "
-                "tensor-parallel rank seq_len / cp / tp tokens of every sequence"
-            )
+        for key, seq_len in self._seq_len_keys():
+            if seq_len % (tp * cp):
+                of = f"parallel.tp ({tp})" if cp == 1 else f"parallel.tp × parallel.cp ({tp * cp})"
+                raise ValueError(
+                    f"{key} ({seq_len}) must be a multiple of {of}: sequence parallelism gives each "
+                    "tensor-parallel rank seq_len / cp / tp tokens of every sequence"
+                )
         if self.train.precision == "fp16":
             raise ValueError(f"parallel.tp {tp} trains in bf16 or fp32; set train.precision bf16 (or fp32)")
         if self.eval.sample_every:
@@ -418,6 +474,40 @@ class RunConfig(BaseModel):
                 f"train.z_loss does not combine with parallel.tp {tp} yet (the z-loss is computed on whole logits, "
                 "which tensor parallelism never gathers); set train.z_loss 0"
             )
+
+    def _seq_len_keys(self) -> list[tuple[str, int]]:
+        """(key, seq_len) of data.seq_len and of every stage that sets its own."""
+        stages = self.data.stages or []
+        own = [(f"data.stages[{i}].seq_len", s.seq_len) for i, s in enumerate(stages) if s.seq_len is not None]
+        return [("data.seq_len", self.data.seq_len), *own]
+
+    def _check_stages(self) -> None:
+        """data.stages: a run length in steps, no rollback (it skips data, which would move the boundaries), and each
+        stage's RoPE a valid model shape."""
+        if not self.data.stages:
+            return
+        if self.train.max_steps is None:
+            raise ValueError("data.stages needs train.max_steps: a stage's end is a step of the run")
+        if self.train.spike_policy == "rollback":
+            raise ValueError(
+                "train.spike_policy rollback does not combine with data.stages (a rollback skips the spiking data, "
+                "which would move the stage boundaries); use train.spike_policy skip"
+            )
+        for index, rope in enumerate(self.stage_ropes()):
+            try:
+                ModelArgs.model_validate({**self.model.args.model_dump(), **rope})
+            except ValidationError as e:
+                raise ValueError(f"data.stages[{index}]: {describe_error(e)}") from None
+
+    def stage_ropes(self) -> list[dict[str, Any]]:
+        """Each stage's {rope_theta, rope_scaling} in force, carried over from model.* (empty without stages)."""
+        args = self.model.args
+        rope = {"rope_theta": args.rope_theta, "rope_scaling": args.model_dump(mode="json")["rope_scaling"]}
+        ropes = []
+        for stage in self.data.stages or []:
+            rope = {**rope, **stage.model_dump(mode="json", include={"rope_theta", "rope_scaling"}, exclude_unset=True)}
+            ropes.append(rope)
+        return ropes
 
     def _check_observers(self) -> None:
         no_tokenizer = self.data.path == SYNTHETIC and not self.data.mix and not self.model.init_from
@@ -440,20 +530,36 @@ class RunConfig(BaseModel):
         out["model"] = self.model.resolved()
         if self.data.mix is not None:  # data.path is not used: leave it out, so the file loads back as a recipe
             del out["data"]["path"]
+        if self.data.stages is not None:  # a key left out carries over; null rope_scaling turns the scaling off
+            out["data"]["stages"] = [s.model_dump(mode="json", exclude_unset=True) for s in self.data.stages]
         return out
 
 
 def describe_error(error: ValidationError) -> str:
     """One line: the dotted recipe key, what is wrong and what is allowed."""
     first = error.errors()[0]
-    key = ".".join(str(part) for part in first["loc"])
+    key = dotted_key(first["loc"])
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         section = str(first["loc"][0]) if len(first["loc"]) > 1 else ""
+        if first["loc"][1:2] == ("stages",):
+            return f"unknown key {key!r}; a stage takes {', '.join(StageSection.model_fields)}"
         return f"unknown key {key!r}; {_allowed_keys(section)}"
     if first["type"] == "value_error":  # our own validators: the message already names the keys
         return message if not key or message.startswith((f"{key}.", "unknown key")) else f"{key}: {message}"
     return f"{key}: {message[0].lower()}{message[1:]} (got {first.get('input')!r})"
+
+
+def dotted_key(loc: tuple[int | str, ...]) -> str:
+    """pydantic's location as a recipe key: `data.stages[1].rope_scaling.factor` (a list index in brackets, the
+    rope_scaling kind's tag left out)."""
+    key = ""
+    for index, part in enumerate(loc):
+        if isinstance(part, int):
+            key += f"[{part}]"
+        elif not (index and loc[index - 1] == "rope_scaling" and part in ROPE_TYPES):
+            key += f".{part}" if key else str(part)
+    return key
 
 
 def _allowed_keys(section: str) -> str:
@@ -486,6 +592,8 @@ def describe_keys() -> list[str]:
         for key, info in model_cls.model_fields.items():  # type: ignore[union-attr]
             default = info.get_default(call_default_factory=True)
             lines.append(f"  {info.alias or key}: {json.dumps(default)}  # {info.description or ''}")
+            if (section, key) == ("data", "stages"):
+                lines += [f"  stages[].{k}: null  # {i.description}" for k, i in StageSection.model_fields.items()]
         if section == "model":
             lines.append("  <any ModelArgs field>: overrides the preset  # see `dlx params --json` for the fields")
     return lines

@@ -27,6 +27,7 @@ from dlx.train.build.optim import ScheduledLR, build_scheduler
 from dlx.train.build.progress import RunProgress, read_progress
 from dlx.train.build.restore import announce_resume, claimed_run_dir, create_run_dir, find_checkpoint, restore
 from dlx.train.build.signals import GracefulStop
+from dlx.train.build.stages import StagePlan, resolve_stages
 from dlx.train.build.step_plan import StepPlan, plan_steps
 from dlx.train.config import RunConfig
 from dlx.train.observers.attention import choose_for_run
@@ -72,6 +73,8 @@ class Run:
     """The run folder's writer lock, held by rank 0 (dlx.train.rundir.runlock)."""
     heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(None, 0, 1, 0.0))
     """Each rank's step and phase in the job's store: names the rank a failed collective waited for."""
+    stages: StagePlan | None = None
+    """data.stages resolved (`dlx.train.build.stages`): each stage's steps, data, shape and RoPE; None without."""
 
     @property
     def model(self) -> Transformer:
@@ -132,7 +135,9 @@ def build_run(
     loader = build_train_loader(config, device, env.dp_rank, env.dp_size)  # the TP ranks of a replica: one batch
     lock = RunLock(run_dir)
     with claimed_run_dir(lock, resume, loader):  # before anything is written there; given back if building fails
-        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp)
+        stages = resolve_stages(config, env.dp_size)
+        shapes = stages.shapes() if stages is not None else ()
+        plan = plan_steps(config, loader.batches_per_epoch, loader.windows_per_epoch, env.dp_size, env.tp, shapes)
         attention = choose_for_run(config, plan.micro_batch_size, env, precision.name, device)
         console = RunConsole(plan.total_steps, 0, config.log.progress, is_main=env.is_main)
         loaded = find_checkpoint(run_dir, console, env, loader) if resume else None
@@ -172,6 +177,7 @@ def build_run(
         init=init,
         lock=lock,
         heartbeat=Heartbeat(job_store(), env.rank, env.world_size, config.parallel.timeout_s),
+        stages=stages,
     )
     observers.load_state_dict(state.observers)
     observers.attach(run)

@@ -61,19 +61,20 @@ class FeedLoader:
             raise
         return batch[0], batch[1]
 
-    def _stop(self) -> None:
+    def _stop(self, at_once: bool = False) -> None:
         feed, self._feed = self._feed, None
         if feed is not None:
-            feed.close()
+            feed.close(at_once)
 
     def verify_read_shards(self) -> list[str]:
         """Block until every shard a consumed batch came from is verified against the manifest (UserError naming the
         first that is not); returns the shards that had to be hashed now (see `dlx.data.loader.feed.ReadShards`)."""
         return self._read_shards.verify()
 
-    def close(self) -> None:
-        """Stop the workers (idempotent). Also runs when the loader is garbage collected and at interpreter exit."""
-        self._stop()
+    def close(self, at_once: bool = False) -> None:
+        """Stop the workers (idempotent); `at_once`: kill them, their batches are not wanted. Also runs when the loader
+        is garbage collected and at interpreter exit."""
+        self._stop(at_once)
 
     def __iter__(self) -> FeedLoader:
         return self

@@ -235,7 +235,7 @@ class InProcessFeed:
             self._read.confirm(verified)
         return self._batch
 
-    def close(self) -> None:
+    def close(self, at_once: bool = False) -> None:
         self._schedule.close()  # a generator: a cached plan's prefetch stops with it
 
 
@@ -312,10 +312,12 @@ class WorkerFeed:
         self._received += 1
         return self._slots[(self._received - 1) % self._n_slots]
 
-    def close(self) -> None:
+    def close(self, at_once: bool = False) -> None:
+        """`at_once`: kill the workers (their batches are not wanted) instead of letting them exit after their pipes
+        close: no interpreter's teardown competes with the step for the CPU."""
         self._slots = None
         self._cursors.close()  # a generator: a cached plan's prefetch stops with it
-        self._pool.close()
+        self._pool.close(graceful=not at_once)
 
 
 def open_feed(

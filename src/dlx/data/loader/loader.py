@@ -109,10 +109,7 @@ class TokenLoader(FeedLoader):
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         pause_point(f"{self.split}_batch")  # test-only, off by default: see dlx.faults
-        if self._schedule is None:
-            start = settle(self._order, self._cursor)
-            self._schedule = schedule(self._order, start, self.loop)
-            self._open(start, self.loop)
+        self.warm()
         cursor = next(self._schedule, None)
         if cursor is None:  # loop=False: this pass is over; the next iteration starts the next epoch
             self._stop()
@@ -122,15 +119,22 @@ class TokenLoader(FeedLoader):
         self._epoch = cursor.epoch
         return batch
 
-    def _stop(self) -> None:
+    def warm(self) -> None:
+        """Start the feed at the current position (its workers fill batches ahead) without taking a batch."""
+        if self._schedule is None:
+            start = settle(self._order, self._cursor)
+            self._schedule = schedule(self._order, start, self.loop)
+            self._open(start, self.loop)
+
+    def _stop(self, at_once: bool = False) -> None:
         self._schedule = None
-        super()._stop()
+        super()._stop(at_once)
 
     def state_dict(self) -> dict:
         """Where the next batch comes from; JSON-ready, identical on every rank."""
         return make_state(self._order, self._cursor, self.split, self.seq_len)
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, steps_done: int | None = None) -> None:
         """Continue from a saved state, also with another world size (ranks re-split what is left of the epoch)."""
         cursor = read_state(state, self._order, self.split, self.seq_len)
         self._stop()

@@ -32,8 +32,15 @@ class MixtureLoader(FeedLoader):
     rounded down to whole steps; `epoch` is the mixture epoch of the next batch. `source_epochs` counts each source's
     own passes, which differ from it when the weights differ from the sources' sizes."""
 
-    def __init__(self, sources: list[Source], settings: LoaderSettings = LoaderSettings()):
-        """`settings.verify`: check each shard's SHA-256 against its manifest the first time it is read."""
+    def __init__(
+        self,
+        sources: list[Source],
+        settings: LoaderSettings = LoaderSettings(),
+        source_ids: tuple[int, ...] = (),
+        first_draws: tuple[int, ...] = (),
+    ):
+        """`settings.verify`: check each shard's SHA-256 against its manifest the first time it is read.
+        `source_ids`, `first_draws`: a stage of a staged run (`dlx.data.mixture.order.MixOrder`); empty: a whole run."""
         manifests = open_sources(sources)
         self.sources, seq_len = sources, settings.seq_len
         self._splits = [open_split(s.path, "train")[1] for s in sources]
@@ -42,8 +49,12 @@ class MixtureLoader(FeedLoader):
             if n == 0:
                 raise UserError(f"data.mix source {source.path} holds fewer than seq_len + 1 = {seq_len + 1} tokens")
         weights = tuple(source.weight for source in sources)
+        if source_ids == tuple(range(len(sources))) and not any(first_draws):  # a first stage reads as data.mix
+            source_ids, first_draws = (), ()
         o = settings
-        self._order = MixOrder(n_windows, weights, o.micro_batch_size, o.world_size, o.rank, o.seed, o.shuffle)
+        self._order = MixOrder(
+            n_windows, weights, o.micro_batch_size, o.world_size, o.rank, o.seed, o.shuffle, source_ids, first_draws
+        )
         self._pattern = SourcePattern(weights)
         checksums = [shard_checksums(m, split, "train") for m, split in zip(manifests, self._splits, strict=True)]
         plan = MixturePlan(self._order, self._splits, seq_len)
@@ -77,7 +88,7 @@ class MixtureLoader(FeedLoader):
 
     def source_epochs(self) -> dict[str, int]:
         """The epoch of each source the next draw from it comes from (0 during its first pass)."""
-        epochs = source_epochs(self._pattern, self._order.n_windows, self._position)
+        epochs = source_epochs(self._pattern, self._order, self._position)
         return dict(zip(self.names, epochs, strict=True))
 
     def new_source_epochs(self) -> list[tuple[str, int]]:
@@ -87,29 +98,37 @@ class MixtureLoader(FeedLoader):
         self._reported_epochs = now
         return started
 
-    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def warm(self) -> None:
+        """Start the feed at the current position (its workers fill batches ahead) without taking a batch."""
         if self._feed is None:
             self._open(self._position, True)
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.warm()
         batch = self._read()
         self._position += self._order.step_windows
         return batch
 
     def state_dict(self) -> dict:
         """Where the next batch comes from (JSON-ready, the same on every rank) and what it refers to."""
-        return {
+        order = self._order
+        state = {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
             "position": self._position,
-            "seed": self._order.seed,
+            "seed": order.seed,
             "seq_len": self.seq_len,
-            "shuffle": self._order.shuffle,
-            "sources": [[s.name, n, s.weight] for s, n in zip(self.sources, self._order.n_windows, strict=True)],
+            "shuffle": order.shuffle,
+            "sources": [[s.name, n, s.weight] for s, n in zip(self.sources, order.n_windows, strict=True)],
             # For the record only: a resume may use another world size or micro-batch size.
-            "world_size": self._order.world_size,
-            "micro_batch_size": self._order.micro_batch_size,
+            "world_size": order.world_size,
+            "micro_batch_size": order.micro_batch_size,
         }
+        if order.source_ids or order.first_draws:  # a stage of a staged run
+            state.update(source_ids=list(order.source_ids), first_draws=list(order.first_draws))
+        return state
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, steps_done: int | None = None) -> None:
         """Continue from a saved position, also with another world size; refused for another mixture."""
         if state.get("format") != STATE_FORMAT or state.get("version") != STATE_VERSION:
             raise UserError(
@@ -117,11 +136,11 @@ class MixtureLoader(FeedLoader):
                 "state: resume with the data the run was started with"
             )
         expected = self.state_dict()
-        for key in ("seed", "seq_len", "shuffle", "sources"):
-            if state.get(key) != expected[key]:
+        for key in ("seed", "seq_len", "shuffle", "sources", "source_ids", "first_draws"):
+            if state.get(key) != expected.get(key):
                 raise UserError(
                     f"cannot resume the data.mix loader: it was saved with {key}={state.get(key)!r}, this run has "
-                    f"{key}={expected[key]!r} (same datasets, sizes, weights, seq_len, seed and shuffle are needed)"
+                    f"{key}={expected.get(key)!r} (same datasets, sizes, weights, seq_len, seed and shuffle are needed)"
                 )
         position = state.get("position")
         if type(position) is not int or position < 0:

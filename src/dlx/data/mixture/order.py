@@ -83,6 +83,11 @@ class MixOrder:
     seed: int
     shuffle: bool
     """False: each source's epochs read its windows 0, 1, 2, ... in order."""
+    source_ids: tuple[int, ...] = ()
+    """The number that seeds each source's permutations (empty: its index). A source keeps its number in every stage
+    of a run (`dlx.data.stages`), so its passes go on across stages."""
+    first_draws: tuple[int, ...] = ()
+    """Draws each source had before position 0 of this order, in earlier stages (empty: none)."""
 
     @property
     def step_windows(self) -> int:
@@ -93,8 +98,13 @@ class MixOrder:
         """Source `source`'s window order in its epoch `epoch`; the same on every rank and in every worker."""
         if not self.shuffle:
             return np.arange(self.n_windows[source], dtype=np.int64)
-        rng = np.random.default_rng([self.seed, _STREAM, source, epoch])
+        number = self.source_ids[source] if self.source_ids else source
+        rng = np.random.default_rng([self.seed, _STREAM, number, epoch])
         return rng.permutation(self.n_windows[source])
+
+    def draw_offsets(self) -> np.ndarray:
+        """`first_draws` as (n_sources,) int64: added to a source's draw number in this order to count its passes."""
+        return np.asarray(self.first_draws or (0,) * len(self.n_windows), dtype=np.int64)
 
     def rank_slots(self, position: int) -> np.ndarray:
         """Slot numbers of this rank's micro-batch in the step that starts at `position`."""
@@ -113,6 +123,7 @@ class MixWindows:
         self.order = order
         self.pattern = SourcePattern(order.weights)
         self._sizes = np.asarray(order.n_windows, dtype=np.int64)
+        self._offsets = order.draw_offsets()
         self._block: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._cached: dict[tuple[int, int], np.ndarray] = {}
 
@@ -129,6 +140,7 @@ class MixWindows:
         positions = position + order.step_windows * np.arange(BLOCK_STEPS, dtype=np.int64)
         slots = (positions + order.rank * order.micro_batch_size)[:, None] + np.arange(order.micro_batch_size)
         source, draw = self.pattern.locate(slots.ravel())
+        draw = draw + self._offsets[source]
         epoch, offset = np.divmod(draw, self._sizes[source])
         window = np.empty_like(draw)
         for index in range(len(order.n_windows)):
@@ -152,6 +164,7 @@ class MixWindows:
         return self._cached[key]
 
 
-def source_epochs(pattern: SourcePattern, n_windows: tuple[int, ...], position: int) -> list[int]:
+def source_epochs(pattern: SourcePattern, order: MixOrder, position: int) -> list[int]:
     """The epoch each source's next draw comes from (0 until its windows have all been read once)."""
-    return [int(d) // n for d, n in zip(pattern.draws_before(position).tolist(), n_windows, strict=True)]
+    draws = pattern.draws_before(position) + order.draw_offsets()
+    return [int(d) // n for d, n in zip(draws.tolist(), order.n_windows, strict=True)]

@@ -17,9 +17,11 @@ from dlx.data.mixture.sources import mix_sources, open_sources
 from dlx.data.remote import mirror_dataset
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.data.source import BatchSource, LoaderSettings, Source
+from dlx.data.stages import StagedLoader
 from dlx.data.storage import basename, is_url
 from dlx.data.synthetic import SyntheticLoader
 from dlx.errors import UserError
+from dlx.train.build.stages import StagePlan, resolve_stages
 from dlx.train.config import SYNTHETIC, RunConfig
 
 VAL_SEED_OFFSET = 1_000_003
@@ -28,7 +30,10 @@ VAL_SEED_OFFSET = 1_000_003
 
 def run_sources(config: RunConfig) -> tuple[Source, ...]:
     """The prepared datasets the run reads: data.path's as one source of weight 1 named by its folder, or data.mix's
-    in their canonical order; none for synthetic data."""
+    in their canonical order; none for synthetic data. With data.stages, every stage's, each once (weight: the first
+    stage's, 0 for a source it does not read)."""
+    if config.data.stages:
+        return staged_sources(config)
     if config.data.mix is not None:
         if any(is_url(path) for path in config.data.mix):
             raise UserError(
@@ -37,17 +42,36 @@ def run_sources(config: RunConfig) -> tuple[Source, ...]:
         return tuple(mix_sources(config.data.mix))
     if config.data.path == SYNTHETIC:
         return ()
+    return (data_path_source(config),)
+
+
+def data_path_source(config: RunConfig) -> Source:
+    """data.path as one source of weight 1 named by its folder (a URL: its local mirror, made once per process)."""
     if is_url(config.data.path):  # a local mirror: manifest and tokenizer; the loader's cache fetches the shards
         url = config.data.path
         if url not in _mirrors:
             _mirrors[url] = mirror_dataset(url, config.data.cache_dir)
-        return (Source(basename(url), _mirrors[url], 1.0),)
+        return Source(basename(url), _mirrors[url], 1.0)
     path = Path(config.data.path)
-    return (Source(path.resolve().name or str(path), path, 1.0),)
+    return Source(path.resolve().name or str(path), path, 1.0)
 
 
 _mirrors: dict[str, Path] = {}
 """Dataset URL → its local mirror, fetched once per process."""
+
+
+def staged_sources(config: RunConfig) -> tuple[Source, ...]:
+    """Every dataset of a staged run: data.path's (its mirror for a URL) when a stage reads it, then the rest."""
+    plan = resolve_stages(config, 1)
+    assert plan is not None
+    first = {source.name: source.weight for source in plan.stages[0].sources}
+    sources = {}
+    for stage in plan.stages:
+        if stage.kind == "path":
+            sources.setdefault(stage.sources[0].name, data_path_source(config))
+        for source in stage.sources if stage.kind == "mix" else ():
+            sources.setdefault(source.name, Source(source.name, source.path, first.get(source.name, 0.0)))
+    return tuple(sources.values())
 
 
 def source_label(config: RunConfig, source: Source) -> str:
@@ -56,7 +80,14 @@ def source_label(config: RunConfig, source: Source) -> str:
 
 
 def source_key(config: RunConfig) -> str:
+    if any(stage.mix for stage in config.data.stages or []):
+        return "data.stages source"
     return "data.mix source" if config.data.mix is not None else "data.path"
+
+
+def reads_several(config: RunConfig) -> bool:
+    """data.mix, or a stage with a mix: tokens and validation figures are recorded per source."""
+    return config.data.mix is not None or any(stage.mix for stage in config.data.stages or [])
 
 
 def loader_settings(
@@ -103,7 +134,7 @@ def inspect_dataset(config: RunConfig) -> DatasetInfo:
     """Check the data section against the model before anything is written: every source a complete prepared dataset,
     one tokenizer (by content), fitting the model, with a validation split when eval is on. UserError names the key
     and the fix."""
-    sources, mixture = run_sources(config), config.data.mix is not None
+    sources, mixture = run_sources(config), reads_several(config)
     if not sources:
         return DatasetInfo((), False, config.model.args.vocab_size, 0, None, 1 << 62)
     manifests = open_sources(list(sources), source_key(config))  # UserError naming the source (or both tokenizers)
@@ -134,24 +165,60 @@ def _larger_than_model(config: RunConfig, vocab_size: int) -> str:
 def build_train_loader(config: RunConfig, device: torch.device, rank: int = 0, world_size: int = 1) -> BatchSource:
     """The training batch source: loops over epochs, shuffled per epoch from the seed, each rank its own share."""
     settings = loader_settings(config, device, rank, world_size)
+    plan = resolve_stages(config, world_size)
+    if plan is not None:
+        return StagedLoader(plan.spans(), RunStages(config, plan, settings))
+    return open_loader(config, settings)
+
+
+def open_loader(config: RunConfig, settings: LoaderSettings) -> BatchSource:
+    """data.mix's, data.path's or synthetic data's batch source with these settings."""
     if config.data.mix is not None:
         from dlx.data.mixture import MixtureLoader
 
-        return MixtureLoader(list(run_sources(config)), settings)
+        return MixtureLoader(mix_sources(config.data.mix), settings)
     if config.data.path == SYNTHETIC:
         return SyntheticLoader(config.model.args.vocab_size, settings)
     from dlx.data.loader import TokenLoader
 
-    return TokenLoader(run_sources(config)[0].path, settings, "train", loop=True)
+    return TokenLoader(data_path_source(config).path, settings, "train", loop=True)
+
+
+class RunStages:
+    """Each stage's batch source (`dlx.data.stages.StageSources`): a mix stage's sources carry their draws from the
+    earlier stages; a data.path stage reads the dataset in its own order; synthetic stages draw their own streams."""
+
+    def __init__(self, config: RunConfig, plan: StagePlan, settings: LoaderSettings):
+        self.config, self.plan, self.settings = config, plan, settings
+
+    def open(self, index: int) -> BatchSource:
+        stage = self.plan.stages[index]
+        settings = replace(self.settings, seq_len=stage.seq_len, micro_batch_size=stage.micro_batch_size)
+        if stage.kind == "mix":
+            from dlx.data.mixture import MixtureLoader
+
+            first_draws = self.plan.first_draws(index)
+            return MixtureLoader(list(stage.sources), settings, stage.source_ids, first_draws)
+        if stage.kind == "synthetic":
+            settings = replace(settings, seed=settings.seed + index * VAL_SEED_OFFSET * 2)
+        return open_loader(self.config, settings)
+
+    def stage_tokens(self, index: int, steps: int | None = None) -> dict[str, int]:
+        return self.plan.stage_tokens(index, steps)
 
 
 def build_eval_loaders(
-    config: RunConfig, device: torch.device, rank: int = 0, world_size: int = 1
+    config: RunConfig, device: torch.device, rank: int = 0, world_size: int = 1, stage_step: int = 0
 ) -> dict[str, BatchSource]:
     """{source name: one pass over the start of its validation split, in order, the same batches at every
     evaluation}; synthetic data: {"": its validation stream}. Built in-process (no workers): an evaluation reads a
-    few batches, not worth starting processes for."""
+    few batches, not worth starting processes for. With data.stages, at the seq_len and micro-batch of the stage of
+    optimizer step `stage_step`, over every stage's sources."""
     settings = replace(loader_settings(config, device, rank, world_size), seed=0, num_workers=0, shuffle=False)
+    plan = resolve_stages(config, world_size)
+    if plan is not None:
+        stage = plan.at(stage_step)
+        settings = replace(settings, seq_len=stage.seq_len, micro_batch_size=stage.micro_batch_size)
     sources = run_sources(config)
     if not sources:
         seed = config.train.seed + VAL_SEED_OFFSET

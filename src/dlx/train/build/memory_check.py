@@ -26,6 +26,7 @@ from dlx.errors import UserError
 from dlx.metrics.estimate import TrainingShape, max_micro_batch, plan_memory
 from dlx.parallel.distributed import DistEnv, all_reduce
 from dlx.train.build.preflight import CheckResult
+from dlx.train.build.stages import resolve_stages
 from dlx.train.config import RunConfig
 
 CPU_HEAP_GROWTH = 0.46
@@ -53,6 +54,16 @@ def run_shape(config: RunConfig, device: torch.device, world_size: int, precisio
     )
 
 
+def largest_stage_shape(config: RunConfig, shape: TrainingShape, dp_size: int) -> tuple[TrainingShape, str]:
+    """With data.stages, the shape of the stage whose estimate is largest, and ` (stage i, seq_len N)` to say so."""
+    plan = resolve_stages(config, dp_size)
+    if plan is None:
+        return shape, ""
+    shapes = [(replace(shape, seq_len=s.seq_len, micro_batch=s.micro_batch_size), s) for s in plan.stages]
+    largest, stage = max(shapes, key=lambda pair: plan_memory(config.model.args, pair[0]).total_gb)
+    return largest, f" at its largest stage (stage {stage.index}, seq_len {stage.seq_len:,})"
+
+
 def free_memory_gb(device: torch.device) -> float:
     """This rank's share of free memory: the GPU's free memory, or a CPU's available memory ÷ the ranks on this host."""
     if device.type == "cuda":
@@ -65,11 +76,11 @@ def check_memory(config: RunConfig, device: torch.device, env: DistEnv, precisio
     start = time.perf_counter()
     if device.type not in ("cuda", "cpu"):
         return CheckResult("memory", 0.0, f"not estimated on {device.type}")
-    shape = run_shape(config, device, env.world_size, precision)
     args = config.model.args
+    shape, stage = largest_stage_shape(config, run_shape(config, device, env.world_size, precision), env.dp_size)
     need = plan_memory(args, shape).total_gb
     free = -all_reduce([-free_memory_gb(device)], "max", device)[0]  # the smallest over the ranks
-    found = f"~{need:.3g} GB estimated per rank, {free:.3g} GB free"
+    found = f"~{need:.3g} GB estimated per rank{stage}, {free:.3g} GB free"
     if need > free and not config.train.skip_memory_check:
         raise UserError(
             f"this run needs ~{need:.3g} GB per rank by `dlx plan`'s estimate but {free:.3g} GB is free on "

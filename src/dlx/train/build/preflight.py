@@ -43,6 +43,7 @@ from dlx.errors import UserError
 from dlx.model.stats import ParamFormula
 from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.train.build.data import run_sources, source_label
+from dlx.train.build.stages import resolve_stages
 from dlx.train.build.step_plan import resolve_grad_accum
 from dlx.train.config import RunConfig
 
@@ -101,6 +102,8 @@ def run_preflight(config: RunConfig, run_dir: Path, resume: bool, world_size: in
         ("batches", lambda: check_batches(config, datasets, world_size)),
         ("disk", lambda: check_disk(config, run_dir, resume)),
     ]
+    if config.data.stages:
+        checks.insert(4, ("stages", lambda: check_stages(config, datasets, world_size)))
     results = []
     for name, check in checks:
         start = time.perf_counter()
@@ -189,7 +192,7 @@ def check_batches(config: RunConfig, datasets: list[Dataset], world_size: int) -
     ⌊windows / (world × micro)⌋, the windows of every data.mix source counted together."""
     data, grad_accum = config.data, resolve_grad_accum(config, world_size)
     found = f"grad_accum {grad_accum}"
-    if not datasets:
+    if not datasets or data.stages:  # each stage's datasets at its own seq_len: `check_stages`
         return found, None
     per_step = world_size * data.micro_batch_size
     if len(datasets) > 1:
@@ -226,6 +229,29 @@ def check_batches(config: RunConfig, datasets: list[Dataset], world_size: int) -
         if val < FEW_VAL_BATCHES:
             note += ", so few that its loss is noisy (prepare with a larger --val-fraction or --val-documents)"
     return found + f", {min(val, config.eval.batches)} eval batch(es)" + _in_sources(datasets), note
+
+
+def check_stages(config: RunConfig, datasets: list[Dataset], world_size: int) -> tuple[str, str | None]:
+    """data.stages: every stage's datasets hold a batch of training windows at its seq_len, and with eval on a
+    validation batch per rank at its seq_len and micro-batch (evaluation runs at the current stage's)."""
+    plan = resolve_stages(config, world_size)
+    assert plan is not None
+    by_folder = {Path(d.folder).resolve(): d for d in datasets}
+    for stage in plan.stages:
+        per_step = world_size * stage.micro_batch_size
+        for source in stage.sources:
+            dataset = by_folder.get(Path(source.path).resolve()) or datasets[0]  # a URL: its mirror, the one dataset
+            need = {"train": per_step if stage.kind == "path" else 1, "val": per_step if config.eval.every else 0}
+            for split, windows in need.items():
+                tokens = dataset.manifest.split_tokens(split)
+                if windows and count_windows(tokens, stage.seq_len) < windows:
+                    raise UserError(
+                        f"data.stages[{stage.index}]: the {split} split of {source.path} holds {tokens:,} tokens, "
+                        f"fewer than {windows} window(s) of seq_len {stage.seq_len} + 1 (micro-batch "
+                        f"{stage.micro_batch_size}, world size {world_size}); shorten the stage's seq_len or prepare "
+                        f"more data{' (or set eval.every 0)' if split == 'val' else ''}"
+                    )
+    return f"{len(plan.stages)} stages, each source holding a batch at its stage's seq_len", None
 
 
 FEW_VAL_BATCHES = 4

@@ -69,7 +69,7 @@ def restore(
         return ckpt.TrainerState(), None
     state = ckpt.apply_checkpoint(loaded, strategy, scheduler, strategy.precision.scaler, say=console.warn)
     if state.loader is not None:
-        loader.load_state_dict(state.loader)
+        loader.load_state_dict(state.loader, steps_done=state.step)
     console.print(
         f"resuming from {loaded.path} (step {state.step:,}, {state.tokens_seen:,} tokens seen, "
         f"written by {state.world_size} rank(s), {state.format} format)"

@@ -17,6 +17,16 @@ from dlx.train.config import RunConfig
 
 
 @dataclass(frozen=True)
+class StageShape:
+    """A stage's batch shape (data.stages, `dlx.train.build.stages`), through its last step."""
+
+    last_step: int
+    seq_len: int
+    micro_batch_size: int
+    grad_accum: int
+
+
+@dataclass(frozen=True)
 class StepPlan:
     examples: int | None
     """Training windows per epoch, all ranks together; None for synthetic data (unbounded)."""
@@ -28,6 +38,20 @@ class StepPlan:
     """Optimizer steps the run will take."""
     tp: int = 1
     """Tensor-parallel ranks per replica: the devices are world_size × tp (world_size counts the replicas)."""
+    stages: tuple[StageShape, ...] = ()
+    """With data.stages: each stage's shape (the fields above are the first stage's); the tokens per step are equal."""
+
+    def shape_at(self, step: int) -> StageShape:
+        """The batch shape of optimizer step `step`."""
+        for stage in self.stages:
+            if step <= stage.last_step:
+                return stage
+        last = self.stages[-1] if self.stages else None
+        return last or StageShape(self.total_steps, self.seq_len, self.micro_batch_size, self.grad_accum)
+
+    def grad_accum_at(self, step: int) -> int:
+        """Micro-batches accumulated in optimizer step `step`."""
+        return self.shape_at(step).grad_accum
 
     @property
     def total_batch(self) -> int:
@@ -46,10 +70,15 @@ class StepPlan:
 
 
 def plan_steps(
-    config: RunConfig, batches_per_epoch: int | None, windows_per_epoch: int | None, world_size: int, tp: int = 1
+    config: RunConfig,
+    batches_per_epoch: int | None,
+    windows_per_epoch: int | None,
+    world_size: int,
+    tp: int = 1,
+    stages: tuple[StageShape, ...] = (),
 ) -> StepPlan:
     """How many optimizer steps the run takes: train.max_steps, or epochs × steps per epoch. `world_size`: the
-    data-parallel replicas (ranks ÷ tp), which read different batches."""
+    data-parallel replicas (ranks ÷ tp), which read different batches. `stages`: data.stages' shapes."""
     train = config.train
     grad_accum = resolve_grad_accum(config, world_size)
     total = train.max_steps
@@ -62,6 +91,9 @@ def plan_steps(
                 "more data"
             ).alike_on_every_rank()
         total = max(1, math.ceil(train.epochs * steps_per_epoch))
+    if stages:
+        first = stages[0]
+        return StepPlan(None, first.micro_batch_size, first.grad_accum, world_size, first.seq_len, total, tp, stages)
     micro = config.data.micro_batch_size
     return StepPlan(windows_per_epoch, micro, grad_accum, world_size, config.data.seq_len, total, tp)
 
@@ -82,8 +114,9 @@ def resolve_grad_accum(config: RunConfig, world_size: int) -> int:
 
 def header_lines(plan: StepPlan, trainable: int, precision: str, device_name: str) -> list[str]:
     """HF Trainer's 'Running training' block, then what dlx adds (tokens, precision, device)."""
-    examples = f"{plan.examples:,}" if plan.examples else "unbounded (synthetic data)"
-    epochs = f"{plan.epochs:,.4g}" if plan.epochs is not None else "n/a (synthetic data)"
+    unbounded = "per stage (data.stages)" if plan.stages else "synthetic data"
+    examples = f"{plan.examples:,}" if plan.examples else f"unbounded ({unbounded})"
+    epochs = f"{plan.epochs:,.4g}" if plan.epochs is not None else f"n/a ({unbounded})"
     return [
         "***** Running training *****",
         f"  Num examples = {examples}",

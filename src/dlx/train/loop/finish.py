@@ -51,7 +51,8 @@ def report(run: Run, step: int) -> None:
     progress = run.progress
     progress.verdict = bottleneck_verdict(progress.records, hardware=hardware(run))
     run.console.print(str(progress.verdict))
-    weights = {source.name: source.weight for source in run.data_info.sources}  # data.path: one source
+    # data.path: one source; data.stages: per stage, in the Stages section (from the events)
+    weights = {source.name: source.weight for source in run.data_info.sources} if run.stages is None else {}
     records, evals = progress.records, progress.eval_records
     events = read_jsonl(run.run_dir / folder.EVENTS_FILE)  # resumes, loss spikes, rollbacks, skipped batches, stops
     write_report(run.run_dir, records, progress.verdict, run.header, evals, source_weights=weights, events=events)

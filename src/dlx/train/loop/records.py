@@ -40,8 +40,9 @@ def log_step(run: Run, step: int, loss: float, lr: float, grad_norm: torch.Tenso
     names = sorted(timings)
     per_rank = rank_step_times(run, timings)
     timings = dict(zip(names, distributed.all_reduce([timings[n] for n in names], "mean", run.device), strict=True))
+    seq_len, tokens = run.plan.shape_at(step).seq_len, run.plan.tokens_per_step
     record = run.meter.record(
-        step=step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=run.plan.tokens_per_step, timings=timings
+        step=step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=tokens, timings=timings, seq_len=seq_len
     )
     if run.env.is_distributed and record.get("peak_mem_gb") is not None:
         record["peak_mem_gb"] = distributed.all_reduce([record["peak_mem_gb"]], "max", run.device)[0]
@@ -116,7 +117,7 @@ def evaluate_run(run: Run) -> dict[str, Any]:
     (bits per byte; None without a byte table) their means weighted by the sources' weights; with data.mix also
     `source_loss` and `source_bpb`, each source's. Under torchrun the mean over ranks."""
     config, env = run.config, run.env
-    loaders = build_eval_loaders(config, run.device, env.dp_rank, env.dp_size)
+    loaders = build_eval_loaders(config, run.device, env.dp_rank, env.dp_size, stage_step=run.progress.step)
     results, loss_fn = {}, functools.partial(training_loss, run.strategy)
     table = byte_table(run)
     try:
@@ -127,7 +128,7 @@ def evaluate_run(run: Run) -> dict[str, Any]:
         for loader in loaders.values():
             loader.close()
     losses, bpbs = mean_over_ranks(run, list(results.values()))
-    weights = {s.name: s.weight for s in run.data_info.sources} or {"": 1.0}  # synthetic data: one unnamed stream
+    weights = source_weights(run)
     source_loss, source_bpb = (dict(zip(results, values, strict=True)) for values in (losses, bpbs))
     loss, bpb = weighted_mean(weights, source_loss), weighted_mean(weights, source_bpb)
     result = {
@@ -140,6 +141,16 @@ def evaluate_run(run: Run) -> dict[str, Any]:
     if run.data_info.mixture:
         result.update(source_loss=source_loss, source_bpb=source_bpb)
     return result
+
+
+def source_weights(run: Run) -> dict[str, float]:
+    """Each source's weight in the validation `loss`: data.mix's, or with data.stages the current stage's (0 for a
+    source it does not read); synthetic data is one unnamed stream."""
+    weights = {s.name: s.weight for s in run.data_info.sources} or {"": 1.0}
+    if run.stages is None or not run.data_info.sources:
+        return weights
+    requested = run.stages.at(run.progress.step).weights
+    return {name: requested.get(name, 0.0) for name in weights}
 
 
 def byte_table(run: Run) -> torch.Tensor | None:

@@ -150,7 +150,13 @@ def train_loop(run: Run) -> None:
         run.beat(step, "forward and backward")
         with run.observers.step(step):  # the profiler over the profile.* steps; nothing otherwise
             loss = accumulate_gradients(
-                run.train_model, run.loader, run.plan.grad_accum, run.precision, run.timer, run.strategy, run.objective
+                run.train_model,
+                run.loader,
+                run.plan.grad_accum_at(step),
+                run.precision,
+                run.timer,
+                run.strategy,
+                run.objective,
             )
             lr = run.scheduler.get_last_lr()[0]
             loss_value, stop_requested = agree_on_step(run, loss)  # NaN policy and stop: the same on every rank

@@ -27,11 +27,13 @@ from dlx.parallel import distributed
 from dlx.parallel.distributed import DistEnv
 from dlx.parallel.strategy import Strategy
 from dlx.train.build.console import RunConsole
+from dlx.train.build.stages import resolve_stages
 from dlx.train.config import RunConfig
 from dlx.train.observers.attention import AttentionObserver
 from dlx.train.observers.base import Observer, ObserverList
 from dlx.train.observers.sample import SampleObserver, TrainingSampler, build_sampler
 from dlx.train.observers.spikes import SpikeGuard
+from dlx.train.observers.stages import StageObserver
 from dlx.train.observers.tasks import build_task_evaluation, load_run_tasks
 
 if TYPE_CHECKING:
@@ -93,7 +95,9 @@ def build_observers(
     evaluations = [evaluation] if evaluation is not None else []
     profiler = ProfilerObserver(build_profiler(config, run_dir, env, device, timer, console), env.rank)
     wandb = [WandbObserver(open_wandb(config, run_dir, env, console))] if config.log.wandb else []
-    observers.extend([*applied, gpu, *samples, *evaluations, profiler, *wandb, SpikeGuard(config.train)])
+    plan = resolve_stages(config, env.dp_size)
+    stages = [StageObserver(plan)] if plan is not None else []
+    observers.extend([*applied, *stages, gpu, *samples, *evaluations, profiler, *wandb, SpikeGuard(config.train)])
     return observers
 
 

@@ -79,11 +79,13 @@ RESUMABLE_CHANGES = {
     ("train", "spike_patience"),
     ("train", "spike_rewarmup"),
     ("train", "spike_max_rollbacks"),
+    ("data", "stages"),
 }
 """Keys a resumed run may change: how long it runs, what it records (samples, profiles and W&B included), and how ranks
 share it (a run may resume on another number of ranks with the batch split differently; the checkpoint says which
 strategies can read it). With train.schedule wsd, a new length or decay_ratio re-plans the decay without a jump in
-the lr (dlx.train.build.optim)."""
+the lr (dlx.train.build.optim). data.stages may gain stages and the stage in progress may end elsewhere; the
+checkpoint's record of the stages refuses a change to a stage that has begun (dlx.data.stages.check_saved_stages)."""
 
 
 def new_run_dir(name: str, run_dir: Path | None) -> Path:
