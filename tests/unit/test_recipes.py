@@ -35,7 +35,7 @@ def test_recipe_loads(path, tmp_path):
 
 def test_the_stage_recipes_resolve_as_their_comments_say(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(LLAMA32_1B_CONFIG))
-    folder = Path(__file__).parent.parent / "recipes"
+    folder = Path(__file__).parents[2] / "recipes"
     anneal = resolve_stages(
         load_recipe(folder / "llama3.2-1b-continue-zh-anneal.yaml", ["--model.init_from", str(tmp_path)]), 1
     )

@@ -88,7 +88,7 @@ def find_checkpoint(
     def loader_takes(loaded: ckpt.LoadedCheckpoint) -> None:
         try:
             if loaded.state.loader is not None:
-                loader.load_state_dict(loaded.state.loader)
+                loader.load_state_dict(loaded.state.loader, steps_done=loaded.state.step)
         except DamagedState as e:
             raise ckpt.DamagedCheckpoint(str(e)) from None
 
@@ -205,7 +205,7 @@ def rewind(run: Rewindable, checkpoint: Path) -> None:
         loaded, run.strategy, run.scheduler, run.strategy.precision.scaler, say=run.console.warn
     )
     run.strategy.zero_grad()
-    run.loader.load_state_dict(progress.state.loader)
+    run.loader.load_state_dict(progress.state.loader, steps_done=progress.step)
     progress.last_checkpoint, progress.last_save = checkpoint, None
     run.logger.mark_abandoned(progress.step)
     for record in progress.records:
