@@ -170,7 +170,7 @@ def dlx_clusters(texts: list[str], seed: int = SEED) -> tuple[dict[int, int], fl
     for i, text in enumerate(texts):
         curator.sign(0, i, text, 0, "x")
     sigs = curator.take_signatures()
-    reason, _ = find_duplicates(sigs, near=True)
+    reason, _, _ = find_duplicates(sigs, near=True)
     alive = np.flatnonzero(reason != 1)
     roots = components(sigs["bands"][alive])
     cluster_of = {int(doc): int(alive[root]) for doc, root in zip(alive, roots, strict=True)}
