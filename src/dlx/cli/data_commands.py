@@ -78,8 +78,10 @@ def info(
     folder: Annotated[Path, typer.Argument(help="A prepared dataset folder.")],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
-    """Tokens, documents, shards, dtype and tokenizer hash of a prepared dataset."""
-    from dlx.data.curate.report import summarise, summary_lines
+    """Tokens, documents, shards, dtype and tokenizer hash of a prepared dataset; what curation removed."""
+    from dlx.data.curate.audit import summarise_file
+    from dlx.data.curate.report import removed_lines, summarise, summary_lines
+    from dlx.data.prepare.curation import REMOVED_FILE
     from dlx.data.prepare.tokenizer import dataset_bos_note
     from dlx.data.shards import read_manifest
 
@@ -87,8 +89,9 @@ def info(
     summary = manifest.summary()
     params = manifest.source.get("request", {}).get("curation")
     counts = manifest.source.get("scan", {}).get("curation")
+    removed = summarise_file(folder / REMOVED_FILE) if params else None
     if as_json:
-        curation = {"curation": summarise(params, counts)} if params else {}
+        curation = {"curation": summarise(params, counts) | {"removed_file": removed}} if params else {}
         print(json.dumps(summary | curation, indent=2))
         return
     print(f"{folder}: {dataset_state(folder, summary['complete'])}")
@@ -99,7 +102,7 @@ def info(
         print(f"  {key:<17} {summary[key]}")
     print(f"  {dataset_bos_note(folder, summary['bos_id'])}")
     if params:
-        print("\n".join(summary_lines(params, counts or {})))
+        print("\n".join(summary_lines(params, counts or {}) + removed_lines(folder / REMOVED_FILE, removed)))
 
 
 @data_app.command("verify")

@@ -29,7 +29,7 @@ _EMAIL = re.compile(
     r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.){1,8}[A-Za-z]{2,24}(?![A-Za-z0-9-])"
 )
 _IPV4 = re.compile(r"(?<![A-Za-z0-9_.])(?:\d{1,3}\.){3}\d{1,3}(?!\d|\.\d)")
-_VERSION_BEFORE = re.compile(r"(?:\bv|\bversion|\bver\.?|\brelease|\bpython|\bkernel|版本)\s*$", re.IGNORECASE)
+_VERSION_BEFORE = re.compile(r"(?:\bv|version|\bver\.?|release|python|kernel|版本)[\s_'\"=:]{0,6}$", re.IGNORECASE)
 _PRC_ID = re.compile(
     r"(?<![0-9A-Za-z])[1-9]\d{5}(?:18|19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])\d{3}[\dXx](?![0-9A-Za-z])"
 )
@@ -66,7 +66,7 @@ def public_address(match: re.Match) -> bool:
     octets = match.group(0).split(".")
     if any(len(o) > 1 and o[0] == "0" for o in octets):  # 10.04.1.0: an address never writes a leading zero
         return False
-    if _VERSION_BEFORE.search(match.string, max(0, match.start() - 12), match.start()):
+    if _VERSION_BEFORE.search(match.string, max(0, match.start() - 20), match.start()):
         return False
     try:
         return ipaddress.IPv4Address(match.group(0)).is_global

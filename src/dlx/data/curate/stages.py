@@ -44,7 +44,8 @@ def empty_counts() -> dict:
 
 
 def source_counts(counts: dict, source: str) -> dict:
-    return counts["sources"].setdefault(source, {"in": [0, 0], "removed": {}, "languages": {}, "redacted": {}})
+    empty = {"in": [0, 0], "removed": {}, "languages": {}, "redacted": {}, "kinds": {}}
+    return counts["sources"].setdefault(source, empty)
 
 
 def count_removed(counts: dict, source: str, reason: str, nbytes: int, example: str) -> None:
@@ -66,8 +67,8 @@ def fold(total: dict, more: dict) -> None:
             r = t["removed"].setdefault(reason, [0, 0])
             r[0] += docs
             r[1] += nbytes
-        for key in ("languages", "redacted"):
-            for name, n in c[key].items():
+        for key in ("languages", "redacted", "kinds"):
+            for name, n in c.get(key, {}).items():
                 t[key][name] = t[key].get(name, 0) + n
     for reason, examples in more["examples"].items():
         mine = total["examples"].setdefault(reason, [])
@@ -106,9 +107,10 @@ class Curator:
         mine["in"][1] += nbytes
         fields = getattr(doc, "fields", {})
         one_document_file = not getattr(doc, "at", "")
-        self.kind = declared_kind(self.spec.input_kind(source), path, one_document_file, fields) or (
-            "code" if looks_like_code(doc) else "prose"
-        )
+        declared = declared_kind(self.spec.input_kind(source), path, one_document_file, fields)
+        self.kind = declared or ("code" if looks_like_code(doc) else "prose")
+        how = f"{self.kind} ({'declared' if declared else 'detected'})"
+        mine["kinds"][how] = mine["kinds"].get(how, 0) + 1
         self._locate(doc, path, fields)
         started = self._announce(doc, path)
         removal = self._removal(doc, mine)
@@ -116,8 +118,8 @@ class Curator:
         text: str | None = None
         if removal is not None:
             reason, measured = removal
-            count_removed(counts, source, reason, nbytes, doc)
             more = {} if measured is None else {"measured": round(measured, 4)}
+            count_removed(counts, source, reason, nbytes, f"[{measured:.4g}] {doc}" if more else doc)
             self.removed.append(audit.line(self._origin(doc, path) | audit.record_fields(fields), reason, **more))
         else:
             text = self._redacted(doc, mine)
