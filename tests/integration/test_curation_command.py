@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import pytest
 
-from dlx.data.prepare import prepare_dataset
 from dlx.data.curate.spec import build_spec
+from dlx.data.prepare import prepare_dataset
 from prepare_helpers import assert_one_line_error, dlx, tiny_tokenizer, write_jsonl
 
 __all__ = ["tiny_tokenizer"]
