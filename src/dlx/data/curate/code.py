@@ -1,28 +1,58 @@
 """Source code as curation reads it: whether an undeclared text is code (`looks_like_code`), its tokens for near-copy
 shingles with identifiers blinded and comments dropped (`code_tokens`), and which of its lines are comments.
 
-Comments are `//` and `/* */` (C-like languages), `#` (Python, shell, Ruby, Perl; not a C preprocessor directive)
-and, in Python, a triple-quoted string that opens a line (a docstring). Every pattern here runs in time linear in the
-text: a string, comment or docstring left open runs to the end of its line (strings) or of the text (block comments,
-docstrings), so no start position is scanned twice.
+Comments are `//` and `/* */` (C-like languages) and `#` (Python, shell, Ruby, Perl; not a C preprocessor
+directive). A Python docstring (a triple-quoted string that opens its line) is prose to code detection, and one
+string token to the shingles: two functions that differ only in their docstrings are two functions. Every pattern here
+runs in time linear in the text: a string, comment or docstring left open runs to the end of its line (strings) or
+of the text (block comments, triple-quoted strings), so no start position is scanned twice.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 DIRECTIVES = "include|define|undef|if|ifdef|ifndef|elif|else|endif|pragma|error|warning|line|import|region|endregion"
-_HASH_COMMENT = rf"#(?!\s*(?:{DIRECTIVES})\b)[^\n]*"
-_COMMENT_OR_DOCSTRING = (
-    r"^[ \t]*(?:\"\"\"[\s\S]*?(?:\"\"\"|\Z)|'''[\s\S]*?(?:'''|\Z))"  # a docstring: opens its line
-    r"|/\*[\s\S]*?(?:\*/|\Z)"
-    r"|//[^\n]*"
-    rf"|{_HASH_COMMENT}"
+_C_PREPROCESSOR = re.compile(
+    r"^[ \t]*#[ \t]*(?:include[ \t]*[<\"]|define[ \t]+[A-Za-z_]\w*|ifn?def[ \t]+\w+[ \t]*$|endif\b|pragma[ \t])",
+    re.MULTILINE,
 )
+"""A line only C, C++ and their kin write: in such a document `#` starts a directive; elsewhere, a comment."""
+_TRIPLE = r"\"\"\"[\s\S]*?(?:\"\"\"|\Z)|'''[\s\S]*?(?:'''|\Z)"
+_DOCSTRING = rf"^[ \t]*(?:{_TRIPLE})"
+"""A triple-quoted string that opens its line: a docstring (or a block of text), prose for code detection."""
 _STRING = r"\"(?:\\.|[^\"\\\n])*(?:\"|$)|'(?:\\.|[^'\\\n])*(?:'|$)"
-_TOKEN = re.compile(rf"(?P<skip>{_COMMENT_OR_DOCSTRING})|{_STRING}|[A-Za-z_]\w*|\d+(?:\.\d+)?|\S", re.MULTILINE)
-_SKIPPABLE = re.compile(rf"(?P<skip>{_COMMENT_OR_DOCSTRING})|{_STRING}", re.MULTILINE)
-_COMMENT_LINE = re.compile(rf"\s*(?://|/\*|\*|{_HASH_COMMENT}|<!--)")
+
+
+@dataclass(frozen=True)
+class CommentSyntax:
+    """The patterns of one comment syntax: `#` a comment always (Python, shell), or only when no preprocessor
+    directive follows it (C-like)."""
+
+    token: re.Pattern
+    skippable: re.Pattern
+    comment_line: re.Pattern
+
+
+def _syntax(hash_comment: str) -> CommentSyntax:
+    comment = rf"/\*[\s\S]*?(?:\*/|\Z)|//[^\n]*|{hash_comment}"
+    return CommentSyntax(
+        re.compile(rf"(?P<skip>{comment})|{_TRIPLE}|{_STRING}|[A-Za-z_]\w*|\d+(?:\.\d+)?|\S", re.MULTILINE),
+        re.compile(rf"(?P<skip>{_DOCSTRING}|{comment})|{_TRIPLE}|{_STRING}", re.MULTILINE),
+        re.compile(rf"\s*(?://|/\*|\*|{hash_comment}|<!--)"),
+    )
+
+
+_HASH_ALWAYS = _syntax(r"#[^\n]*")
+_HASH_BUT_DIRECTIVES = _syntax(rf"#(?!\s*(?:{DIRECTIVES})\b)[^\n]*")
+
+
+def comment_syntax(text: str) -> CommentSyntax:
+    """The patterns that read `text`'s comments: C-like when a line of it is a preprocessor directive."""
+    return _HASH_BUT_DIRECTIVES if _C_PREPROCESSOR.search(text) else _HASH_ALWAYS
+
+
 _CODE_LINE = re.compile(
     r"\s*(?:#\s*(?:" + DIRECTIVES + r")\b|import |from \S+ import |def |class |async def |@\w|public |private |"
     r"protected |static |const |let |var |int |void |char |long |unsigned |struct |enum |typedef |extern |using |"
@@ -45,12 +75,12 @@ KEYWORDS = frozenset(_KEYWORD_TEXT.split())
 
 
 def code_tokens(text: str) -> list[str]:
-    """Tokens of source code with identifiers replaced by `I` (keywords kept), literals and operators as written,
-    comments and docstrings dropped: a renamed variable, a reformatted layout or a comment added or removed leaves the
-    sequence unchanged, while programs that differ in their numbers, strings or operators (what they compute) do
-    not."""
+    """Tokens of source code with identifiers replaced by `I` (keywords kept), literals (docstrings too) and
+    operators as written, comments dropped: a renamed variable, a reformatted layout or a comment added or removed
+    leaves the sequence unchanged, while programs that differ in their numbers, strings or operators (what they
+    compute) do not."""
     tokens = []
-    for match in _TOKEN.finditer(text):
+    for match in comment_syntax(text).token.finditer(text):
         if match.lastgroup == "skip":
             continue
         tok = match.group(0)
@@ -60,12 +90,14 @@ def code_tokens(text: str) -> list[str]:
 
 def without_comments(text: str) -> str:
     """The text with comments and docstrings removed (strings kept whole, so `"#"` or `"//"` in a literal stays)."""
-    return _SKIPPABLE.sub(lambda m: "" if m.lastgroup == "skip" else m.group(0), text)
+    return comment_syntax(text).skippable.sub(lambda m: "" if m.lastgroup == "skip" else m.group(0), text)
 
 
-def is_comment_line(line: str) -> bool:
-    """Whether a line of code starts with a comment (`//`, `/*`, `*`, `#` that is no directive, `<!--`)."""
-    return _COMMENT_LINE.match(line) is not None
+def comment_lines(lines: list[str], text: str) -> int:
+    """How many of a document's lines start with a comment: `//`, `/*`, `*`, `<!--`, or `#` (in a C-like document,
+    `comment_syntax`, one that starts no directive)."""
+    pattern = comment_syntax(text).comment_line
+    return sum(1 for line in lines if pattern.match(line))
 
 
 def looks_like_code(text: str) -> bool:

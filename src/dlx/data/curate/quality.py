@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from dlx.data.curate.code import is_comment_line
+from dlx.data.curate.code import comment_lines
 from dlx.data.curate.text import CJK, word_tokens
 from dlx.errors import UserError
 from dlx.yamlfile import load_unique_keys
@@ -137,6 +137,6 @@ def _code_measures(text: str, lines: list[str]) -> dict[str, float]:
         "max_line_chars": max((len(line) for line in lines), default=0),
         "max_mean_line_chars": sum(len(line) for line in lines) / n_lines,
         "min_alnum_share": sum(1 for c in text if c.isalnum()) / max(len(text), 1),
-        "max_comment_share": sum(1 for line in lines if is_comment_line(line)) / n_lines,
+        "max_comment_share": comment_lines(lines, text) / n_lines,
         "generated": float(bool(_GENERATED.search(header))),
     }
