@@ -132,9 +132,9 @@ class Curator:
 
     def _redacted(self, text: str, mine: dict) -> str:
         if not self.spec.pii:
-            return str(text)
+            return text
         found: Counter = Counter()
-        text = redact(str(text), found, self.pii_kinds(self.kind))
+        text = redact(text, found, self.pii_kinds(self.kind))
         self.redacted = bool(found)
         for kind, n in found.items():
             mine["redacted"][kind] = mine["redacted"].get(kind, 0) + n
