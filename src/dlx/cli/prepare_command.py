@@ -90,8 +90,8 @@ PiiKinds = Annotated[
     typer.Option(
         "--pii-kinds",
         metavar="prose|code=PII[,PII]",
-        help="What --pii redacts in prose or in code (email, ip, prc_id, phone, secret). "
-        "[default: prose=all of them, code=email,secret]",
+        help="What --pii redacts in prose or in code, of email, ip, prc_id, phone, secret (default: all in prose; "
+        "email and secret in code).",
         rich_help_panel=CURATION,
     ),
 ]
