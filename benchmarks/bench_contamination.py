@@ -34,20 +34,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/, so that `peers` imports as a package
 
-from bench_curation_ablation import corpus, held_out, pieces
+from bench_curation_ablation import INTRO, SECTION, corpus, held_out, pieces, prepare
 from continue_replay import bits_per_byte, dlx, train, write_jsonl
 from dlx.data.curate.decontam import build_index
 from dlx.data.prepare.tokenizer import train_bpe
-from dlx.data.shards import read_manifest
 from dlx.evals.stdlib_task import TASK_VERSION, TASK_YAML, next_line_documents, stdlib_functions
 from peers.record import environment, publish
 
-SECTION = "Curation"
-INTRO = (
-    "`benchmarks/bench_curation.py`: dlx prepare's curation stages against datatrove 0.10.1's MinHash deduplication "
-    "(its own pipeline, JsonlReader → signatures → buckets → clusters → filter) on one synthetic corpus with planted "
-    "near duplicates, in the same run."
-)
 WATCHED = ["src/dlx/data/curate", "src/dlx/data/prepare", "benchmarks/bench_contamination.py"]
 TASKS = ("planted", "control")
 
@@ -97,11 +90,6 @@ def training_corpus(plan: ContaminationPlan, rendered: dict[str, list[str]]) -> 
         held,
         {"unique": len(unique), "near_copies": len(docs) - len(unique) - len(planted), "planted": len(planted)},
     )
-
-
-def prepare(texts: Path, tokenizer: Path, out: Path, *curate: str) -> dict:
-    dlx("prepare", str(texts), "--tokenizer", str(tokenizer), "--out", str(out), "--val-documents", "4", *curate)
-    return read_manifest(out).summary()
 
 
 def accuracy(run: Path, task_dir: Path) -> dict[str, float]:
