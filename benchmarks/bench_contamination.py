@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/, so that `peers` imports as a package
 
 from bench_curation_ablation import INTRO, SECTION, corpus, held_out, pieces, prepare
-from continue_replay import bits_per_byte, dlx, train, write_jsonl
+from continue_replay import bits_per_byte, train, write_jsonl
 from dlx.data.curate.decontam import build_index
 from dlx.data.prepare.tokenizer import train_bpe
 from dlx.evals.stdlib_task import TASK_VERSION, TASK_YAML, next_line_documents, stdlib_functions
