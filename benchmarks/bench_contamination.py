@@ -51,11 +51,11 @@ class ContaminationPlan:
 
     corpus_chars: int = 1_200_000
     task_documents: int = 100
-    copies: int = 8
+    copies: int = 16
     vocab: int = 2048
     seq_len: int = 128
     micro_batch_size: int = 8
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = (0, 1, 2, 3)
     held_chars: int = 60_000
 
 
@@ -135,11 +135,18 @@ def measure(work: Path, plan: ContaminationPlan) -> tuple[dict, dict]:
 
 
 def gap_line(results: dict, key: str, what: str) -> str:
+    """The gap of the means, against the seed noise: the spread (largest minus smallest of either model) and the
+    standard error of the gap (the seeds' standard deviations, n seeds each); a gap beyond both is more than noise."""
     raw, cur = [r[key] for r in results["raw"]], [r[key] for r in results["curated"]]
     gap = statistics.mean(raw) - statistics.mean(cur)
     spread = max(max(raw) - min(raw), max(cur) - min(cur))
-    verdict = "larger than" if abs(gap) > spread else "within"
-    return f"{what}: raw − curated {gap:+.4f}, {verdict} the spread over seeds ({spread:.4f})."
+    error = (statistics.variance(raw) / len(raw) + statistics.variance(cur) / len(cur)) ** 0.5
+    verdict = "more than" if abs(gap) > max(spread, 2 * error) else "within"
+    return (
+        f"{what}: raw {statistics.mean(raw):.4f} ± {statistics.stdev(raw):.4f}, curated {statistics.mean(cur):.4f} ± "
+        f"{statistics.stdev(cur):.4f} (mean ± sd over seeds); raw − curated {gap:+.4f}, {verdict} seed noise (spread "
+        f"{spread:.4f}, twice the gap's standard error {2 * error:.4f})."
+    )
 
 
 def report(plan: ContaminationPlan, results: dict, facts: dict) -> list[str]:
