@@ -251,7 +251,7 @@ def sampling_ceiling(texts: list[str], english: set, planted: set, ours: set) ->
     mine = en(ours)
     selves = [jaccard(mine, en(pairs_of(dlx_clusters(texts, seed)[0]))) for seed in (SEED + 1, SEED + 2, SEED + 3)]
     spec = build_spec(dedup="near")
-    sets = {i: set(curate_text.shingles(texts[i], spec.shingle).tolist()) for i in english}
+    sets = {i: set(curate_text.shingles(texts[i], spec.shingle, False).tolist()) for i in english}
     p = np.array([collision_probability(jaccard(sets[a], sets[b]), spec.bands, spec.rows) for a, b in en(planted)])
     expected = (p * p).sum() / (2 * p - p * p).sum()
     return [

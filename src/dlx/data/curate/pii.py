@@ -38,15 +38,24 @@ _PHONE = re.compile(
     r"|(?<![0-9A-Za-z])0\d{2,3}-\d{7,8}(?!\d)"  # Chinese landline with its area code
     r"|(?<![0-9A-Za-z+])\+\d{1,3}[ -]?(?:\(\d{1,4}\)[ -]?)?\d{2,4}(?:[ -]?\d{2,4}){1,3}(?!\d)"  # international
 )
-_SECRET = re.compile(
-    r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Za-z0-9])"  # AWS access key id
-    r"|(?<![A-Za-z0-9_])gh[pousr]_[A-Za-z0-9]{36,251}(?![A-Za-z0-9_])"  # GitHub token
-    r"|(?<![A-Za-z0-9_-])github_pat_[A-Za-z0-9_]{60,251}"
-    r"|(?<![A-Za-z0-9-])xox[abposr]-[A-Za-z0-9-]{10,250}"  # Slack token
-    r"|(?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"  # Google API key
-    r"|(?<![A-Za-z0-9_-])sk-(?:proj-|ant-)?[A-Za-z0-9_-]{32,200}(?![A-Za-z0-9_-])"  # OpenAI, Anthropic keys
-    r"|-----BEGIN (?:[A-Z]{1,12} ){0,2}PRIVATE KEY(?: BLOCK)?-----[\s\S]{1,16000}?-----END [A-Z ]{1,40}-----"
+_SECRET_SHAPES = (
+    (("AKIA", "ASIA"), r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Za-z0-9])"),  # AWS access key id
+    (
+        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+        r"(?<![A-Za-z0-9_])gh[pousr]_[A-Za-z0-9]{36,251}(?![A-Za-z0-9_])",
+    ),  # GitHub token
+    (("github_pat_",), r"(?<![A-Za-z0-9_-])github_pat_[A-Za-z0-9_]{60,251}"),
+    (("xox",), r"(?<![A-Za-z0-9-])xox[abposr]-[A-Za-z0-9-]{10,250}"),  # Slack token
+    (("AIza",), r"(?<![A-Za-z0-9_-])AIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),  # Google API key
+    (("sk-",), r"(?<![A-Za-z0-9_-])sk-(?:proj-|ant-)?[A-Za-z0-9_-]{32,200}(?![A-Za-z0-9_-])"),  # OpenAI, Anthropic
+    (
+        ("PRIVATE KEY",),
+        r"-----BEGIN (?:[A-Z]{1,12} ){0,2}PRIVATE KEY(?: BLOCK)?-----[\s\S]{1,16000}?-----END [A-Z ]{1,40}-----",
+    ),
 )
+"""(literals, one of which every match holds; the pattern): a text without them is not searched."""
+_SECRETS = [(hints, re.compile(pattern)) for hints, pattern in _SECRET_SHAPES]
+_ASSIGNED_HINTS = ("key", "token", "secret", "passw")
 _ASSIGNED_SECRET = re.compile(
     r"(?<![A-Za-z0-9_])(?i:(?:api|access|auth|secret|private|client)[_-]?(?:key|token|secret)|password|passwd|"
     r"secret)[\"']?\s{0,4}[:=]{1,2}\s{0,4}[bru]{0,2}(?P<quote>[\"'])(?P<value>[^\"'\s]{8,200})(?P=quote)"
@@ -80,22 +89,31 @@ def _valid_id(match: re.Match) -> bool:
 
 PATTERNS: dict[str, tuple[re.Pattern, Callable[[re.Match], bool] | None]] = {
     "email": (_EMAIL, None),
-    "secret": (_SECRET, None),
     "prc_id": (_PRC_ID, _valid_id),
     "ip": (_IPV4, public_address),
     "phone": (_PHONE, None),
 }
-"""Each kind's pattern and the check a match must pass, in the order they apply."""
+"""Each kind's pattern and the check a match must pass, in the order they apply, after secrets."""
 
 
 def redact(text: str, counts: Counter, kinds: tuple[str, ...] = PII_KINDS) -> str:
     """The text with the PII of `kinds` replaced by PLACEHOLDERS, adding what was replaced to counts (by kind)."""
+    if "secret" in kinds:
+        text = _secrets(text, counts)
     for kind, (pattern, valid) in PATTERNS.items():
-        if kind not in kinds:
-            continue
-        text = pattern.sub(_replacer(kind, valid, counts), text)
-        if kind == "secret":
-            text = _ASSIGNED_SECRET.sub(_assigned(counts), text)
+        if kind in kinds and (kind != "email" or "@" in text):
+            text = pattern.sub(_replacer(kind, valid, counts), text)
+    return text
+
+
+def _secrets(text: str, counts: Counter) -> str:
+    """Secrets by their shapes (each searched for only when the text holds its literal), then assigned ones."""
+    for hints, pattern in _SECRETS:
+        if any(hint in text for hint in hints):
+            text = pattern.sub(_replacer("secret", None, counts), text)
+    lowered = text.lower()
+    if any(hint in lowered for hint in _ASSIGNED_HINTS):
+        text = _ASSIGNED_SECRET.sub(_assigned(counts), text)
     return text
 
 
