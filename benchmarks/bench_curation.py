@@ -11,28 +11,29 @@ layout reformatted (code). Measured:
   with every stage, against datatrove's four MinHash stages alone (1 task, 1 worker);
 - peak memory (the pass's allocations and the RSS of a fresh process) against documents and against text per document;
 - the language verdict on a document's first 2,000 characters against the whole text's;
-- the WuDao projection (200 GB, about 3.4 KB per document) on one 64-core machine, on paper from the measured rate.
+- the WuDao projection (200 GB, about 3.4 KB per document) on one 64-core machine, on paper from the measured rate;
+- on real text (`real_corpora.py`, `curation_real.py`; with `--baseline REV`, also with that commit's code, in the
+  same run): the share of each kind's unique documents the default rules keep, near-copy recall and precision on
+  standard-library functions with a comment line inserted (datatrove beside it), and documents per second per core
+  of the whole pass, every stage, before and after.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import gzip
-import itertools
-import json
-import logging
 import random
 import re
 import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
+import curation_real
+from curation_peer import datatrove_clusters, pairs_of, scores, write_jsonl
 from dlx.data.curate import language
 from dlx.data.curate import text as curate_text
 from dlx.data.curate.dedup import components, find_duplicates
@@ -49,7 +50,7 @@ INTRO = (
     "(its own pipeline, JsonlReader → signatures → buckets → clusters → filter) on one synthetic corpus with planted "
     "near duplicates, in the same run."
 )
-WATCHED = ["src/dlx/data/curate", "src/dlx/data/prepare", "benchmarks/bench_curation.py"]
+WATCHED = ["src/dlx/data/curate", "src/dlx/data/prepare", "benchmarks/bench_curation.py", "benchmarks/curation_real.py"]
 HAN = [chr(0x4E00 + i) for i in range(0, 3000, 3)]
 OPS = ["+", "-", "*", "/", "%", "<<", "^", "&"]
 NAMES = ["n", "m", "k", "a", "b", "c", "x", "y", "s", "t", "ans", "res", "cnt", "sum", "mx", "mn", "cur", "tmp"]
@@ -145,22 +146,6 @@ def make_corpus(n_originals: int, seed: int = 7) -> tuple[list[str], list[str], 
     return [texts[i] for i in order], [kinds[i] for i in order], [groups[i] for i in order]
 
 
-def write_jsonl(path: Path, texts: list[str]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        "".join(json.dumps({"id": str(i), "text": t}, ensure_ascii=False) + "\n" for i, t in enumerate(texts))
-    )
-    return path
-
-
-def pairs_of(cluster_of: dict[int, int]) -> set[tuple[int, int]]:
-    """Every pair of documents that share a cluster."""
-    members = defaultdict(list)
-    for doc, cluster in cluster_of.items():
-        members[cluster].append(doc)
-    return {p for docs in members.values() for p in itertools.combinations(sorted(docs), 2)}
-
-
 def dlx_clusters(texts: list[str], seed: int = SEED) -> tuple[dict[int, int], float]:
     """dlx's near-duplicate clusters (exact duplicates joined to their first copy), and the seconds it took;
     `seed` draws the permutations (dlx's own fixed seed by default)."""
@@ -170,7 +155,7 @@ def dlx_clusters(texts: list[str], seed: int = SEED) -> tuple[dict[int, int], fl
     for i, text in enumerate(texts):
         curator.sign(0, i, text, 0, "x")
     sigs = curator.take_signatures()
-    reason, _ = find_duplicates(sigs, near=True)
+    reason, _, _ = find_duplicates(sigs, near=True)
     alive = np.flatnonzero(reason != 1)
     roots = components(sigs["bands"][alive])
     cluster_of = {int(doc): int(alive[root]) for doc, root in zip(alive, roots, strict=True)}
@@ -179,55 +164,6 @@ def dlx_clusters(texts: list[str], seed: int = SEED) -> tuple[dict[int, int], fl
         first.setdefault(h, i)
         cluster_of.setdefault(i, cluster_of[first[h]])
     return cluster_of, time.perf_counter() - started
-
-
-def datatrove_clusters(corpus: Path, work: Path) -> tuple[dict[int, int], float]:
-    """datatrove's MinHash clusters at 5-grams, 14 × 8 (its four stages, 1 task, 1 worker), and the seconds."""
-    from datatrove.executor import LocalPipelineExecutor
-    from datatrove.pipeline.dedup.minhash import (
-        MinhashConfig,
-        MinhashDedupBuckets,
-        MinhashDedupCluster,
-        MinhashDedupFilter,
-        MinhashDedupSignature,
-    )
-    from datatrove.pipeline.readers import JsonlReader
-    from datatrove.pipeline.writers import JsonlWriter
-
-    logging.disable(logging.INFO)
-    cfg = MinhashConfig(n_grams=5, num_buckets=14, hashes_per_bucket=8)
-    w = str(work)
-    stages = [
-        ([JsonlReader(str(corpus), id_key="id"), MinhashDedupSignature(f"{w}/sigs", config=cfg)], 1),
-        ([MinhashDedupBuckets(f"{w}/sigs", f"{w}/buckets", config=cfg)], cfg.num_buckets),
-        ([MinhashDedupCluster(f"{w}/buckets", f"{w}/remove", config=cfg, save_cluster_id=True)], 1),
-        (
-            [
-                JsonlReader(str(corpus), id_key="id"),
-                MinhashDedupFilter(f"{w}/remove", exclusion_writer=JsonlWriter(f"{w}/removed"), load_cluster_ids=True),
-                JsonlWriter(f"{w}/kept"),
-            ],
-            1,
-        ),
-    ]
-    started = time.perf_counter()
-    for i, (pipeline, tasks) in enumerate(stages):
-        LocalPipelineExecutor(pipeline, tasks=tasks, workers=1, logging_dir=f"{w}/logs{i}").run()
-    seconds = time.perf_counter() - started
-    cluster_of = {}
-    for path in sorted(Path(w).glob("re*/*.jsonl.gz")) + sorted(Path(w).glob("kept/*.jsonl.gz")):
-        with gzip.open(path, "rt") as f:
-            for line in f:
-                doc = json.loads(line)
-                cluster = doc["metadata"].get("minhash_cluster_id", -1)
-                cluster_of[int(doc["id"])] = -1 - int(doc["id"]) if cluster in (-1, None) else int(cluster)
-    return cluster_of, seconds
-
-
-def scores(found: set, planted: set) -> tuple[float, float]:
-    """(recall, precision) of found pairs against planted pairs."""
-    hit = len(found & planted)
-    return hit / max(len(planted), 1), hit / max(len(found), 1)
 
 
 def whole_pass(corpus: Path, out: Path, tokenizer: Path, every_stage: bool) -> float:
@@ -315,7 +251,7 @@ def sampling_ceiling(texts: list[str], english: set, planted: set, ours: set) ->
     mine = en(ours)
     selves = [jaccard(mine, en(pairs_of(dlx_clusters(texts, seed)[0]))) for seed in (SEED + 1, SEED + 2, SEED + 3)]
     spec = build_spec(dedup="near")
-    sets = {i: set(curate_text.shingles(texts[i], spec.shingle).tolist()) for i in english}
+    sets = {i: set(curate_text.shingles(texts[i], spec.shingle, False).tolist()) for i in english}
     p = np.array([collision_probability(jaccard(sets[a], sets[b]), spec.bands, spec.rows) for a, b in en(planted)])
     expected = (p * p).sum() / (2 * p - p * p).sum()
     return [
@@ -342,11 +278,17 @@ def main() -> None:
     parser.add_argument("--originals", type=int, default=2800, help="original documents (plus 30 %% planted copies)")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to BENCHMARKS.md")
     parser.add_argument("--near-only", action="store_true", help="only the near-duplicate table (no pass timings)")
+    parser.add_argument("--baseline", metavar="REV", help="also measure the real-text rows with this commit's code")
+    parser.add_argument("--real-only", action="store_true", help="only the real-text tables")
     args = parser.parse_args()
     header = environment(WATCHED)
-    if args.near_only:
-        lines = near_only(args)
-        stamp = f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}"
+    stamp = f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}"
+    if args.near_only or args.real_only:
+        lines = (
+            near_only(args)
+            if args.near_only
+            else curation_real.real_text(args.baseline, args.originals // 3, make_corpus(args.originals)[0])
+        )
         return publish(SECTION, INTRO, [stamp, "", *header, "", *lines], record=not args.no_record)
     texts, kinds, groups = make_corpus(args.originals)
     planted = pairs_of(dict(enumerate(groups)))
@@ -380,7 +322,15 @@ def main() -> None:
         peaks,
         prefix,
     )
-    lines = [f"### {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}", "", *header, "", *lines]
+    lines = [
+        stamp,
+        "",
+        *header,
+        "",
+        *lines,
+        "",
+        *curation_real.real_text(args.baseline, args.originals // 3, make_corpus(args.originals)[0]),
+    ]
     publish(SECTION, INTRO, lines, record=not args.no_record)
 
 

@@ -19,7 +19,7 @@ from dlx.data.curate.spec import build_spec
 from dlx.data.curate.stages import Curator
 from dlx.data.curate.text import code_tokens
 from dlx.data.prepare import encode, merge_tasks, prepare_dataset, prepare_task, tasks
-from dlx.data.prepare.curation import REPORT_FILE
+from dlx.data.prepare.curation import REMOVED_FILE, REPORT_FILE
 from dlx.errors import UserError
 from prepare_helpers import assert_one_line_error, dlx, tiny_tokenizer, write_jsonl
 
@@ -67,7 +67,8 @@ def planted_corpus(root: Path) -> tuple[list[str], dict]:
     zh = [chinese(rng, 300) for _ in range(40)]
     docs = base[:300] + zh[:20] + [CODE]
     docs += [base[7].replace(" ", "  "), edited(zh[3], rng, 3), CODE_RENAMED]  # exact, near (zh), near (code)
-    docs += ["我的身份证号码是11010519491231002X，手机13812345678，邮箱 li.lei@example.com，服务器 10.0.0.1。" + zh[30]]
+    pii = "身份证11010519491231002X，手机13812345678，邮箱 li.lei@example.com，内网 10.0.0.1，外网 202.96.128.86。"
+    docs += [pii + zh[30]]
     docs += ["Leaked: " + TASK_DOC + " and more words after it to make it long enough."]
     docs += base[300:] + zh[20:30]
     paths = [write_jsonl(root / f"part{i}.jsonl", docs[i::3]) for i in range(3)]
@@ -107,7 +108,7 @@ def test_near_duplicates_found_for_edited_chinese_and_renamed_code():
     curator = Curator(build_spec(dedup="near"), signatures=True)
     for i, t in enumerate(texts):
         curator.sign(0, i, t, i, "x")
-    reason, clusters = find_duplicates(curator.take_signatures(), near=True)
+    reason, clusters, _ = find_duplicates(curator.take_signatures(), near=True)
     assert reason.tolist() == [0, 0, 0, 2, 2, 1]
     assert clusters == {"2": 2}
 
@@ -132,16 +133,16 @@ def test_programs_that_differ_in_their_literals_are_not_near_duplicates():
     curator = Curator(build_spec(dedup="near"), signatures=True)
     for i, t in enumerate([ours, other, renamed]):
         curator.sign(0, i, t, i, "x")
-    reason, clusters = find_duplicates(curator.take_signatures(), near=True)
+    reason, clusters, _ = find_duplicates(curator.take_signatures(), near=True)
     assert reason.tolist() == [0, 0, 2]
     assert clusters == {"2": 1}
 
 
 def test_quality_rules_are_cjk_and_code_aware_and_yaml_is_checked(tmp_path):
     rules = load_rules(None)
-    assert failed_rule(chinese(random.Random(2), 80), False, rules) is None  # 80 characters, no spaces: long enough
-    assert failed_rule("too short", False, rules) == "prose.min_chars"
-    assert failed_rule("// auto-generated, do not edit\nint x;\nint y;\n", True, rules) == "code.generated"
+    assert failed_rule(chinese(random.Random(2), 30), "prose", rules) is None  # 30 characters, width 61: enough
+    assert failed_rule("too short", "prose", rules) == ("prose.min_width", 9)
+    assert failed_rule("// auto-generated, do not edit\nint x;\nint y;\n", "code", rules) == ("code.generated", 1)
     bad = tmp_path / "r.yaml"
     bad.write_text("prose:\n  max_symbol_share: 3\n")
     with pytest.raises(UserError, match="is a share"):
@@ -196,7 +197,14 @@ def test_curated_prepare_is_identical_across_task_counts_and_crashes(tmp_path, c
             prepare_task(corpus, out, tasks=n, task_index=i, workers=1, progress=False, **options)
         assert merge_tasks(out, workers=1, progress=False) == one
     for out in outs:
-        for name in ("manifest.json", REPORT_FILE, "train-00000.bin", "val-00000.bin", "curation-drops.npy"):
+        for name in (
+            "manifest.json",
+            REPORT_FILE,
+            REMOVED_FILE,
+            "train-00000.bin",
+            "val-00000.bin",
+            "curation-drops.npy",
+        ):
             assert (out / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), (out.name, name)
 
 
@@ -230,10 +238,10 @@ def test_a_run_names_the_tasks_its_data_was_not_decontaminated_against(tmp_path)
     assert decontamination_note(tmp_path / "none", ["a"]) is None
 
 
-def test_dry_run_writes_only_the_report(tmp_path, corpus, tiny_tokenizer):
+def test_dry_run_writes_only_the_report_and_the_audit_trail(tmp_path, corpus, tiny_tokenizer):
     out = tmp_path / "dry"
     assert (
         prepare_dataset(corpus, out, dry_run=True, progress=False, workers=1, **curated(tokenizer=tiny_tokenizer))
         is None
     )
-    assert sorted(p.name for p in out.iterdir()) == [REPORT_FILE]
+    assert sorted(p.name for p in out.iterdir()) == [REMOVED_FILE, REPORT_FILE]

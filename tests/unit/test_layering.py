@@ -24,6 +24,7 @@ LAYERS = {
     "atomic": 0,
     "errors": 0,
     "faults": 0,
+    "yamlfile": 0,
     "__init__": 0,
 }
 

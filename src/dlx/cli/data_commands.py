@@ -84,16 +84,24 @@ def info(
     dataset: Annotated[str, typer.Argument(help="A prepared dataset: a folder or a URL (s3://, gs://, hf://).")],
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
-    """Tokens, documents, shards, files, dtype and tokenizer hash of a prepared dataset."""
-    from dlx.data.curate.report import summarise, summary_lines
+    """Tokens, documents, shards, files, dtype and tokenizer hash of a prepared dataset; what curation removed."""
+    from dlx.data import storage
+    from dlx.data.curate.audit import summarise_file
+    from dlx.data.curate.report import removed_lines, summarise, summary_lines
+    from dlx.data.prepare.curation import REMOVED_FILE
     from dlx.data.prepare.tokenizer import dataset_bos_note
 
     folder, manifest, problems = _open_dataset(dataset, hash_files=False)
     summary = manifest.summary()
     params = manifest.source.get("request", {}).get("curation")
     counts = manifest.source.get("scan", {}).get("curation")
+    if params and storage.is_url(dataset) and (entry := manifest.listed(REMOVED_FILE)) is not None:
+        from dlx.data.remote import fetch_listed
+
+        fetch_listed(dataset, folder, entry, "dataset")  # the audit trail, into the mirror beside the manifest
+    removed = summarise_file(folder / REMOVED_FILE) if params else None
     if as_json:
-        curation = {"curation": summarise(params, counts)} if params else {}
+        curation = {"curation": summarise(params, counts) | {"removed_file": removed}} if params else {}
         print(json.dumps(summary | curation, indent=2))
         return
     print(f"{dataset}: {dataset_state(dataset, manifest.complete, problems)}")
@@ -106,7 +114,7 @@ def info(
         print(f"  {key:<17} {summary[key]}")
     print(f"  {dataset_bos_note(folder, summary['bos_id'])}")
     if params:
-        print("\n".join(summary_lines(params, counts or {})))
+        print("\n".join(summary_lines(params, counts or {}) + removed_lines(folder / REMOVED_FILE, removed)))
 
 
 @data_app.command("verify")

@@ -91,6 +91,26 @@ Quality = Annotated[
 Pii = Annotated[
     str | None, typer.Option(metavar="redact", help="Replace PII by placeholders.", rich_help_panel=CURATION)
 ]
+PiiKinds = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--pii-kinds",
+        metavar="prose|code=PII[,PII]",
+        help="What --pii redacts in prose or in code, of email, ip, prc_id, phone, secret (default: all in prose; "
+        "email and secret in code).",
+        rich_help_panel=CURATION,
+    ),
+]
+Kind = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--kind",
+        metavar="INPUT=code|prose",
+        help="Declare the kind of an input's documents (once per input); the others by their record's lang or path "
+        "field, their file's suffix, then detection.",
+        rich_help_panel=CURATION,
+    ),
+]
 Decontaminate = Annotated[
     str | None,
     typer.Option(
@@ -105,7 +125,12 @@ DecontaminateNgram = Annotated[
 ]
 TaskDir = Annotated[str | None, typer.Option(help="A folder of lm-eval task YAML files.", rich_help_panel=CURATION)]
 DryRun = Annotated[
-    bool, typer.Option("--dry-run", help="Run the curation stages; write only curation.md.", rich_help_panel=CURATION)
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Run the curation stages; write only curation.md and curation-removed.jsonl.",
+        rich_help_panel=CURATION,
+    ),
 ]
 
 
@@ -134,6 +159,8 @@ def prepare(
     languages: Languages = None,
     quality: Quality = None,
     pii: Pii = None,
+    pii_kinds: PiiKinds = None,
+    kind: Kind = None,
     decontaminate: Decontaminate = None,
     decontaminate_ngram: DecontaminateNgram = 13,
     task_dir: TaskDir = None,
@@ -198,7 +225,7 @@ def _run(given: dict[str, Any]) -> None:
 
 def curate_spec(given: dict[str, Any]) -> Any:
     """The CurateSpec of the curation options (the eval tasks resolved and rendered here, above the data layer)."""
-    from dlx.data.curate.spec import build_spec
+    from dlx.data.curate.spec import build_spec, parse_assignments
 
     task_texts = None
     if given["decontaminate"]:
@@ -207,6 +234,9 @@ def curate_spec(given: dict[str, Any]) -> Any:
         names = [n.strip() for n in given["decontaminate"].split(",") if n.strip()]
         task_texts = task_documents(names, given["task_dir"])
     quality = given["quality"]
+    kinds = parse_assignments(given["kind"] or [], "--kind")
+    if bad := next((name for name, values in kinds.items() if len(values) != 1), None):
+        raise UserError(f"--kind {bad}=...: give one kind, code or prose")
     return build_spec(
         dedup=given["dedup"],
         shingle=given["near_shingle"],
@@ -218,6 +248,8 @@ def curate_spec(given: dict[str, Any]) -> Any:
         task_texts=task_texts,
         decontaminate_ngram=given["decontaminate_ngram"],
         sources=source_labels(given["inputs"] or [], given["corpus"]),
+        input_kinds={name: values[0] for name, values in kinds.items()},
+        pii_kinds=parse_assignments(given["pii_kinds"] or [], "--pii-kinds"),
     )
 
 

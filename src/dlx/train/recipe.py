@@ -12,6 +12,7 @@ from dlx.atomic import atomic_write_text
 from dlx.errors import UserError
 from dlx.train.config import SECTIONS, RunConfig, build_config
 from dlx.train.rundir.folder import RUN_CONFIG_FILE
+from dlx.yamlfile import load_unique_keys
 
 
 def read_recipe_file(path: str | Path) -> dict[str, Any]:
@@ -21,7 +22,7 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
     except OSError as e:
         raise UserError(f"cannot read recipe {path}: {e.strerror}; give a YAML recipe (see recipes/)") from None
     try:
-        data = _load_unique_keys(text)
+        data = load_unique_keys(text)
     except yaml.YAMLError as e:
         first_line = str(e).splitlines()[0] if str(e) else "parse error"
         raise UserError(f"recipe {path} is not valid YAML: {first_line}") from None
@@ -30,26 +31,6 @@ def read_recipe_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"recipe {path} must be a mapping of sections ({', '.join(SECTIONS)})")
     return data
-
-
-def _load_unique_keys(text: str) -> Any:
-    """What yaml.safe_load returns, through the SafeLoader below (no Python objects are ever constructed)."""
-    loader = _UniqueKeyLoader(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load that refuses a key given twice in one mapping (PyYAML keeps the last one without a word)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        keys = [self.construct_object(key, deep=True) for key, _ in node.value if not key.tag.endswith(":merge")]
-        for key in keys:
-            if isinstance(key, (str, int, float, bool)) and keys.count(key) > 1:
-                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", node.start_mark)
-        return super().construct_mapping(node, deep)
 
 
 def scan_arguments(args: list[str]) -> tuple[list[str], list[tuple[str, str | None, list[str]]]]:

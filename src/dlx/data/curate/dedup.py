@@ -11,18 +11,22 @@ KEPT, EXACT, NEAR = 0, 1, 2
 REASONS = {EXACT: "exact_duplicate", NEAR: "near_duplicate"}
 
 
-def find_duplicates(sigs: np.ndarray, near: bool) -> tuple[np.ndarray, dict[str, int]]:
-    """(reason per document: KEPT, EXACT or NEAR; the near-duplicate cluster size histogram)."""
+def find_duplicates(sigs: np.ndarray, near: bool) -> tuple[np.ndarray, dict[str, int], np.ndarray]:
+    """(reason per document: KEPT, EXACT or NEAR; the near-duplicate cluster size histogram; per document, the
+    position of the kept document it duplicates, its own for a kept one)."""
     reason = np.full(sigs.size, EXACT, dtype=np.uint8)  # (docs,)
-    _, first = np.unique(sigs["exact"], return_index=True)  # first occurrence of each hash
+    _, first, inverse = np.unique(sigs["exact"], return_index=True, return_inverse=True)  # first of each hash
     reason[first] = KEPT
+    original = first[inverse.reshape(-1)]  # (docs,) the first copy of each document's exact hash
     if not near or sigs.size == 0:
-        return reason, {}
+        return reason, {}, original
     alive = np.flatnonzero(reason == KEPT)  # (alive,) corpus positions
     roots = components(sigs["bands"][alive])  # (alive,) the first member of each one's cluster
     reason[alive[roots != np.arange(alive.size)]] = NEAR
+    kept_of = np.arange(sigs.size)
+    kept_of[alive] = alive[roots]  # an exact copy's first copy may itself be a near duplicate: follow it
     sizes = np.bincount(roots, minlength=alive.size)
-    return reason, size_histogram(sizes[sizes > 1])
+    return reason, size_histogram(sizes[sizes > 1]), kept_of[original]
 
 
 def components(bands: np.ndarray) -> np.ndarray:

@@ -37,6 +37,17 @@ def summary_lines(params: dict, counts: dict) -> list[str]:
     return lines
 
 
+def removed_lines(path: Path, removed: dict | None) -> list[str]:
+    """`dlx data info`'s lines on the audit trail (`audit.summarise_file`'s summary of `path`)."""
+    if removed is None:
+        return [f"    removed list: {path.name} is missing (a dataset curated before the audit trail existed)"]
+    reasons = ", ".join(f"{reason} {n:,}" for reason, n in removed["reasons"].items()) or "none"
+    return [
+        f"    removed list: {path} ({removed['documents']:,} documents, {removed['with_id_or_url']:,} with an id or "
+        f"url; {reasons}): one JSON line each, with its file, place, reason and what it duplicates"
+    ]
+
+
 def render_markdown(params: dict, counts: dict) -> str:
     """curation.md: what each stage did, per source."""
     s = summarise(params, counts)
@@ -47,8 +58,8 @@ def render_markdown(params: dict, counts: dict) -> str:
         out.append(f"| {name} | in | {c['in'][0]:,} | {c['in'][1]:,} |")
         out += [f"| {name} | removed: {r} | {d:,} | {b:,} |" for r, (d, b) in sorted(c["removed"].items())]
         out.append(f"| {name} | kept | {c['kept'][0]:,} | {c['kept'][1]:,} |")
-    for key, title in (("languages", "Languages detected"), ("redacted", "PII redacted")):
-        rows = [(n, k, v) for n, c in s["sources"].items() for k, v in sorted(c[key].items())]
+    for key, title in (("kinds", "Document kinds"), ("languages", "Languages detected"), ("redacted", "PII redacted")):
+        rows = [(n, k, v) for n, c in s["sources"].items() for k, v in sorted(c.get(key, {}).items())]
         if rows:
             out += ["", f"## {title}", "", "| source | kind | count |", "|---|---|---:|"]
             out += [f"| {n} | {k} | {v:,} |" for n, k, v in rows]
@@ -56,7 +67,7 @@ def render_markdown(params: dict, counts: dict) -> str:
         out += ["", "## Near-duplicate clusters by size", "", "| size | clusters |", "|---|---:|"]
         out += [f"| {size} | {n:,} |" for size, n in s["clusters"].items()]
     if s["examples"]:
-        out += ["", "## Removed examples (first characters)", ""]
+        out += ["", "## Removed examples (first characters; a quality rule's measured value in brackets)", ""]
         for reason, examples in sorted(s["examples"].items()):
             out.append(f"- {reason}")
             out += ["  - `" + e.replace("`", "'") + "`" for e in examples]

@@ -14,18 +14,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlx.data.curate.kinds import CODE_SUFFIXES
 from dlx.errors import UserError
 
 COMPRESSIONS = {".gz": "gz", ".zst": "zst"}
 DATA_KINDS = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".txt": "text"}
-# One file = one document: source code (CodeNet's languages and more) and other plain-text formats.
-_CODE = (
-    ".py .pyi .c .h .cc .cpp .cxx .hpp .hh .hxx .java .js .mjs .ts .tsx .jsx .go .rs .rb .php .cs .swift .kt .kts "
-    ".scala .m .mm .sh .bash .zsh .pl .pm .lua .r .jl .hs .ml .mli .sql .f .f90 .f95 .for .pas .d .dart .ex .exs .erl "
-    ".clj .cljs .el .lisp .scm .rkt .vb .fs .fsx .v .sv .vhd .asm .s .cob .cbl .groovy .nim .zig .cu .cuh .awk .cr "
-    ".bf .md .rst .tex .html .htm .css .scss .xml .yaml .yml .toml .ini .cfg"
-)
-CODE_SUFFIXES = frozenset(_CODE.split())
 
 
 @dataclass(frozen=True)

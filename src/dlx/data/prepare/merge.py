@@ -133,8 +133,21 @@ def _start(out: Path, plan: dict, states: list[TaskState], ui: PrepareProgress) 
     if hashlib.sha256(json_text.encode("utf-8")).hexdigest() != tok["sha256"]:
         raise UserError(f"{tasks_dir(out) / TOKENIZER_FILE} was changed by hand; delete {out} and run the tasks again")
     source = {"inputs": plan["inputs"], "request": plan["request"], "scan": summary.record(), "resume": MERGE_RESUME}
-    extra = report_files(summary.curation, plan["request"], summary.drops) if "curation" in plan["request"] else None
+    extra = None
+    if "curation" in plan["request"]:
+        extra = report_files(summary.curation, plan["request"], summary.drops, _audit_trail(out, plan, summary))
     return start_dataset(out, source, json_text, tok["sha256"], tok["vocab_size"], tok["eos_id"], tok["bos_id"], extra)
+
+
+def _audit_trail(out: Path, plan: dict, summary: ScanCounts) -> bytes:
+    """curation-removed.jsonl: the lines each unit's task wrote for the per-document stages, then the duplicates'."""
+    parts = _PartFiles(out, plan)
+    lines = []
+    for unit in range(plan["units"]):
+        path = Path(parts(unit)[0]).with_suffix(".rm")
+        if path.is_file():
+            lines.append(path.read_bytes())
+    return b"".join(lines) + summary.duplicates
 
 
 def _deduplicate(out: Path, plan: dict, summary: ScanCounts) -> None:

@@ -76,6 +76,8 @@ class PrepareOptions:
     def output_request(self) -> dict:
         """The options that shape the output: a rerun must match them to resume or to skip the work."""
         tokenizer = {"train_vocab_size": self.train_vocab_size} if self.train_vocab_size else {"file": True}
+        if self.train_vocab_size and self.curate.active:
+            tokenizer["trained_on"] = "curated"  # the documents curation kept, redacted, without duplicates
         val = {"documents": self.val_documents} if self.val_documents is not None else {"fraction": self.val_fraction}
         curation = {"curation": record} if (record := self.curate.record()) else {}
         return {

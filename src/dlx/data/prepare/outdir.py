@@ -31,7 +31,7 @@ WORK_DIR = ".work"
 TASKS_DIR = ".tasks"
 _OURS = re.compile(
     r"^(manifest\.json|tokenizer\.json|token_bytes\.npy|(train|val)-\d+\.bin(\.partial)?|\..+\.tmp|\.work|\.tasks|"
-    r"curation\.md|curation-drops\.npy)$"
+    r"curation\.md|curation-drops\.npy|curation-verdicts\.npy|curation-removed\.jsonl)$"
 )
 _SHARD_FILE = re.compile(r"^(train|val)-\d+\.bin(\.partial)?$")
 

@@ -38,6 +38,11 @@ def signature_path(folder: str | Path, index: int) -> Path:
     return Path(folder) / f"{index:08d}.sig"
 
 
+def removed_path(folder: str | Path, index: int) -> Path:
+    """Unit `index`'s audit lines of the documents the per-document stages removed (JSON lines), written by a task."""
+    return Path(folder) / f"{index:08d}.rm"
+
+
 def _doc_blocks(
     doc_path: str | Path, dropped: np.ndarray | None = None
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:

@@ -18,9 +18,11 @@ from dlx.atomic import atomic_write_bytes
 from dlx.data.pool import InlinePool, WorkerPool, make_pool
 from dlx.data.prepare.curation import (
     DROPS_FILE,
+    REMOVED_FILE,
     REPORT_FILE,
     VERDICTS_FILE,
     DropIndex,
+    audit_trail,
     drops_bytes,
     read_drops,
     report_files,
@@ -93,15 +95,21 @@ def prepare_from_options(opts: PrepareOptions, out: Path) -> Manifest | None:
 
 
 def dry_run(opts: PrepareOptions, inputs: InputList, out: Path, ui: PrepareProgress) -> None:
-    """Scan and curate without tokenizing: write only `out`/curation.md (refused where a dataset already is)."""
+    """Scan and curate without tokenizing: write only `out`/curation.md and the audit trail (refused where a dataset
+    already is)."""
     if (out / MANIFEST_FILE).exists():
         raise UserError(f"--dry-run writes a report only: --out {out} holds a dataset; choose a new --out")
     n_units = sum(1 for _ in plan_units(inputs, choose_unit_bytes(inputs.bytes)))
     with make_pool(min(opts.workers, n_units)) as pool:
         scan = scan_corpus(pool, inputs, choose_unit_bytes(inputs.bytes), opts, ui)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out / REPORT_FILE, report_files(scan.curation, opts.output_request(), None)[REPORT_FILE])
-    ui.note(f"dry run: {scan.documents:,} documents kept of those read; the report is {out / REPORT_FILE}")
+    removed = audit_trail(scan.removed, scan.duplicates)
+    for name, data in report_files(scan.curation, opts.output_request(), None, removed).items():
+        atomic_write_bytes(out / name, data)
+    ui.note(
+        f"dry run: {scan.documents:,} documents kept of those read; the report is {out / REPORT_FILE}, the removed "
+        f"documents are listed in {out / REMOVED_FILE}"
+    )
 
 
 def measure_inputs(opts: PrepareOptions, ui: PrepareProgress) -> InputList:
@@ -146,9 +154,10 @@ def _scan_and_tokenize(
             ui.note(f"  {example}")
     if given is not None:
         return scan, given
+    kept = " that curation kept" if opts.curate.active else ""
     ui.note(
         f"training a {opts.train_vocab_size}-token byte-level BPE on {sum(map(len, scan.sample)) / 1e6:.1f}M "
-        "characters of the corpus"
+        f"characters of the documents{kept}"
     )
     tok = train_bpe(scan.sample, opts.train_vocab_size)
     info = describe(tok, tok.to_str(pretty=True), opts.add_bos, None, "(trained)")
@@ -167,7 +176,7 @@ def _write_start(out: Path, opts: PrepareOptions, request: dict, scan: ScanCount
     }
     extra = work = None
     if opts.curate.active:  # the encode pass follows the scan's per-document decisions instead of redoing them
-        extra = report_files(scan.curation, request, scan.drops)
+        extra = report_files(scan.curation, request, scan.drops, audit_trail(scan.removed, scan.duplicates))
         work = {VERDICTS_FILE: drops_bytes(verdicts_of(scan.verdicts))}
     return start_dataset(out, source, tok.json_text, tok.sha256, tok.vocab_size, tok.eos_id, tok.bos_id, extra, work)
 

@@ -1,8 +1,9 @@
 """Documents out of input files and work units, streamed: one JSON line, JSON array element (ijson), Parquet row or
 whole text file at a time.
 
-Readers yield either a document's text (a str) or a BadRecord; they never raise for bad input, so one broken file
-costs only its own documents. Memory is bounded by the largest single document, never by the file or corpus size.
+Readers yield either a Document (its text, a str, that also says where in its file it was read and carries the
+record's RECORD_FIELDS) or a BadRecord; they never raise for bad input, so one broken file costs only its own
+documents. Memory is bounded by the largest single document, never by the file or corpus size.
 """
 
 from __future__ import annotations
@@ -46,7 +47,34 @@ class BadRecord:
         return f"{self.path}:{self.unit} {self.line}" if self.unit != "line" else f"{self.path}:{self.line}"
 
 
-Item = str | BadRecord
+RECORD_FIELDS = ("id", "url", "path", "lang", "language", "max_stars_repo_path")
+"""Fields of a JSON record or Parquet row carried beside its text: an identifier and address for the curation audit
+(`id`, `url`), and what The Stack and other code corpora declare a file to be (`path`, `lang`, ...)."""
+
+
+class Document(str):
+    """A document's text, and where it was read: `at` says what `where` counts (`line` or `element`, 1-based, in a
+    file read whole; `offset`, the byte its line starts at, in a byte range of JSON lines; `row`, 1-based, of a
+    Parquet file; `frame_line`, 1-based, of the zstd frames or gzip members read from a byte on; "" for a file that
+    is one document). `fields`: the record's RECORD_FIELDS that it has, as strings."""
+
+    at: str = ""
+    where: int = 0
+    fields: dict[str, str] = {}  # noqa: RUF012 - the shared empty default, never changed in place
+
+
+def located(text: str, at: str, where: int, record: dict | None = None) -> Document:
+    """`text` as a Document read at (`at`, `where`), with the record's RECORD_FIELDS."""
+    doc = Document(text)
+    doc.at, doc.where = at, where
+    if record is not None:
+        fields = {name: str(record[name]) for name in RECORD_FIELDS if record.get(name) is not None}
+        if fields:
+            doc.fields = fields
+    return doc
+
+
+Item = Document | BadRecord
 
 
 def line_at_offset(path: str, offset: int) -> int:
@@ -133,7 +161,7 @@ def _whole_file(f: InputFile, text_field: str) -> Iterator[Item]:
 
 def _text_document(path: str, data: bytes) -> Item:
     try:
-        return data.decode("utf-8")
+        return located(data.decode("utf-8"), "", 0)
     except UnicodeDecodeError as e:
         return BadRecord(path, data.count(b"\n", 0, e.start) + 1, f"invalid UTF-8 at byte {e.start}")
 
@@ -183,6 +211,7 @@ def checked_text(text: object, text_field: str) -> str:
 def _parse_line(
     path: str, raw: bytes, text_field: str, line: int, offset: int | None, unit: str = "line"
 ) -> Item | None:
+    """The document (or bad record) of one JSON line, at `line` (1-based) or at byte `offset` when not None."""
     if not raw.strip():
         return None
     try:
@@ -194,9 +223,12 @@ def _parse_line(
     except ValueError as e:
         return BadRecord(path, line, f"malformed JSON: {str(e).splitlines()[0]}", offset, unit)
     try:
-        return json_text(obj, text_field)
+        text = json_text(obj, text_field)
     except NoText as e:
         return BadRecord(path, line, str(e), offset, unit)
+    if offset is not None:
+        return located(text, "offset", offset, obj)
+    return located(text, "line" if unit == "line" else "frame_line", line, obj)
 
 
 def _json_lines(path: str, stream: IO[bytes], text_field: str) -> Iterator[Item]:
@@ -284,7 +316,7 @@ def _json_array(path: str, stream: IO[bytes], text_field: str) -> Iterator[Item]
     try:
         for element, obj in enumerate(ijson.items(stream, "item", use_float=True, buf_size=READ_CHUNK), 1):
             try:
-                yield json_text(obj, text_field)
+                yield located(json_text(obj, text_field), "element", element, obj)
             except NoText as e:
                 yield BadRecord(path, element, str(e), unit="element")
     except ijson.JSONError as e:
@@ -299,7 +331,8 @@ def _json_array(path: str, stream: IO[bytes], text_field: str) -> Iterator[Item]
 
 
 def _parquet_rows(path: str, text_field: str, row_groups: range | None) -> Iterator[Item]:
-    """One row is one document, read a record batch at a time from the text column only (whole file or row groups).
+    """One row is one document, read a record batch at a time from the text column and the RECORD_FIELDS columns the
+    file has (whole file or row groups).
 
     A file that cannot be opened or lacks the column is one BadRecord, reported by its first piece only.
     """
@@ -320,12 +353,14 @@ def _parquet_rows(path: str, text_field: str, row_groups: range | None) -> Itera
         return
     row = sum(pf.metadata.row_group(g).num_rows for g in range(row_groups.start)) if row_groups else 0
     groups = list(row_groups) if row_groups is not None else None
+    extra = [name for name in RECORD_FIELDS if name in names and name != text_field]
     try:
-        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=groups, columns=[text_field]):
-            for value in batch.column(0).to_pylist():
+        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=groups, columns=[text_field, *extra]):
+            records = batch.select(extra).to_pylist() if extra else None
+            for i, value in enumerate(batch.column(0).to_pylist()):
                 row += 1
                 try:
-                    yield checked_text(value, text_field)
+                    yield located(checked_text(value, text_field), "row", row, records[i] if records else None)
                 except NoText as e:
                     yield BadRecord(path, row, str(e), unit="row")
     except (OSError, pa.ArrowException) as e:

@@ -25,7 +25,7 @@ from dlx.data.curate.pii import redact
 from dlx.data.curate.spec import CurateSpec
 from dlx.data.curate.stages import Curator, fold
 from dlx.data.pool import InlinePool, WorkerPool
-from dlx.data.prepare.curation import REDACTED, REMOVED, VERDICT_DTYPE, deduplicate
+from dlx.data.prepare.curation import REDACTED, REDACTED_CODE, REMOVED, VERDICT_DTYPE, deduplicate, packed
 from dlx.data.prepare.inputs import InputList
 from dlx.data.prepare.options import PrepareOptions
 from dlx.data.prepare.progress import PrepareProgress
@@ -94,6 +94,8 @@ class ScanCounts:
     """The `keep_smallest` smallest hashes, ascending."""
     sample: list[str] = field(default_factory=list)
     """Documents kept for training a tokenizer (scan pass only; never saved)."""
+    sample_keys: list[int] = field(default_factory=list)
+    """Each sample document's unit << 32 | ordinal, to leave out the ones deduplication removes (never saved)."""
     val_threshold: int = 0
     """Documents whose hash is below this go to val (set once the whole corpus is counted)."""
     curation: dict = field(default_factory=dict)
@@ -105,6 +107,13 @@ class ScanCounts:
     verdicts: list[np.ndarray] = field(default_factory=list)
     """The documents the per-document stages removed or redacted, VERDICT_DTYPE per unit in order (scan pass of a
     one-machine run only; never saved in a task's state)."""
+    origins: list[list[dict]] = field(default_factory=list)
+    """Per unit in order, the files its signatures point into (`Curator.origins`), when signatures are collected."""
+    removed: list[bytes] = field(default_factory=list)
+    """The audit lines of the documents the per-document stages removed, `curation.packed` per unit in order (a
+    one-machine scan; a task's worker writes them beside the unit's part instead; never saved)."""
+    duplicates: bytes = b""
+    """The audit lines of the documents deduplication removed (`deduplicate`; never saved)."""
 
     def add(self, other: ScanCounts, keep_smallest: int) -> None:
         """Fold in the counts of the units that follow."""
@@ -115,17 +124,24 @@ class ScanCounts:
             self.min_hash = other.min_hash if self.min_hash is None else min(self.min_hash, other.min_hash)
         self.smallest = list(itertools.islice(heapq.merge(self.smallest, other.smallest), keep_smallest))
         self.sample.extend(other.sample)
+        self.sample_keys.extend(other.sample_keys)
         self.signatures.extend(other.signatures)
         self.verdicts.extend(other.verdicts)
+        self.origins.extend(other.origins)
+        self.removed.extend(other.removed)
         if other.curation:
             fold(self.curation or _started(self.curation), other.curation)
 
     def deduplicate(self, rule: ScanRule) -> None:
-        """Decide the duplicates from the signatures (`curation.deduplicate`), set `drops`, and recount the documents
-        and hash statistics over the documents kept."""
+        """Decide the duplicates from the signatures (`curation.deduplicate`), set `drops` and `duplicates`, recount
+        the documents and hash statistics over the documents kept, and leave the removed ones out of the sample."""
         assert rule.curate is not None
         sigs, self.signatures = np.concatenate(self.signatures), []  # one copy of the records at the decision
-        kept_mask, self.drops = deduplicate(self.curation, sigs, rule.curate)
+        kept_mask, self.drops, self.duplicates = deduplicate(self.curation, sigs, rule.curate, self.origins)
+        if self.sample:
+            dropped = set((self.drops["unit"].astype(np.int64) << 32 | self.drops["ordinal"]).tolist())
+            kept = [(t, k) for t, k in zip(self.sample, self.sample_keys, strict=True) if k not in dropped]
+            self.sample, self.sample_keys = [t for t, _ in kept], [k for _, k in kept]
         hashes = sigs["hash"][kept_mask]
         self.documents, self.text_bytes = int(hashes.size), int(sigs["bytes"][kept_mask].sum())
         self.below_fraction = int((hashes < np.uint64(rule.fraction_threshold)).sum()) if rule.fraction_threshold else 0
@@ -153,7 +169,7 @@ class ScanCounts:
         return cls(**data)
 
 
-_UNSAVED = ("sample", "signatures", "drops", "verdicts")
+_UNSAVED = ("sample", "sample_keys", "signatures", "drops", "verdicts", "removed", "duplicates")
 
 
 def _started(curation: dict) -> dict:
@@ -182,12 +198,14 @@ def documents(
     chars = ordinal = 0
     counts.nbytes += unit.nbytes
     counts.files += unit.files_completed
-    curator = Curator(rule.curate, rule.signatures) if rule.curate is not None and verdicts is None else None
-    if curator is not None:
+    curator = None
+    if rule.curate is not None and verdicts is None:
+        curator = Curator(rule.curate, rule.signatures, _frames_from(unit))
         _started(counts.curation)
     items = _items(unit, rule.text_field)
     if verdicts is not None:
-        items = _following(items, verdicts)
+        assert rule.curate is not None
+        items = _following(items, verdicts, rule.curate)
     elif curator is not None:
         items = _curated(items, curator, counts, unit.index if rule.verdicts else None)
     for path, item in items:
@@ -215,11 +233,20 @@ def documents(
             heapq.heapreplace(heap, -h)
         if chars < sample_chars:
             counts.sample.append(item)
+            counts.sample_keys.append(unit.index << 32 | (ordinal - 1))
             chars += len(item)
         yield item, h
     counts.smallest = sorted(-h for h in heap)
-    if curator is not None and curator.signatures:
-        counts.signatures = [curator.take_signatures()]
+    if curator is not None:
+        counts.removed = [packed(curator.removed)] if curator.removed else []
+        if curator.signatures:
+            counts.signatures, counts.origins = [curator.take_signatures()], [curator.origins]
+
+
+def _frames_from(unit: WorkUnit) -> int | None:
+    """The byte a unit's zstd frames or gzip members start at, when it reads a compressed file in pieces."""
+    whole = unit.end is None or unit.files[0].kind == "parquet" or unit.files[0].compression is None
+    return None if whole else unit.start
 
 
 Items = Iterator[tuple[str, "str | BadRecord"]]
@@ -237,7 +264,8 @@ def _curated(items: Items, curator: Curator, counts: ScanCounts, unit: int | Non
             continue
         kept = curator.process(item, path, counts.curation)
         if unit is not None and (kept is None or curator.redacted):
-            decided.append((unit, position, REMOVED if kept is None else REDACTED))
+            redacted = REDACTED_CODE if curator.kind == "code" else REDACTED
+            decided.append((unit, position, REMOVED if kept is None else redacted))
         position += 1
         if kept is not None:
             yield path, kept
@@ -245,8 +273,9 @@ def _curated(items: Items, curator: Curator, counts: ScanCounts, unit: int | Non
         counts.verdicts = [np.array(decided, dtype=VERDICT_DTYPE)]
 
 
-def _following(items: Items, verdicts: np.ndarray) -> Items:
+def _following(items: Items, verdicts: np.ndarray, spec: CurateSpec) -> Items:
     """The items as `_curated` left them, from its recorded verdicts (this unit's, in position order)."""
+    pii = {REDACTED: tuple(spec.pii_kinds["prose"]), REDACTED_CODE: tuple(spec.pii_kinds["code"])}
     positions, kinds = verdicts["position"].tolist(), verdicts["verdict"].tolist()
     position, at = 0, 0
     for path, item in items:
@@ -258,7 +287,7 @@ def _following(items: Items, verdicts: np.ndarray) -> Items:
         position += 1
         if verdict == REMOVED:
             continue
-        yield path, redact(item, Counter()) if verdict == REDACTED else item
+        yield path, redact(item, Counter(), pii[verdict]) if verdict in pii else item
 
 
 @dataclass(frozen=True)
@@ -309,6 +338,13 @@ def scan_corpus(
 
 def finish_scan(summary: ScanCounts, n_files: int, val_fraction: float | None, val_documents: int | None) -> None:
     """Check the corpus has documents to train on and set the validation threshold (UserError otherwise)."""
+    if summary.documents == 0 and (removed := _removed_by_reason(summary.curation)):
+        reasons = ", ".join(f"{reason} {n:,}" for reason, n in removed.most_common())
+        raise UserError(
+            f"curation removed all {sum(removed.values()):,} documents of {n_files} input file(s) ({reasons}); "
+            "nothing is left to train on: run the same command with --dry-run for curation.md and its examples, "
+            "then drop or loosen the stage that removed them"
+        )
     if summary.documents == 0:
         hint = missing_field_hint(summary.bad_examples)  # "where: why" lines; the reason ends each
         raise UserError(
@@ -316,6 +352,15 @@ def finish_scan(summary: ScanCounts, n_files: int, val_fraction: float | None, v
             f"{summary.empty} empty documents){': ' + hint if hint else ''}"
         )
     summary.val_threshold = val_threshold(summary, val_fraction, val_documents)
+
+
+def _removed_by_reason(curation: dict) -> Counter:
+    """Documents removed per reason, over every source."""
+    removed: Counter = Counter()
+    for counts in curation.get("sources", {}).values():
+        for reason, (docs, _) in counts["removed"].items():
+            removed[reason] += docs
+    return removed
 
 
 def val_threshold(summary: ScanCounts, val_fraction: float | None, val_documents: int | None) -> int:

@@ -23,7 +23,7 @@ from dlx.data.prepare.encoders import choose_encoder, spread
 from dlx.data.prepare.inputs import InputList
 from dlx.data.prepare.options import PrepareOptions, build_options
 from dlx.data.prepare.outdir import TASKS_DIR, WORK_DIR, clear_work, existing_dataset, locked
-from dlx.data.prepare.parts import part_paths, signature_path
+from dlx.data.prepare.parts import part_paths, removed_path, signature_path
 from dlx.data.prepare.pipeline import measure_inputs
 from dlx.data.prepare.progress import PrepareProgress
 from dlx.data.prepare.readers import sample_documents
@@ -43,7 +43,7 @@ from dlx.data.prepare.worker import EncodeSetup, encode_unit, setup_encoder
 from dlx.data.shards import token_dtype
 from dlx.errors import UserError
 
-_PART_FILE = re.compile(r"^(\d{8})\.(tok|doc|sig)$")
+_PART_FILE = re.compile(r"^(\d{8})\.(tok|doc|sig|rm)$")
 
 
 def prepare_task(
@@ -147,8 +147,9 @@ def _encode_share(
             last_commit = time.monotonic()
             try:
                 for res in pool.imap(encode_unit, units, window=2 * pool.n_workers + 2):
-                    for path in (*part_paths(setup.spool_dir, res.index), signature_path(setup.spool_dir, res.index)):
-                        if path.exists() or path.suffix != ".sig":
+                    optional = (signature_path(setup.spool_dir, res.index), removed_path(setup.spool_dir, res.index))
+                    for path in (*part_paths(setup.spool_dir, res.index), *optional):
+                        if path.exists() or path not in optional:
                             os.replace(path, folder / path.name)
                     state.counts.add(res.counts, setup.rule.keep_smallest)
                     state.tokens, state.next_unit = state.tokens + res.tokens, res.index + 1

@@ -8,6 +8,7 @@ counts the unit's documents, bad records and hashes (`scan.documents`): a task o
 from __future__ import annotations
 
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from dlx.data.prepare.curation import UnitVerdicts
 from dlx.data.prepare.encoders import Encoder, make_encoder
-from dlx.data.prepare.parts import DOC_DTYPE, part_paths, signature_path
+from dlx.data.prepare.parts import DOC_DTYPE, part_paths, removed_path, signature_path
 from dlx.data.prepare.scan import ScanCounts, ScanRule, documents
 from dlx.data.prepare.units import WorkUnit
 
@@ -67,14 +68,22 @@ def encode_unit(unit: WorkUnit) -> UnitTokens:
         for text, h in documents(unit, _setup.rule, counts, verdicts=verdicts):
             part.add(text, h)
     if _setup.rule.signatures:  # a task's signatures, for the deduplication at the merge
-        with open(signature_path(_setup.spool_dir, unit.index), "wb") as f:
-            for sigs in counts.signatures:
-                sigs.tofile(f)
-            f.flush()
-            if _setup.durable:
-                os.fsync(f.fileno())
+        _write(signature_path(_setup.spool_dir, unit.index), b"".join(sigs.tobytes() for sigs in counts.signatures))
         counts.signatures = []
+    if counts.removed:  # a task's audit lines, for the merge's curation-removed.jsonl
+        _write(removed_path(_setup.spool_dir, unit.index), b"".join(zlib.decompress(b) for b in counts.removed))
+        counts.removed = []
     return UnitTokens(unit.index, part.tokens, counts)
+
+
+def _write(path: Path, data: bytes) -> None:
+    """A file of the unit's part, fsynced when the setup is durable."""
+    assert _setup is not None
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        if _setup.durable:
+            os.fsync(f.fileno())
 
 
 class _Part:
