@@ -56,7 +56,9 @@ def test_a_raw_corpus_in_a_bucket_to_a_model_transformers_runs(bucket, tmp_path,
     assert "staging" not in "\n".join(prepared.stderr.strip().splitlines()[:-1])  # the bucket is named, not the cache
 
     info = json.loads(user.dlx("data", "info", data, "--json").stdout)
-    assert info["complete"] and {"tokenizer.json", "token_bytes.npy", "curation.md"} <= set(info["files"])
+    assert info["complete"] and {"tokenizer.json", "token_bytes.npy", "curation.md", "curation-removed.jsonl"} <= set(
+        info["files"]
+    )
     assert info["curation"]["total"]["removed"][0] >= 6  # documents: at least the exact copies
     verified = user.dlx("data", "verify", data)
     assert verified.stdout.startswith(f"{data}: ") and "match the manifest" in verified.stdout
