@@ -7,73 +7,81 @@ import json
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from dlx.cli.prepare_command import prepare
+from dlx.cli.prepare_command import PrepareArgs, prepare, typer_command
 from dlx.errors import UserError
 
 data_app = typer.Typer(help="Inspect and check prepared token datasets.", no_args_is_help=True)
 
 
-def through_object_storage(command: Callable[..., None]) -> Callable[..., None]:
-    """The command with URL inputs downloaded first and an `--out` URL prepared locally, then published (shards, then
-    the manifest); local paths pass through as Paths."""
+def through_object_storage(command: Callable[[PrepareArgs], None]) -> Callable[[PrepareArgs], None]:
+    """The command with URL inputs downloaded first and an `--out` URL prepared locally, then published (every
+    listed file, then the manifest)."""
 
     @functools.wraps(command)
-    def run(**options: Any) -> None:
+    def run(args: PrepareArgs) -> None:
         from dlx.data import storage
         from dlx.data.prepare import object_storage
 
-        out = options["out"]
-        if not storage.is_url(out):
-            command(**{**options, "out": Path(out), "inputs": object_storage.local_inputs(options["inputs"])})
+        inputs = object_storage.local_inputs(args.inputs)
+        if not storage.is_url(args.out):
+            command(replace(args, inputs=inputs))
             return
-        if options["tasks"] or options["task_index"] is not None or options["merge"]:
+        if args.tasks or args.task_index is not None or args.merge:
             raise UserError("--tasks and --merge write into a shared folder; give a local --out, then upload it")
-        staging = object_storage.out_staging(out)
-        object_storage.refuse_overwrite(staging, out, options["overwrite"])
-        command(**{**options, "out": staging, "inputs": object_storage.local_inputs(options["inputs"])})
-        if options["dry_run"]:
+        staging = object_storage.out_staging(args.out)
+        object_storage.refuse_overwrite(staging, args.out, args.overwrite)
+        command(replace(args, out=str(staging), inputs=inputs))
+        if args.dry_run:
             print(f"dry run: nothing is published; the report is {staging / 'curation.md'}", file=sys.stderr)
         else:
-            print(object_storage.publish(staging, out), file=sys.stderr)
+            print(object_storage.publish(staging, args.out), file=sys.stderr)
 
     return run
 
 
-def says_what_it_kept(command: Callable[..., None]) -> Callable[..., None]:
+def says_what_it_kept(command: Callable[[PrepareArgs], None]) -> Callable[[PrepareArgs], None]:
     """The command, saying on Ctrl-C or SIGTERM (which prepare raises as KeyboardInterrupt("signal 15")) what --out
     kept and how to continue, then exiting with 128 + the signal number."""
 
     @functools.wraps(command)
-    def run(**options: Any) -> None:
+    def run(args: PrepareArgs) -> None:
         try:
-            command(**options)
+            command(args)
         except KeyboardInterrupt as stop:
             number = int(str(stop).split()[-1]) if str(stop).startswith("signal ") else int(signal.SIGINT)
-            print(interrupted_note(options["out"], signal.Signals(number).name), file=sys.stderr)
+            print(interrupted_note(args.out, signal.Signals(number).name), file=sys.stderr)
             raise typer.Exit(128 + number) from None
 
     return run
 
 
-def interrupted_note(out: Path | str, signal_name: str) -> str:
-    """What a stopped `dlx prepare` kept in --out, and how to continue."""
+def interrupted_note(given: str, signal_name: str) -> str:
+    """What a stopped `dlx prepare` kept in --out (for a URL: in its staging folder, not yet published), and how to
+    continue."""
+    from dlx.data import storage
     from dlx.data.shards import MANIFEST_FILE, read_manifest
 
-    out = Path(out)
+    if storage.is_url(given):
+        from dlx.data.prepare.object_storage import out_staging
+
+        out, where = out_staging(given), f"{given} (staged in {out_staging(given)}, not yet published)"
+    else:
+        out = where = Path(given)
     if not (out / MANIFEST_FILE).is_file():
         return (
-            f"stopped by {signal_name} before the first shard was written: {out} holds nothing to keep; run the same "
+            f"stopped by {signal_name} before the first shard was written: {where} holds nothing to keep; run the same "
             "command to start again"
         )
     manifest = read_manifest(out)
     tokens = sum(s.tokens for s in manifest.shards)
     return (
-        f"stopped by {signal_name}: {out} keeps {len(manifest.shards)} finished shard(s) ({tokens:,} tokens) and the "
+        f"stopped by {signal_name}: {where} keeps {len(manifest.shards)} finished shard(s) ({tokens:,} tokens) and the "
         "position reached; run the same command again to continue from there (the result is byte-identical to an "
         "uninterrupted run)"
     )
@@ -168,5 +176,5 @@ def dataset_state(dataset: str, complete: bool, problems: list[str]) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("prepare")(says_what_it_kept(through_object_storage(prepare)))
+    app.command("prepare")(typer_command(says_what_it_kept(through_object_storage(prepare))))
     app.add_typer(data_app, name="data")

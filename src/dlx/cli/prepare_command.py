@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import os
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -134,122 +138,148 @@ DryRun = Annotated[
 ]
 
 
-def prepare(
-    inputs: Inputs = None,
-    out: Out = ...,
-    corpus: Corpus = None,
-    tokenizer: Tokenizer = None,
-    train_tokenizer: TrainTokenizer = None,
-    text_field: TextField = None,
-    val_fraction: ValFraction = None,
-    val_documents: ValDocuments = None,
-    shard_tokens: ShardTokens = None,
-    workers: Workers = None,
-    strict: Strict = False,
-    bos: Bos = None,
-    tasks: Tasks = None,
-    task_index: TaskIndex = None,
-    merge: Merge = False,
-    no_progress: NoProgress = False,
-    overwrite: Overwrite = False,
-    dedup: Dedup = None,
-    near_shingle: NearShingle = 5,
-    near_bands: NearBands = 14,
-    near_rows: NearRows = 8,
-    languages: Languages = None,
-    quality: Quality = None,
-    pii: Pii = None,
-    pii_kinds: PiiKinds = None,
-    kind: Kind = None,
-    decontaminate: Decontaminate = None,
-    decontaminate_ngram: DecontaminateNgram = 13,
-    task_dir: TaskDir = None,
-    dry_run: DryRun = False,
-) -> None:
+@dataclass(frozen=True)
+class PrepareArgs:
+    """`dlx prepare`'s options, typed once: the command line's parameters are these fields (`typer_command`), and
+    every consumer (the object-storage wrapper, the merge, the options of `dlx.data.prepare`, the curation spec) reads
+    them by name."""
+
+    inputs: Inputs = None
+    out: Out = ...
+    corpus: Corpus = None
+    tokenizer: Tokenizer = None
+    train_tokenizer: TrainTokenizer = None
+    text_field: TextField = None
+    val_fraction: ValFraction = None
+    val_documents: ValDocuments = None
+    shard_tokens: ShardTokens = None
+    workers: Workers = None
+    strict: Strict = False
+    bos: Bos = None
+    tasks: Tasks = None
+    task_index: TaskIndex = None
+    merge: Merge = False
+    no_progress: NoProgress = False
+    overwrite: Overwrite = False
+    dedup: Dedup = None
+    near_shingle: NearShingle = 5
+    near_bands: NearBands = 14
+    near_rows: NearRows = 8
+    languages: Languages = None
+    quality: Quality = None
+    pii: Pii = None
+    pii_kinds: PiiKinds = None
+    kind: Kind = None
+    decontaminate: Decontaminate = None
+    decontaminate_ngram: DecontaminateNgram = 13
+    task_dir: TaskDir = None
+    dry_run: DryRun = False
+
+    @property
+    def progress(self) -> bool:
+        return not self.no_progress
+
+
+def prepare(args: PrepareArgs) -> None:
     """Tokenize a corpus once into memory-mappable shards; rerun the same command to resume after a crash.
 
     Across machines: run `--tasks N --task-index I` for every I (any order, anywhere, each resumable), then `--merge`;
     the result is byte for byte the one-machine dataset.
     """
-    given = dict(locals())
-    if val_fraction is not None and val_documents is not None:
+    if args.val_fraction is not None and args.val_documents is not None:
         raise UserError("give --val-fraction or --val-documents, not both")
-    if merge:
+    if args.merge:
         from dlx.data.prepare import merge_tasks
 
-        _refuse_merge_options(given)
-        merge_tasks(out, workers=workers, progress=not no_progress)
+        _refuse_merge_options(args)
+        merge_tasks(args.out, workers=args.workers, progress=args.progress)
         return
-    refuse_train_with_tasks(train_tokenizer, tasks, task_index)
-    _run(given)
+    refuse_train_with_tasks(args.train_tokenizer, args.tasks, args.task_index)
+    _run(args)
 
 
-def _refuse_merge_options(given: dict[str, Any]) -> None:
+def typer_command(run: Callable[[PrepareArgs], None]) -> Callable[..., None]:
+    """`run` as typer reads a command: one parameter per field of `PrepareArgs`, with its option, in order."""
+    hints = typing.get_type_hints(PrepareArgs, include_extras=True)
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    parameters = [
+        inspect.Parameter(f.name, kind, default=f.default, annotation=hints[f.name]) for f in fields(PrepareArgs)
+    ]
+
+    def command(**options: Any) -> None:
+        run(PrepareArgs(**options))
+
+    command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in parameters}
+    command.__doc__, command.__name__ = prepare.__doc__, "prepare"  # the help text: prepare's docstring
+    return command
+
+
+def _refuse_merge_options(args: PrepareArgs) -> None:
     keep = {"out", "workers", "no_progress", "merge", "near_shingle", "near_bands", "near_rows", "decontaminate_ngram"}
-    named = {("INPUTS" if k == "inputs" else k): v for k, v in given.items() if k not in keep}
-    refuse_with_merge(**named)
+    named = {("INPUTS" if f.name == "inputs" else f.name): getattr(args, f.name) for f in fields(args)}
+    refuse_with_merge(**{name: value for name, value in named.items() if name not in keep})
 
 
-def _run(given: dict[str, Any]) -> None:
+def _run(args: PrepareArgs) -> None:
     """A one-machine run, or one task of a split run."""
     from dlx.data.prepare.options import build_options, task_slot
     from dlx.data.prepare.pipeline import prepare_from_options
     from dlx.data.prepare.tasks import check_task, run_task
 
-    slot = task_slot(given["tasks"], given["task_index"], os.environ)
+    slot = task_slot(args.tasks, args.task_index, os.environ)
     if slot is not None:
-        check_task(given["tokenizer"], slot.tasks, slot.index)
-        if given["dry_run"]:
+        check_task(args.tokenizer, slot.tasks, slot.index)
+        if args.dry_run:
             raise UserError("--dry-run runs on one machine: drop --tasks/--task-index")
-    defaults = {k: given[k] for k in ("text_field", "shard_tokens") if given[k] is not None}
+    defaults = {k: getattr(args, k) for k in ("text_field", "shard_tokens") if getattr(args, k) is not None}
     opts = build_options(
-        given["inputs"] or None,
-        corpus=given["corpus"],
-        tokenizer=given["tokenizer"],
-        train_tokenizer=given["train_tokenizer"],
-        val_fraction=given["val_fraction"],
-        val_documents=given["val_documents"],
-        workers=given["workers"],
-        strict=given["strict"],
-        add_bos=given["bos"],
-        progress=not given["no_progress"],
-        curate=curate_spec(given),
-        dry_run=given["dry_run"],
+        args.inputs or None,
+        corpus=args.corpus,
+        tokenizer=args.tokenizer,
+        train_tokenizer=args.train_tokenizer,
+        val_fraction=args.val_fraction,
+        val_documents=args.val_documents,
+        workers=args.workers,
+        strict=args.strict,
+        add_bos=args.bos,
+        progress=args.progress,
+        curate=curate_spec(args),
+        dry_run=args.dry_run,
         **defaults,
     )
     if slot is None:
-        prepare_from_options(opts, given["out"])
+        prepare_from_options(opts, Path(args.out))
     else:
-        run_task(opts, given["out"], slot.tasks, slot.index, slot.source)
+        run_task(opts, Path(args.out), slot.tasks, slot.index, slot.source)
 
 
-def curate_spec(given: dict[str, Any]) -> Any:
+def curate_spec(args: PrepareArgs) -> Any:
     """The CurateSpec of the curation options (the eval tasks resolved and rendered here, above the data layer)."""
     from dlx.data.curate.spec import build_spec, parse_assignments
 
     task_texts = None
-    if given["decontaminate"]:
+    if args.decontaminate:
         from dlx.evals.task_documents import task_documents
 
-        names = [n.strip() for n in given["decontaminate"].split(",") if n.strip()]
-        task_texts = task_documents(names, given["task_dir"])
-    quality = given["quality"]
-    kinds = parse_assignments(given["kind"] or [], "--kind")
+        names = [n.strip() for n in args.decontaminate.split(",") if n.strip()]
+        task_texts = task_documents(names, args.task_dir)
+    kinds = parse_assignments(args.kind or [], "--kind")
     if bad := next((name for name, values in kinds.items() if len(values) != 1), None):
         raise UserError(f"--kind {bad}=...: give one kind, code or prose")
     return build_spec(
-        dedup=given["dedup"],
-        shingle=given["near_shingle"],
-        bands=given["near_bands"],
-        rows=given["near_rows"],
-        languages=[c.strip() for c in given["languages"].split(",") if c.strip()] if given["languages"] else None,
-        quality=True if quality == "default" else quality,
-        pii=given["pii"],
+        dedup=args.dedup,
+        shingle=args.near_shingle,
+        bands=args.near_bands,
+        rows=args.near_rows,
+        languages=[c.strip() for c in args.languages.split(",") if c.strip()] if args.languages else None,
+        quality=True if args.quality == "default" else args.quality,
+        pii=args.pii,
         task_texts=task_texts,
-        decontaminate_ngram=given["decontaminate_ngram"],
-        sources=source_labels(given["inputs"] or [], given["corpus"]),
+        decontaminate_ngram=args.decontaminate_ngram,
+        sources=source_labels(args.inputs or [], args.corpus),
         input_kinds={name: values[0] for name, values in kinds.items()},
-        pii_kinds=parse_assignments(given["pii_kinds"] or [], "--pii-kinds"),
+        pii_kinds=parse_assignments(args.pii_kinds or [], "--pii-kinds"),
     )
 
 

@@ -196,7 +196,7 @@ class Rewindable(Protocol):
 
 def rewind(run: Rewindable, checkpoint: Path) -> None:
     """The run back at `checkpoint`: its weights, optimizer, schedule, random generators and loader position; newer
-    checkpoints set aside (rank 0, `checkpoint.set_aside_after`); the records after it marked abandoned."""
+    checkpoints set aside (rank 0, `rundir.checkpoint.set_aside_after`); the records after it marked abandoned."""
     loaded = ckpt.read_checkpoint(checkpoint)
     if run.env.is_main:
         ckpt.set_aside_after(run.run_dir, ckpt.checkpoint_step(checkpoint), run.config.checkpoint.keep_last)

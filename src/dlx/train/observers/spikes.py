@@ -12,7 +12,7 @@ first step.
   rollback to the same or an older checkpoint replays every earlier skip that lies after it, so no data a rollback
   skipped is read again. After `train.spike_max_rollbacks` rollbacks, the next one stops the run with one line.
   The guard decides; `build.restore.rewind` moves the run back, setting aside the checkpoints of the abandoned
-  branch (`step-N.rolled-back`; `checkpoint.prune_checkpoints`'s one retention rule counts them toward
+  branch (`step-N.rolled-back`; `rundir.checkpoint.prune_checkpoints`'s one retention rule counts them toward
   `checkpoint.keep_last`, the oldest first) and marking their records in metrics.jsonl `"abandoned": true`. The
   rollbacks are counted from events.jsonl, the run's own history, so a run that stopped at the cap stops there again
   when resumed from an older checkpoint.

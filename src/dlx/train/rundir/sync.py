@@ -4,8 +4,8 @@ lease), pulls it (`remote.pull_run`) and keeps `RunSync` uploading it until the 
 `RunSync` sends the staging folder's top-level files (whole, when changed) and each new checkpoint (its files, then
 `COMPLETE`), the newest first: when a checkpoint is published locally while an older one still waits, the console
 says uploads fall behind, with the bandwidth measured. A checkpoint being
-uploaded is never pruned (`checkpoint.pinned`); one pruned locally is removed from the bucket, marker first; a prefix
-left without its marker by an interrupted upload is removed once a newer checkpoint is complete. Each sync renews
+uploaded is never pruned (`rundir.checkpoint.pinned`); one pruned locally is removed from the bucket, marker first; a
+prefix left without its marker by an interrupted upload is removed once a newer checkpoint is complete. Each sync renews
 the lease; a run whose lease another launch took over stops uploading and stops. When the bucket cannot be reached
 at the end, the error names the newest checkpoint kept on this machine and the command that uploads it.
 
