@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from dlx.data.prepare.tokenizer import TokenizerInfo
 
 DEFAULT_VAL_FRACTION = 0.005
+VAL_MIN_BYTES = 131_072
+"""Without --val-fraction or --val-documents, validation is sized to hold about this much input in expectation (twice
+the ≈ 16,000 tokens of two batches of 8 × 1,024 at 4 bytes per token: documents differ in size), up to
+MAX_DEFAULT_VAL_FRACTION of a small corpus."""
+MAX_DEFAULT_VAL_FRACTION = 0.1
 DEFAULT_SHARD_TOKENS = 100_000_000
 MIN_TRAINED_VOCAB = 260  # 256 byte tokens + BOS/EOS + at least a couple of merges
 CORPORA = ("stdlib",)
@@ -55,6 +60,17 @@ class PrepareOptions:
     """The curation stages (none by default: the corpus is tokenized as read)."""
     dry_run: bool = False
     """Run the scan and the curation stages, write only the curation report."""
+    val_default: bool = False
+    """Neither --val-fraction nor --val-documents was given: the split is sized from the inputs (`sized_for`)."""
+
+    def sized_for(self, inputs: InputList) -> PrepareOptions:
+        """The default validation split for these inputs: DEFAULT_VAL_FRACTION of the documents, raised for a small
+        corpus so that it holds about VAL_MIN_BYTES (at most MAX_DEFAULT_VAL_FRACTION)."""
+        if not self.val_default:
+            return self
+        wanted = VAL_MIN_BYTES / max(inputs.bytes, 1)
+        fraction = round(max(DEFAULT_VAL_FRACTION, min(MAX_DEFAULT_VAL_FRACTION, wanted)), 6)
+        return dataclasses.replace(self, val_fraction=fraction)
 
     def with_bos(self, given: TokenizerInfo | None) -> PrepareOptions:
         """These options with add_bos decided: a given tokenizer's answer, else (a tokenizer dlx trains) --bos."""
@@ -131,6 +147,7 @@ def build_options(
         raise UserError(f"--train-tokenizer must be between {MIN_TRAINED_VOCAB} and 2**32, got {train_tokenizer}")
     if val_documents is not None and val_documents < 0:
         raise UserError(f"--val-documents must be 0 or more, got {val_documents}")
+    defaulted = val_fraction is None and val_documents is None
     if val_documents is None:
         val_fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
         if not 0.0 <= val_fraction < 1.0:
@@ -156,6 +173,7 @@ def build_options(
         progress=progress,
         curate=curate or CurateSpec(),
         dry_run=dry_run,
+        val_default=defaulted,
     )
 
 

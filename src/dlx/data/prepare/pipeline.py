@@ -61,6 +61,7 @@ def prepare_from_options(opts: PrepareOptions, out: Path) -> Manifest | None:
     ui = PrepareProgress(opts.progress)
     started = time.monotonic()
     inputs = measure_inputs(opts, ui)
+    opts = opts.sized_for(inputs)
     if opts.dry_run:
         dry_run(opts, inputs, out, ui)
         return None

@@ -80,6 +80,7 @@ def run_task(opts: PrepareOptions, out: Path, tasks: int, task_index: int, numbe
     assert opts.tokenizer is not None  # check_task
     ui = PrepareProgress(opts.progress)
     inputs_list = measure_inputs(opts, ui)
+    opts = opts.sized_for(inputs_list)
     tok = read_tokenizer(opts.tokenizer, opts.add_bos)
     opts = opts.with_bos(tok)
     request = opts.request(inputs_list)
