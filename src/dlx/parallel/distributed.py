@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -78,7 +77,7 @@ def init_distributed(device: torch.device, needs_group: bool, timeout_s: float, 
         return env
     if not launched_by_torchrun():
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ["MASTER_PORT"] = "0"  # the store binds a free port itself, then says which (no race)
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -102,6 +101,8 @@ def open_job_store(rank: int, world_size: int, timeout: datetime.timedelta) -> d
     base = dist.TCPStore(
         addr, port, world_size, is_master=not agent_hosts and rank == 0, timeout=timeout, multi_tenant=True
     )
+    if port == 0:
+        os.environ["MASTER_PORT"] = str(base.port)  # for what reads it later (DeepSpeed's engine)
     _STORE = dist.PrefixStore(f"dlx/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", base)
     return _STORE
 
@@ -109,12 +110,6 @@ def open_job_store(rank: int, world_size: int, timeout: datetime.timedelta) -> d
 def job_store() -> dist.Store | None:
     """The store `init_distributed` opened; None in one process without a group."""
     return _STORE if group_active() else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def group_active() -> bool:
