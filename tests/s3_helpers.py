@@ -31,6 +31,8 @@ class Faults:
     """What the proxy does to each request; change the fields while it runs."""
 
     latency_s: float = 0.0
+    upload_bytes_per_s: float = 0.0
+    """A request body of n bytes is held n / this many seconds before it is forwarded (0: no limit): an uplink."""
     slowdown_rate: float = 0.0
     """Share of requests answered 503 SlowDown without reaching the server."""
     drop_rate: float = 0.0
@@ -78,6 +80,8 @@ def _handler(upstream_port: int, faults: Faults):
             body = self._body()
             if faults.latency_s:
                 time.sleep(faults.latency_s)
+            if faults.upload_bytes_per_s and body:
+                time.sleep(len(body) / faults.upload_bytes_per_s)
             action = faults.draw()
             if action == "drop":
                 self.close_connection = True
