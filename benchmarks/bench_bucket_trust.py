@@ -69,7 +69,7 @@ def outage(endpoint, data: Path, work: Path) -> dict:
     run = [*TINY, "--data.path", str(data), "--train.max_steps", "12", "--checkpoint.every", "2", "--eval.every", "0"]
     command = [*run, "--run-dir", url, "--resume", "auto"]
     faults = work / "faults"
-    faults.mkdir()
+    faults.mkdir(parents=True)
     staging = work / "staging"
     first = start(command, endpoint, staging, work, DLX_FAULT_PAUSE="train_batch@7", DLX_FAULT_DIR=str(faults),
                   DLX_STORAGE_RETRY_S="2")  # fmt: skip
@@ -94,6 +94,7 @@ def outage(endpoint, data: Path, work: Path) -> dict:
 
 
 def two_launches(endpoint, data: Path, work: Path, apart_s: float, other_host: bool) -> dict:
+    work.mkdir(parents=True)
     url = f"s3://{BUCKET}/two-{apart_s:g}-{int(other_host)}"
     run = [*TINY, "--data.path", str(data), "--train.max_steps", "30", "--eval.every", "0"]
     command = [*run, "--run-dir", url, "--resume", "auto"]
@@ -122,6 +123,7 @@ def upload_lag(endpoint, data: Path, work: Path, bytes_per_s: float) -> dict:
     """Seconds from a checkpoint's local publish to its marker in the bucket, each checkpoint."""
     from dlx.data import storage
 
+    work.mkdir(parents=True)
     url = f"s3://{BUCKET}/lag"
     staging_root = work / "staging-lag"
     run = [*TINY, "--data.path", str(data), "--train.max_steps", "400", "--checkpoint.every", "50", "--eval.every", "0"]
@@ -129,16 +131,14 @@ def upload_lag(endpoint, data: Path, work: Path, bytes_per_s: float) -> dict:
     proc = start([*run, "--run-dir", url], endpoint, staging_root, work)
     published: dict[str, float] = {}
     complete: dict[str, float] = {}
-    while proc.poll() is None or len(complete) < len(published):
+    while proc.poll() is None:  # the command ends after its last upload
         now = time.time()
         for state in staging_root.glob("runs/*/checkpoints/step-*/trainer_state.json"):
             published.setdefault(state.parent.name, state.stat().st_mtime)
-        for name in list(published):
-            if name not in complete and storage.exists(f"{url}/checkpoints/{name}/COMPLETE"):
+        for name in [n for n in published if n not in complete]:
+            if storage.exists(f"{url}/checkpoints/{name}/COMPLETE"):
                 complete[name] = now
-        if proc.poll() is not None and time.time() - now > 60:
-            break
-        time.sleep(0.1)
+        time.sleep(0.2)
     endpoint.faults.upload_bytes_per_s = 0.0
     _, err = proc.communicate()
     names = sorted(published)
@@ -146,7 +146,8 @@ def upload_lag(endpoint, data: Path, work: Path, bytes_per_s: float) -> dict:
     lags = {name: complete[name] - published[name] for name in names if name in complete}
     size = sum(p.stat().st_size for p in (staging_root.glob(f"runs/*/checkpoints/{names[-1]}/*")) if p.is_file())
     return {
-        "checkpoints": len(names),
+        "checkpoints published here": len(names),
+        "checkpoints complete in the bucket": len(complete),
         "checkpoint MB": size / 1e6,
         "lag s (median, max)": (sorted(lags.values())[len(lags) // 2], max(lags.values())) if lags else None,
         "interval s (median)": sorted(interval)[len(interval) // 2] if interval else None,
@@ -156,6 +157,9 @@ def upload_lag(endpoint, data: Path, work: Path, bytes_per_s: float) -> dict:
 
 
 def main() -> None:
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()

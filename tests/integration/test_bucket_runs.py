@@ -204,8 +204,8 @@ def test_a_cached_shard_changed_after_it_was_read_stops_the_checkpoint(s3, tmp_p
         cache.verify_read()
 
 
-def test_two_processes_never_share_a_cache_folder(tmp_path):
-    from dlx.data.loader.cache import claim_cache_folder
+def test_two_caches_never_share_a_cache_folder(tmp_path):
+    from dlx.data.loader.cache import claim_cache_folder, release_cache_folder
 
     base = tmp_path / "mirror" / "shards-train-rank0"
     holder = subprocess.Popen(
@@ -215,8 +215,11 @@ def test_two_processes_never_share_a_cache_folder(tmp_path):
     )  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == str(base)
-        assert claim_cache_folder(base) == base.with_name("shards-train-rank0.1")
-        assert claim_cache_folder(base) == base.with_name("shards-train-rank0.1")  # this process's own, again
+        first = claim_cache_folder(base)
+        assert first == base.with_name("shards-train-rank0.1")
+        assert claim_cache_folder(base) == base.with_name("shards-train-rank0.2")  # another cache of this process
+        release_cache_folder(first)
+        assert claim_cache_folder(base) == first  # free again
     finally:
         holder.kill()
         holder.wait()

@@ -35,10 +35,19 @@ class Source:
     """A prepared dataset the run reads: `data.path` (weight 1), or one of `data.mix`."""
 
     name: str
-    """How metrics, eval records and the report call it: the folder name, or the path when folder names collide."""
+    """How metrics, eval records and the report call it: the folder name (a URL's last part), or the path as written
+    when two names collide."""
     path: Path
-    """As written in the recipe."""
+    """The folder read: as written in the recipe, or for a dataset in object storage its local mirror
+    (`dlx.data.remote`: manifest and tokenizer, the shards fetched by the loader's cache)."""
     weight: float
+    url: str | None = None
+    """The dataset's URL in object storage (s3://, gs://, hf://); None for a local folder."""
+
+    @property
+    def key(self) -> str:
+        """What identifies the dataset: its URL, or its resolved folder."""
+        return self.url if self.url is not None else str(Path(self.path).resolve())
 
 
 @dataclass(frozen=True)

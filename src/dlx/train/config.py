@@ -143,7 +143,7 @@ class DataSection(BaseModel):
     model_config = _STRICT
 
     path: str = SYNTHETIC
-    """A dataset folder written by `dlx prepare`, or `synthetic` for generated tokens (benchmarks, tests)."""
+    """A dataset folder written by `dlx prepare` (or its s3://, gs://, hf:// URL), or `synthetic`: generated tokens."""
     seq_len: int = Field(256, gt=0, le=1 << 20)
     """Tokens per training sequence (at most model.max_seq_len)."""
     micro_batch_size: int = Field(8, gt=0, le=1 << 16)
@@ -155,7 +155,7 @@ class DataSection(BaseModel):
     shuffle: bool = True
     """Windows in a seeded random order each epoch; shard blocks for a bucket dataset over data.cache_gb."""
     mix: dict[str, float] | None = None
-    """Datasets and weights instead of data.path: {PATH: W, ...}, or PATH=W,PATH=W; windows are drawn by weight."""
+    """Datasets (folders or s3://, gs://, hf:// URLs) drawn by weight instead of data.path: {PATH: W, ...}, PATH=W,…"""
     document_mask: bool = False
     """Attention stays inside each document (ended by eos_id) and RoPE positions restart at each document's start."""
     verify: bool = True
@@ -163,7 +163,7 @@ class DataSection(BaseModel):
     cache_dir: str = ""
     """Local folder for datasets in object storage (s3://, gs://, hf://); empty: ~/.cache/dlx/datasets."""
     cache_gb: float = Field(50.0, gt=0)
-    """GB of shards a dataset in object storage keeps in cache_dir per split and rank (furthest-needed goes first)."""
+    """GB of shards kept in cache_dir per split and rank from object storage (shared by a data.mix's URL sources)."""
     cache_downloads: int = Field(4, ge=1, le=64)
     """Shards of a dataset in object storage downloaded at once, in the order the coming batches read them."""
     stages: list[StageSection] | None = Field(None, min_length=1, max_length=64)

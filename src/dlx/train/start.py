@@ -101,8 +101,7 @@ def build_header(
             header.append(f"changed at init_from: {', '.join(changes)}")
     if config.train.float8:
         header += float8_header(strategy.model, config.train.float8_recipe, device)
-    order = getattr(loader, "order", "")  # a mixture or synthetic source has no shard order
-    return header + order_note(order) + bpb_note(config, start.data_info)
+    return header + order_notes(loader) + bpb_note(config, start.data_info)
 
 
 def strategy_note(config: RunConfig) -> list[str]:
@@ -113,12 +112,17 @@ def strategy_note(config: RunConfig) -> list[str]:
     return [f"parallel.strategy: {parallel.strategy} (auto: {parallel.auto_note})"]
 
 
-def order_note(order: str) -> list[str]:
-    """One line when a dataset in object storage is read in shard blocks (larger than data.cache_gb)."""
-    if not order.startswith("shard-blocks-"):
-        return []
-    blocks = order.removeprefix("shard-blocks-")
-    return [
-        f"data order: {order} (the dataset is larger than data.cache_gb: shuffled in blocks of {blocks} shards, "
-        "each shard downloaded about once per epoch)"
-    ]
+def order_notes(loader: BatchSource) -> list[str]:
+    """One line per dataset in object storage read in shard blocks: larger than data.cache_gb, or in a data.mix than
+    its share of it (`TokenLoader.order`, `MixtureLoader.orders`; synthetic data and stages have neither)."""
+    orders = getattr(loader, "orders", None) or {"": getattr(loader, "order", "")}
+    notes = []
+    for name, order in orders.items():
+        if order.startswith("shard-blocks-"):
+            blocks = order.removeprefix("shard-blocks-")
+            what = f"data.mix source {name} is larger than its share of" if name else "the dataset is larger than"
+            notes.append(
+                f"data order{f' of {name}' if name else ''}: {order} ({what} data.cache_gb: shuffled in blocks of "
+                f"{blocks} shards, each shard downloaded about once per epoch)"
+            )
+    return notes

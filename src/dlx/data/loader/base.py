@@ -1,5 +1,6 @@
 """`FeedLoader`: what the loaders of prepared data share: a feed of a plan's batches (in this thread or in worker
-processes, `feed`), their transfer to the device, the manifest's ids, and closing."""
+processes, `feed`), their transfer to the device, the manifest's ids, the shard caches of data in object storage
+(verified and closed with the loader), and closing."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import torch
 
+from dlx.data.loader.cache import ShardCache
 from dlx.data.loader.feed import InProcessFeed, ReaderJob, ReadShards, WorkerFeed, open_feed
 from dlx.data.shards import Manifest
 from dlx.data.source import LoaderSettings
@@ -17,8 +19,13 @@ class FeedLoader:
     """The feed, transfer and close of a `BatchSource` over prepared shards; a subclass decides where each pass starts
     (`_open`) and how the position moves."""
 
-    def __init__(self, manifest: Manifest, job: ReaderJob, settings: LoaderSettings):
+    def __init__(
+        self, manifest: Manifest, job: ReaderJob, settings: LoaderSettings, caches: tuple[ShardCache, ...] = ()
+    ):
+        """`caches`: those the job's plan waits on (`dlx.data.loader.plan.CachedPlan`), one per split in object
+        storage."""
         self.settings, self.seq_len = settings, settings.seq_len
+        self.caches = caches
         self.num_workers, self.prefetch = settings.num_workers, settings.prefetch
         self._manifest, self._job = manifest, job
         self._transfer = HostToDevice(torch.device(settings.device), settings.batch_shape)
@@ -68,13 +75,17 @@ class FeedLoader:
 
     def verify_read_shards(self) -> list[str]:
         """Block until every shard a consumed batch came from is verified against the manifest (UserError naming the
-        first that is not); returns the shards that had to be hashed now (see `dlx.data.loader.feed.ReadShards`)."""
-        return self._read_shards.verify()
+        first that is not); returns the shards that had to be hashed now (see `dlx.data.loader.feed.ReadShards`),
+        then the cached shards of data in object storage that were checked (`ShardCache.verify_read`)."""
+        return self._read_shards.verify() + [name for cache in self.caches for name in cache.verify_read()]
 
     def close(self, at_once: bool = False) -> None:
-        """Stop the workers (idempotent); `at_once`: kill them, their batches are not wanted. Also runs when the loader
-        is garbage collected and at interpreter exit."""
+        """Stop the workers (idempotent); `at_once`: kill them, their batches are not wanted. The caches stop for good
+        (their folders released once what their batches read is verified). Also runs when the loader is garbage
+        collected and at interpreter exit."""
         self._stop(at_once)
+        for cache in self.caches:
+            cache.close()
 
     def __iter__(self) -> FeedLoader:
         return self

@@ -14,9 +14,15 @@ then verified like a local one: its size and modification time are compared befo
 hashed again, and downloaded again when it no longer matches) and, for the shards batches were read from, before a
 checkpoint is published (`verify_read`: a changed one stops the run, as a changed local shard does).
 
-One loader owns a cache folder (`claim_cache_folder`: an `flock` on it, released by the kernel however the loader
-ends); a second run of the same dataset on the machine gets the next free folder, so two runs never evict each
-other's shards. There is no shared memory, and nothing a SIGKILL leaves behind blocks the next start.
+One cache owns a cache folder (`claim_cache_folder`: an `flock` on it, released by the kernel however the process
+ends, and by `ShardCache.close` once the shards its batches read are verified); another loader of the same split in
+this process (a stage's, opened while the previous stage still reads) or in another run on the machine gets the next
+free folder, so two caches never evict each other's shards. A folder this process claims again keeps the shards it
+verified, unchanged since (size and time), without hashing them again. There is no shared memory, and nothing a
+SIGKILL leaves behind blocks the next start.
+
+`dlx.data.loader.plan.CachedPlan` puts the caches under a plan: one for a dataset's split (`TokenLoader`), one per
+source in object storage for a mixture (`MixtureLoader`; `share_cache` divides the bound between them).
 
 The shards of the batches in flight (sent to a worker, not yet read back) are never evicted; the size bound is
 `capacity_bytes` or those shards together, whichever is larger, and a shard being downloaded counts toward it from
@@ -34,10 +40,6 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-
-from dlx.data.loader.order import Cursor, EpochWindows
-from dlx.data.loader.plan import SplitPlan
 from dlx.data.shards import ShardInfo, sha256_file
 from dlx.errors import UserError
 
@@ -48,13 +50,12 @@ MAX_CACHE_FOLDERS = 64
 
 
 def claim_cache_folder(base: Path) -> Path:
-    """`base`, or `base.1`, `base.2`, …: the first cache folder no other process holds (this process's own loaders
-    of the split, an evaluation's rebuilt one say, share theirs), locked by this process until it ends (the kernel
-    releases the lock however it ends)."""
+    """`base`, or `base.1`, `base.2`, …: the first cache folder no other cache holds, in this process or another,
+    locked until `release_cache_folder` (or the end of the process: the kernel releases the lock however it ends)."""
     for index in range(MAX_CACHE_FOLDERS):
         folder = base if index == 0 else base.with_name(f"{base.name}.{index}")
         if str(folder) in _HELD:
-            return folder
+            continue
         folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -67,8 +68,30 @@ def claim_cache_folder(base: Path) -> Path:
     raise UserError(f"{MAX_CACHE_FOLDERS} runs already read {base.parent} on this machine; wait for one to end")
 
 
+def release_cache_folder(folder: Path) -> None:
+    """Unlock a folder `claim_cache_folder` returned (nothing for one it did not)."""
+    fd = _HELD.pop(str(folder), None)
+    if fd is not None:
+        os.close(fd)  # the flock goes with the last descriptor
+
+
 _HELD: dict[str, int] = {}
-"""Cache folder → the descriptor holding its lock, in this process (kept until the process ends)."""
+"""Cache folder → the descriptor holding its lock, in this process."""
+_VERIFIED: dict[str, tuple[int, int, str]] = {}
+"""Cached shard path → (size, mtime_ns, SHA-256) when this process last found it matching: a folder claimed again
+keeps such a shard without hashing it."""
+
+
+def share_cache(sizes: list[int], capacity: int) -> list[int]:
+    """`capacity` bytes divided between caches of splits of `sizes` bytes: each split smaller than an equal share of
+    what is left keeps all of it (read in the window shuffle, as from local folders), the others share the rest
+    equally (smallest first). A capacity of 0 (no bound) stays 0 for each."""
+    shares = [0] * len(sizes)
+    left, remaining = capacity, len(sizes)
+    for index in sorted(range(len(sizes)), key=lambda i: sizes[i]):
+        shares[index] = max(1, min(sizes[index], left // remaining)) if capacity > 0 else 0
+        left, remaining = left - shares[index], remaining - 1
+    return shares
 
 
 class ShardCache:
@@ -106,6 +129,9 @@ class ShardCache:
         """Shard → (size, mtime_ns) of the file whose SHA-256 was last found to be the manifest's."""
         self._read: set[str] = set()
         """Shards batches were read from since the last `verify_read`."""
+        self._closed = False
+        self._closing_check: tuple[list[str], UserError | None] = ([], None)
+        """What `close` found: the shards it checked, or the UserError for the next `verify_read`."""
         self._check_folder()
 
     def _check_folder(self) -> None:
@@ -113,9 +139,9 @@ class ShardCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         for path in sorted(self.folder.iterdir()):
             keep = path.name in self.sha256 and path.is_file() and path.stat().st_size == self.sizes[path.name]
-            if keep and sha256_file(path) == self.sha256[path.name]:
+            if keep and (_VERIFIED.get(str(path)) == (*_stat(path), self.sha256[path.name]) or self._hashes(path)):
                 self.present[path.name] = -1
-                self.verified[path.name] = _stat(path)
+                self._mark_verified(path.name)
             else:
                 path.unlink()
         while self._used() > self.capacity and self.present:
@@ -123,6 +149,14 @@ class ShardCache:
 
     def _used(self) -> int:
         return sum(self.sizes[name] for name in self.present) + sum(self.sizes[name] for name in self._in_flight)
+
+    def _hashes(self, path: Path) -> bool:
+        return sha256_file(path) == self.sha256[path.name]
+
+    def _mark_verified(self, name: str) -> None:
+        """The file `name` in the folder now is the one whose SHA-256 was found to be the manifest's."""
+        stat = self.verified[name] = _stat(self.folder / name)
+        _VERIFIED[str(self.folder / name)] = (*stat, self.sha256[name])
 
     def _evict(self, name: str) -> None:
         (self.folder / name).unlink(missing_ok=True)
@@ -136,8 +170,8 @@ class ShardCache:
         stat = _stat(path)
         if stat == self.verified.get(name):
             return True
-        if stat[0] == self.sizes[name] and sha256_file(path) == self.sha256[name]:
-            self.verified[name] = stat
+        if stat[0] == self.sizes[name] and self._hashes(path):
+            self._mark_verified(name)
             return True
         return False
 
@@ -145,6 +179,11 @@ class ShardCache:
         """Before a checkpoint: every cached shard batches were read from since the last call is still the verified
         file (hashed again where its size or time changed); UserError naming the first that is not. Returns the
         shards checked."""
+        if self._closed:  # checked as it closed
+            (read, failure), self._closing_check = self._closing_check, ([], None)
+            if failure is not None:
+                raise failure
+            return read
         with self._cond:
             read, self._read = sorted(self._read), set()
         for name in read:
@@ -156,9 +195,25 @@ class ShardCache:
                 )
         return read
 
+    def close(self) -> None:
+        """Stop prefetching for good; check what batches read since the last `verify_read` (its result, or its
+        UserError, is the next `verify_read`'s: a stage's finished source is verified at the next checkpoint), then
+        release the folder to the next cache (which may evict those shards)."""
+        self.stop()
+        if self._closed:
+            return
+        try:
+            self._closing_check = (self.verify_read(), None)
+        except UserError as e:
+            self._closing_check = ([], e)
+        self._closed = True
+        release_cache_folder(self.folder)
+
     def start(self, future: Iterator[set[str]], pinned: int) -> None:
         """Prefetch for a new pass: `future` yields the shards of each batch from position 0 of the pass; the shards of
         the last `pinned` acquired batches stay."""
+        if self._closed:
+            raise RuntimeError(f"the shard cache of {self.url} in {self.folder} is closed")
         self.stop()
         with self._cond:
             self._generation += 1
@@ -238,7 +293,7 @@ class ShardCache:
                     self._in_flight.discard(name)
                     self.bytes_downloaded += downloaded
                     self.present[name] = self._position
-                    self.verified[name] = _stat(self.folder / name)  # its SHA-256 was checked as it streamed
+                    self._mark_verified(name)  # its SHA-256 was checked as it streamed
                     self._cond.notify_all()
         except BaseException as e:  # handed to the trainer's thread by acquire
             with self._cond:
@@ -294,50 +349,6 @@ class ShardCache:
                 f"dataset {self.url}: shard {name} is missing from the bucket; run `dlx prepare` again"
             ) from None
         return n
-
-
-class CachedPlan:
-    """A `SplitPlan` whose schedule waits for each batch's shards in a `ShardCache`; pickled as the plain plan (the
-    workers read the cache's folder, and never download)."""
-
-    def __init__(self, plan: SplitPlan, cache: ShardCache, pinned: int):
-        self.plan, self.cache, self.pinned = plan, cache, pinned
-        self.micro_batch_size, self.seq_len = plan.micro_batch_size, plan.seq_len
-        self._starts = np.concatenate([[0], np.cumsum([t for _, t in plan.split.shards], dtype=np.int64)])
-        self._names = [name for name, _ in plan.split.shards]
-
-    def __reduce__(self):
-        return SplitPlan, (self.plan.split, self.plan.order, self.plan.seq_len)
-
-    def shards_needed(self, window_ids: np.ndarray) -> set[str]:
-        """The shards the windows read, from the manifest's sizes (no file is opened)."""
-        begins = np.asarray(window_ids, dtype=np.int64) * self.seq_len
-        first = np.searchsorted(self._starts, begins, side="right") - 1
-        last = np.searchsorted(self._starts, begins + self.seq_len, side="right") - 1
-        return {self._names[i] for a, b in zip(first.tolist(), last.tolist(), strict=True) for i in range(a, b + 1)}
-
-    def _future(self, start: Cursor, loop: bool) -> Iterator[set[str]]:
-        windows = EpochWindows(self.plan.order)
-        for cursor in self.plan.schedule(start, loop):
-            yield self.shards_needed(windows(cursor))
-
-    def schedule(self, start: Cursor, loop: bool) -> Iterator[Cursor]:
-        self.cache.start(self._future(start, loop), self.pinned)
-        try:
-            for position, cursor in enumerate(self.plan.schedule(start, loop)):
-                self.cache.acquire(position)
-                yield cursor
-        finally:
-            self.cache.stop()
-
-    def fill(self, cursor: Cursor, out: np.ndarray) -> None:
-        self.plan.fill(cursor, out)
-
-    def shards_of(self, cursor: Cursor) -> set[str]:
-        return self.plan.shards_of(cursor)
-
-    def describe_bad_token(self, cursor: Cursor, vocab_size: int) -> str:
-        return self.plan.describe_bad_token(cursor, vocab_size)
 
 
 def _stat(path: Path) -> tuple[int, int]:

@@ -102,8 +102,11 @@ class ReadShards:
         """confirmed shard path → (size, mtime_ns) when it was confirmed."""
 
     def note_read(self, shards: set[str], checksums: dict[str, str]) -> None:
+        """`shards` were read by a consumed batch; those with a checksum here (a cache verifies its own) are to be
+        confirmed."""
         for shard in shards - self.confirmed:
-            self.unconfirmed[shard] = checksums[shard]
+            if shard in checksums:
+                self.unconfirmed[shard] = checksums[shard]
 
     def confirm(self, shards: list[str]) -> None:
         self.confirmed.update(shards)

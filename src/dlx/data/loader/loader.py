@@ -8,16 +8,17 @@ checks of what is read).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from dlx.data.loader.base import FeedLoader
-from dlx.data.loader.cache import CachedPlan, ShardCache, claim_cache_folder
+from dlx.data.loader.cache import ShardCache, claim_cache_folder
 from dlx.data.loader.feed import ReaderJob
 from dlx.data.loader.order import Cursor, Order, advance, make_state, read_state, schedule, settle
-from dlx.data.loader.plan import SplitPlan
+from dlx.data.loader.plan import CachedPlan, SplitPlan
 from dlx.data.loader.shard_blocks import block_size, shard_window_bounds
 from dlx.data.loader.windows import SplitSpec, count_windows
 from dlx.data.remote import remote_origin
@@ -47,13 +48,10 @@ class TokenLoader(FeedLoader):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         self.folder, self.split, self.loop = Path(folder), split, loop
-        remote = remote_origin(folder)
-        manifest, spec = open_split(folder, split) if remote is None else open_remote_split(folder, split, settings)
+        manifest, spec, url = open_any_split(folder, split, settings)
         s = settings  # short: the message below names five of its fields
         n_windows = count_windows(spec.n_tokens, s.seq_len)
-        bounded = remote is not None and s.shuffle and s.cache_bytes > 0  # a smaller cache: shard blocks
-        blocks = block_size([t * spec_itemsize(spec) for _, t in spec.shards], s.cache_bytes) if bounded else 0
-        bounds = shard_window_bounds([t for _, t in spec.shards], s.seq_len, n_windows) if blocks else ()
+        blocks, bounds = shard_order(spec, s, n_windows, s.cache_bytes) if url is not None else (0, ())
         self._order = Order(
             n_windows, int(s.micro_batch_size), int(s.world_size), int(s.rank), int(s.seed), s.shuffle, blocks, bounds
         )
@@ -63,29 +61,17 @@ class TokenLoader(FeedLoader):
                 f"(world_size {s.world_size} × micro_batch_size {s.micro_batch_size} × seq_len {s.seq_len} + 1 = "
                 f"{self._order.step_windows * s.seq_len + 1:,}); prepare more data or use smaller batches"
             )
+        checksums = shard_checksums(manifest, spec, split) if s.verify and url is None else ()
+        self.cache = None  # in object storage the cache verifies every shard it downloads, before any worker reads it
+        if url is not None:
+            self.cache, spec = split_cache(url, manifest, spec, split, s, s.cache_bytes)
+        caches = (self.cache,) if self.cache is not None else ()
         plan = SplitPlan(spec, self._order, s.seq_len)
-        checksums = shard_checksums(manifest, spec, split) if s.verify and remote is None else ()
-        if remote is not None:  # the cache verifies every shard it downloads, before any worker reads it
-            cache = ShardCache(
-                remote,
-                Path(spec.folder),
-                manifest.split_shards(split),
-                spec_itemsize(spec),
-                s.cache_bytes or 1 << 62,
-                s.cache_policy,
-                s.cache_downloads,
-            )
-            plan = CachedPlan(plan, cache, pinned=max(1, s.num_workers * s.prefetch))
-        self.cache = cache if remote is not None else None
-        super().__init__(manifest, ReaderJob(plan, manifest.vocab_size, checksums), s)
+        plan = CachedPlan(plan, list(caches), pinned_batches(s)) if caches else plan
+        super().__init__(manifest, ReaderJob(plan, manifest.vocab_size, checksums), s, caches)
         self._cursor = Cursor(0, 0)
         self._epoch = 0
         self._schedule = None
-
-    def verify_read_shards(self) -> list[str]:
-        """The shards consumed batches came from, verified (`FeedLoader`); from a bucket, the cached shards too
-        (`ShardCache.verify_read`)."""
-        return super().verify_read_shards() + (self.cache.verify_read() if self.cache is not None else [])
 
     @property
     def epoch(self) -> int:
@@ -155,15 +141,56 @@ def open_split(folder: str | Path, split: str) -> tuple[Manifest, SplitSpec]:
     return manifest, spec
 
 
+def open_any_split(folder: str | Path, split: str, settings: LoaderSettings) -> tuple[Manifest, SplitSpec, str | None]:
+    """`open_split` of a local dataset, or `open_remote_split` of a mirror (`dlx.data.remote`) with its URL (None for
+    a local dataset)."""
+    url = remote_origin(folder)
+    if url is None:
+        return (*open_split(folder, split), None)
+    return (*open_remote_split(folder, split, settings), url)
+
+
+def shard_order(spec: SplitSpec, settings: LoaderSettings, n_windows: int, cache_bytes: int) -> tuple[int, tuple]:
+    """(block_shards, shard_bounds) of `dlx.data.loader.order.Order` for a split in object storage read through a
+    cache of `cache_bytes`: shard blocks when it is shuffled and larger than the cache, else (0, ()) (windows)."""
+    if not settings.shuffle or cache_bytes <= 0:
+        return 0, ()
+    blocks = block_size([t * spec_itemsize(spec) for _, t in spec.shards], cache_bytes)
+    return blocks, shard_window_bounds([t for _, t in spec.shards], settings.seq_len, n_windows) if blocks else ()
+
+
+def split_cache(
+    url: str, manifest: Manifest, spec: SplitSpec, split: str, settings: LoaderSettings, cache_bytes: int
+) -> tuple[ShardCache, SplitSpec]:
+    """The cache that fetches the split's shards from `url`, holding at most `cache_bytes` (0: no bound), in a
+    folder of its own next to `spec.folder` (`claim_cache_folder`), and the split's spec in that folder."""
+    folder = claim_cache_folder(Path(spec.folder))
+    cache = ShardCache(
+        url,
+        folder,
+        manifest.split_shards(split),
+        spec_itemsize(spec),
+        cache_bytes or 1 << 62,
+        settings.cache_policy,
+        settings.cache_downloads,
+    )
+    return cache, replace(spec, folder=str(folder))
+
+
+def pinned_batches(settings: LoaderSettings) -> int:
+    """Batches in flight to the workers, whose shards a cache must keep."""
+    return max(1, settings.num_workers * settings.prefetch)
+
+
 def open_remote_split(folder: str | Path, split: str, settings: LoaderSettings) -> tuple[Manifest, SplitSpec]:
-    """The manifest of a mirrored dataset (`dlx.data.remote`) and the split's shards, read from a cache folder of
-    this rank's own that `ShardCache` fills."""
+    """The manifest of a mirrored dataset (`dlx.data.remote`) and the split's shards, to be read from a cache folder
+    of this rank's (`split_cache` claims it: this folder, or the next free one beside it)."""
     manifest = read_manifest(folder)
     shards = manifest.split_shards(split)
     if not shards or manifest.split_tokens(split) == 0:
         raise UserError(f"dataset {remote_origin(folder)} has no {split!r} tokens; run `dlx prepare` to fill it")
-    cache = claim_cache_folder(Path(folder).resolve() / f"shards-{split}-rank{settings.rank}")
-    return manifest, SplitSpec(str(cache), manifest.dtype, tuple((s.name, s.tokens) for s in shards), volatile=True)
+    base = Path(folder).resolve() / f"shards-{split}-rank{settings.rank}"
+    return manifest, SplitSpec(str(base), manifest.dtype, tuple((s.name, s.tokens) for s in shards), volatile=True)
 
 
 def spec_itemsize(spec: SplitSpec) -> int:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlx.data.loader.shard_blocks import block_permutation
+from dlx.data.loader.shard_blocks import block_permutation, order_name
 from dlx.data.source import DamagedState
 from dlx.errors import UserError
 
@@ -54,9 +54,7 @@ class Order:
     @property
     def name(self) -> str:
         """What the loader state records as the order: `shuffled`, `sequential` or `shard-blocks-K`."""
-        if not self.shuffle:
-            return "sequential"
-        return f"shard-blocks-{self.block_shards}" if self.block_shards else "shuffled"
+        return order_name(self.shuffle, self.block_shards)
 
     @property
     def step_windows(self) -> int:

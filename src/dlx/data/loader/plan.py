@@ -3,20 +3,26 @@ decides which windows each batch holds.
 
 A plan is built in the trainer's process and sent to each worker once (pickled without its memory maps, which it
 opens on first use). `SplitPlan` reads one split of one dataset (`order` + `windows`);
-`dlx.data.mixture.plan.MixturePlan` draws from several datasets by weight. numpy only, like everything a worker
+`dlx.data.mixture.plan.MixturePlan` draws from several datasets by weight; `CachedPlan` makes either wait for its
+shards in the caches of data in object storage (`dlx.data.loader.cache`). numpy only, like everything a worker
 imports.
 """
 
 from __future__ import annotations
 
+import copy
+import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from dlx.data.loader.order import Cursor, EpochWindows, Order, schedule
 from dlx.data.loader.windows import SplitSpec, TokenWindows
+
+if TYPE_CHECKING:
+    from dlx.data.loader.cache import ShardCache
 
 
 class BatchPlan(Protocol):
@@ -86,3 +92,44 @@ class SplitPlan:
                     f"tokenizer; check with `dlx data verify {folder}` and run `dlx prepare` again"
                 )
         return f"dataset {folder}: a batch holds a token id outside the vocabulary; run `dlx data verify {folder}`"
+
+
+class CachedPlan:
+    """A plan (`BatchPlan`) whose schedule waits for each batch's shards in the caches that hold
+    them: a batch is handed on once every cache holds its shards of it. Each cache's prefetch threads walk the future
+    batches on a copy of the plan of their own. Pickled as the plain plan (the workers read the cache folders, and
+    never download)."""
+
+    def __init__(self, plan: BatchPlan, caches: list[ShardCache], pinned: int):
+        self.plan, self.caches, self.pinned = plan, caches, pinned
+        self.micro_batch_size, self.seq_len = plan.micro_batch_size, plan.seq_len
+
+    def __reduce__(self) -> tuple:
+        return copy.copy, (self.plan,)  # the plain plan (a reference to the stdlib's copy: nothing more to import)
+
+    def _future(self, cache: ShardCache, start: Any, loop: bool) -> Iterator[set[str]]:
+        """The names of `cache`'s shards each batch from `start` reads (from the manifest's sizes: no file opened)."""
+        plan, prefix = copy.copy(self.plan), os.path.join(cache.folder, "")
+        for cursor in plan.schedule(start, loop):
+            yield {path[len(prefix) :] for path in plan.shards_of(cursor) if path.startswith(prefix)}
+
+    def schedule(self, start: Any, loop: bool) -> Iterator[Any]:
+        for cache in self.caches:
+            cache.start(self._future(cache, start, loop), self.pinned)
+        try:
+            for position, cursor in enumerate(self.plan.schedule(start, loop)):
+                for cache in self.caches:
+                    cache.acquire(position)
+                yield cursor
+        finally:
+            for cache in self.caches:
+                cache.stop()
+
+    def fill(self, cursor: Any, out: Any) -> None:
+        self.plan.fill(cursor, out)
+
+    def shards_of(self, cursor: Any) -> set[str]:
+        return self.plan.shards_of(cursor)
+
+    def describe_bad_token(self, cursor: Any, vocab_size: int) -> str:
+        return self.plan.describe_bad_token(cursor, vocab_size)

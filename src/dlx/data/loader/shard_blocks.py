@@ -19,6 +19,13 @@ from __future__ import annotations
 import numpy as np
 
 
+def order_name(shuffle: bool, block_shards: int) -> str:
+    """What a loader state records as a split's order: `sequential`, `shuffled` or `shard-blocks-K`."""
+    if not shuffle:
+        return "sequential"
+    return f"shard-blocks-{block_shards}" if block_shards else "shuffled"
+
+
 def shard_window_bounds(shard_tokens: list[int], seq_len: int, n_windows: int) -> tuple[int, ...]:
     """The first window of each shard, and `n_windows` last: window `i` starts in shard `j` when
     bounds[j] ≤ i < bounds[j + 1] (window i starts at token i × seq_len of the stream)."""

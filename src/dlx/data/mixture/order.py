@@ -14,7 +14,8 @@ two per source, and the number of draws source `i` has had before position `p` i
 Window of a draw: draw `n` of source `i` is window `permutation_i(e)[n mod N_i]` with `e = n // N_i`, `N_i` the source's
 windows and `permutation_i(e)` a permutation seeded by (seed, i, e). So no window of a source repeats before every
 window of it has been read once (its epoch); then its next epoch starts, in a new order. A small source with a large
-weight goes through more epochs than a large one; `source_epochs` says how many.
+weight goes through more epochs than a large one; `source_epochs` says how many. A source in object storage larger
+than its share of the cache is permuted in shard blocks (`dlx.data.loader.shard_blocks`) from the same seed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from dlx.data.loader.shard_blocks import block_permutation, order_name
 
 PATTERN_SLOTS = 1 << 16
 """Slots in the repeating source pattern: the weights are realised to 1 / 65,536."""
@@ -88,6 +91,12 @@ class MixOrder:
     of a run (`dlx.data.stages`), so its passes go on across stages."""
     first_draws: tuple[int, ...] = ()
     """Draws each source had before position 0 of this order, in earlier stages (empty: none)."""
+    block_shards: tuple[int, ...] = ()
+    """With shuffle, per source: > 0 permutes it in blocks of this many shards (a source in object storage larger than
+    its cache), 0 window by window (empty: every source window by window)."""
+    shard_bounds: tuple[tuple[int, ...], ...] = ()
+    """Per source with block_shards > 0: the first window of each shard, then its windows
+    (`dlx.data.loader.shard_blocks.shard_window_bounds`); () for the others."""
 
     @property
     def step_windows(self) -> int:
@@ -100,7 +109,13 @@ class MixOrder:
             return np.arange(self.n_windows[source], dtype=np.int64)
         number = self.source_ids[source] if self.source_ids else source
         rng = np.random.default_rng([self.seed, _STREAM, number, epoch])
+        if self.block_shards and self.block_shards[source]:
+            return block_permutation(self.shard_bounds[source], self.block_shards[source], rng)
         return rng.permutation(self.n_windows[source])
+
+    def source_order(self, source: int) -> str:
+        """Source `source`'s order as a loader state records it: `sequential`, `shuffled` or `shard-blocks-K`."""
+        return order_name(self.shuffle, self.block_shards[source] if self.block_shards else 0)
 
     def draw_offsets(self) -> np.ndarray:
         """`first_draws` as (n_sources,) int64: added to a source's draw number in this order to count its passes."""

@@ -18,14 +18,15 @@ from dlx.data.mixture.order import MixOrder, MixWindows
 
 def joined(splits: list[SplitSpec]) -> SplitSpec:
     """The sources' splits end to end as one stream, each shard named by its absolute path (so the folder is "").
-    A source's windows never run into the next source: each lies within its own tokens (`count_windows`)."""
+    A source's windows never run into the next source: each lies within its own tokens (`count_windows`). Volatile
+    (each shard mapped for one batch) when a source's shards are in a cache (object storage)."""
     shards = tuple(
         (str(Path(split.folder).resolve() / name), tokens) for split in splits for name, tokens in split.shards
     )
     dtypes = {split.dtype for split in splits}
     if len(dtypes) != 1:  # one tokenizer, so one vocabulary size and one shard dtype; checked before this
         raise ValueError(f"mixture sources have different token dtypes {sorted(dtypes)}")
-    return SplitSpec("", dtypes.pop(), shards)
+    return SplitSpec("", dtypes.pop(), shards, volatile=any(split.volatile for split in splits))
 
 
 class MixturePlan:

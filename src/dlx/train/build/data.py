@@ -3,22 +3,23 @@
 
 The data section picks the kind, here and nowhere else in `train/`: `data.path` is one prepared dataset (one source,
 named by its folder), `data.mix` several by weight (`dlx.data.mixture`), `data.path synthetic` generated tokens (no
-source). Everything downstream reads the sources and the loaders' protocol.
+source). A dataset given by URL is read through its local mirror (`dlx.data.remote.mirror_dataset`, made once per
+process before anything reads it: `mirrored`). Everything downstream reads the sources and the loaders' protocol.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from dlx.data.mixture.sources import mix_sources, open_sources
+from dlx.data.mixture.sources import cache_shares, mix_sources, open_sources
 from dlx.data.remote import mirror_dataset
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.data.source import BatchSource, LoaderSettings, Source
 from dlx.data.stages import StagedLoader
-from dlx.data.storage import basename, is_url
 from dlx.data.synthetic import SyntheticLoader
 from dlx.errors import UserError
 from dlx.train.build.stages import StagePlan, resolve_stages
@@ -29,49 +30,49 @@ VAL_SEED_OFFSET = 1_000_003
 
 
 def run_sources(config: RunConfig) -> tuple[Source, ...]:
-    """The prepared datasets the run reads: data.path's as one source of weight 1 named by its folder, or data.mix's
-    in their canonical order; none for synthetic data. With data.stages, every stage's, each once (weight: the first
-    stage's, 0 for a source it does not read)."""
+    """The prepared datasets the run reads, each URL's mirrored: data.path's as one source of weight 1 named by its
+    folder, or data.mix's in their canonical order; none for synthetic data. With data.stages, every stage's, each
+    once (weight: the first stage's, 0 for a source it does not read)."""
     if config.data.stages:
         return staged_sources(config)
     if config.data.mix is not None:
-        if any(is_url(path) for path in config.data.mix):
-            raise UserError(
-                "data.mix reads local datasets only; train from one dataset in object storage with data.path"
-            )
-        return tuple(mix_sources(config.data.mix))
+        return mirrored(config, mix_sources(config.data.mix, config.data.cache_dir))
     if config.data.path == SYNTHETIC:
         return ()
     return (data_path_source(config),)
 
 
 def data_path_source(config: RunConfig) -> Source:
-    """data.path as one source of weight 1 named by its folder (a URL: its local mirror, made once per process)."""
-    if is_url(config.data.path):  # a local mirror: manifest and tokenizer; the loader's cache fetches the shards
-        url = config.data.path
-        if url not in _mirrors:
-            _mirrors[url] = mirror_dataset(url, config.data.cache_dir)
-        return Source(basename(url), _mirrors[url], 1.0)
-    path = Path(config.data.path)
-    return Source(path.resolve().name or str(path), path, 1.0)
+    """data.path as one source of weight 1 named by its folder (a URL: by its last part, read from its mirror)."""
+    return mirrored(config, mix_sources({config.data.path: 1.0}, config.data.cache_dir))[0]
 
 
-_mirrors: dict[str, Path] = {}
-"""Dataset URL → its local mirror, fetched once per process."""
+def mirrored(config: RunConfig, sources: Iterable[Source]) -> tuple[Source, ...]:
+    """`sources`, each one in object storage mirrored into its folder first (`mirror_dataset` under data.cache_dir,
+    once per process; a message names it as `source_key` does)."""
+    sources = tuple(sources)
+    for source in sources:
+        if source.url is not None and source.path not in _mirrored:
+            folder = mirror_dataset(source.url, config.data.cache_dir, source_key(config))
+            assert folder == source.path, f"{source.url} is mirrored in {folder}, not {source.path}"
+            _mirrored.add(folder)
+    return sources
+
+
+_mirrored: set[Path] = set()
+"""The mirror folders fetched by this process."""
 
 
 def staged_sources(config: RunConfig) -> tuple[Source, ...]:
-    """Every dataset of a staged run: data.path's (its mirror for a URL) when a stage reads it, then the rest."""
+    """Every dataset of a staged run, each once in the order the stages first read them (mirrored)."""
     plan = resolve_stages(config, 1)
     assert plan is not None
     first = {source.name: source.weight for source in plan.stages[0].sources}
-    sources = {}
+    sources: dict[str, Source] = {}
     for stage in plan.stages:
-        if stage.kind == "path":
-            sources.setdefault(stage.sources[0].name, data_path_source(config))
-        for source in stage.sources if stage.kind == "mix" else ():
-            sources.setdefault(source.name, Source(source.name, source.path, first.get(source.name, 0.0)))
-    return tuple(sources.values())
+        for source in stage.sources:
+            sources.setdefault(source.name, replace(source, weight=first.get(source.name, 0.0)))
+    return mirrored(config, sources.values())
 
 
 def source_label(config: RunConfig, source: Source) -> str:
@@ -176,7 +177,7 @@ def open_loader(config: RunConfig, settings: LoaderSettings) -> BatchSource:
     if config.data.mix is not None:
         from dlx.data.mixture import MixtureLoader
 
-        return MixtureLoader(mix_sources(config.data.mix), settings)
+        return MixtureLoader(list(run_sources(config)), settings)
     if config.data.path == SYNTHETIC:
         return SyntheticLoader(config.model.args.vocab_size, settings)
     from dlx.data.loader import TokenLoader
@@ -190,6 +191,11 @@ class RunStages:
 
     def __init__(self, config: RunConfig, plan: StagePlan, settings: LoaderSettings):
         self.config, self.plan, self.settings = config, plan, settings
+        sources = run_sources(config)
+        shares = cache_shares(list(sources), "train", settings.cache_bytes)
+        self.cache_shares = {source.name: share for source, share in zip(sources, shares, strict=True)}
+        """Each source's share of the cache bound, over every source in object storage of every stage: a source keeps
+        its share, and so its window order, in every stage that reads it."""
 
     def open(self, index: int) -> BatchSource:
         stage = self.plan.stages[index]
@@ -198,7 +204,9 @@ class RunStages:
             from dlx.data.mixture import MixtureLoader
 
             first_draws = self.plan.first_draws(index)
-            return MixtureLoader(list(stage.sources), settings, stage.source_ids, first_draws)
+            shares = tuple(self.cache_shares[source.name] for source in stage.sources)
+            sources = list(mirrored(self.config, stage.sources))
+            return MixtureLoader(sources, settings, stage.source_ids, first_draws, shares)
         if stage.kind == "synthetic":
             settings = replace(settings, seed=settings.seed + index * VAL_SEED_OFFSET * 2)
         return open_loader(self.config, settings)
@@ -225,4 +233,8 @@ def build_eval_loaders(
         return {"": SyntheticLoader(config.model.args.vocab_size, replace(settings, seed=seed), config.eval.batches)}
     from dlx.data.loader import TokenLoader
 
-    return {s.name: TokenLoader(s.path, settings, "val", loop=False) for s in sources}
+    shares = cache_shares(list(sources), "val", settings.cache_bytes)  # the bound shared by the sources in buckets
+    return {
+        s.name: TokenLoader(s.path, replace(settings, cache_bytes=share), "val", loop=False)
+        for s, share in zip(sources, shares, strict=True)
+    }

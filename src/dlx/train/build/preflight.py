@@ -133,9 +133,11 @@ def check_run_folder(run_dir: Path, resume: bool) -> tuple[str, str | None]:
 def check_dataset(datasets: list[Dataset]) -> tuple[str, str | None]:
     if not datasets:
         return "synthetic", None
-    for dataset in datasets:
-        if remote_origin(dataset.folder) is not None:
-            return f"in object storage at {remote_origin(dataset.folder)}: shards fetched and verified as read", None
+    local = [dataset for dataset in datasets if remote_origin(dataset.folder) is None]
+    if not local:
+        where = ", ".join(str(remote_origin(dataset.folder)) for dataset in datasets)
+        return f"in object storage at {where}: shards fetched and verified as read", None
+    for dataset in local:
         itemsize = np.dtype(dataset.manifest.dtype).itemsize
         for shard in dataset.manifest.shards:
             path = dataset.folder / shard.name
@@ -150,8 +152,11 @@ def check_dataset(datasets: list[Dataset]) -> tuple[str, str | None]:
                     f"{dataset.label}: shard {shard.name} {state}; run `dlx data verify {dataset.folder}`, then "
                     "`dlx prepare` again with the same inputs"
                 )
-    shards = sum(len(d.manifest.shards) for d in datasets)
-    return f"{shards} shards present at their sizes" + _in_sources(datasets), None
+    shards = sum(len(d.manifest.shards) for d in local)
+    found = f"{shards} shards present at their sizes" + _in_sources(local)
+    if len(local) < len(datasets):
+        found += f"; {len(datasets) - len(local)} in object storage: shards fetched and verified as read"
+    return found, None
 
 
 def _in_sources(datasets: list[Dataset]) -> str:

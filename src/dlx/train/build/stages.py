@@ -20,16 +20,14 @@ steps, data, window length, batch shape and RoPE (`resolve_stages`; None for a r
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from dlx.data import SYNTHETIC
 from dlx.data.mixture.order import SourcePattern
-from dlx.data.mixture.sources import mix_sources
+from dlx.data.mixture.sources import dataset_key, mix_sources
 from dlx.data.source import Source
 from dlx.data.stages import StageSpan, parse_until
-from dlx.data.storage import basename, is_url
 from dlx.errors import UserError
 from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.train.build.optim import WSDSchedule
@@ -170,7 +168,7 @@ def resolve_stages(config: RunConfig, dp_size: int) -> StagePlan | None:
         if section.mix is not None:
             kind, mix = "mix", section.mix
         sources = _stage_sources(config, kind, mix, names)
-        keys = [(names.key(s.path), seq_len) for s in sources] if kind == "mix" else []
+        keys = [(s.key, seq_len) for s in sources] if kind == "mix" else []
         numbers = tuple(ids.setdefault(key, len(ids)) for key in keys)
         micro, accum = stage_batch(config, index, seq_len, grad_accum, dp_size)
         first = 1 if index == 0 else ends[index - 1] + 1
@@ -232,27 +230,28 @@ def stage_batch(config: RunConfig, index: int, seq_len: int, grad_accum: int, dp
 
 
 class SourceNames:
-    """Every dataset a staged run reads, named once over all stages (`dlx.data.mixture.sources.mix_sources`)."""
+    """Every dataset a staged run reads (local folders and URLs), named once over all stages
+    (`dlx.data.mixture.sources.mix_sources`) and identified by its key (`Source.key`)."""
 
-    def __init__(self, paths: list[str]):
-        self._by_path = {Path(s.path).resolve(): s for s in mix_sources(dict.fromkeys(paths, 1.0))}
+    def __init__(self, paths: list[str], cache_dir: str = ""):
+        """`paths` as written; one dataset written in two ways (`a`, `./a`; a URL with a trailing slash) is one."""
+        unique = {dataset_key(path): path for path in reversed(paths)}  # its first spelling names it
+        self._by_key = {s.key: s for s in mix_sources(dict.fromkeys(unique.values(), 1.0), cache_dir)}
 
-    def key(self, path: Path) -> Path:
-        return Path(path).resolve()
-
-    def name(self, path: str | Path) -> str:
-        return self._by_path[self.key(Path(path))].name
+    def source(self, path: str, weight: float) -> Source:
+        """The dataset written as `path`, with its run-wide name and this weight."""
+        return replace(self._by_key[dataset_key(path)], weight=weight)
 
     def sources(self) -> list[Source]:
-        return list(self._by_path.values())
+        return list(self._by_key.values())
 
 
 def source_names(config: RunConfig) -> SourceNames:
     data = config.data
-    paths = list(data.mix or ([] if data.path == SYNTHETIC or is_url(data.path) else [data.path]))
+    paths = list(data.mix or ([] if data.path == SYNTHETIC else [data.path]))
     for stage in data.stages or []:
         paths += [path for path in stage.mix or {} if path not in paths]
-    return SourceNames(paths)
+    return SourceNames(paths, data.cache_dir)
 
 
 def _first_data(config: RunConfig) -> tuple[Kind, dict[str, float] | None]:
@@ -265,8 +264,9 @@ def _stage_sources(config: RunConfig, kind: Kind, mix: dict[str, float] | None, 
     if kind == "synthetic":
         return ()
     if kind == "path":
-        path = config.data.path
-        return (Source(basename(path) if is_url(path) else names.name(path), Path(path), 1.0),)
-    if any(is_url(path) for path in mix or {}):
-        raise UserError("data.stages: a mix reads local datasets only (as data.mix); give local folders")
-    return tuple(Source(names.name(s.path), s.path, s.weight) for s in mix_sources(mix or {}))
+        return (names.source(config.data.path, 1.0),)
+    return tuple(names.source(path, float(weight)) for path, weight in sorted((mix or {}).items(), key=_by_key))
+
+
+def _by_key(entry: tuple[str, float]) -> str:
+    return dataset_key(entry[0])
