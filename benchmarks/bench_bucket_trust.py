@@ -36,11 +36,29 @@ INTRO = "Measured by `benchmarks/bench_bucket_trust.py`; see its docstring."
 
 
 def start(args: list[str], endpoint, staging: Path, cwd: Path, **env: str) -> subprocess.Popen:
+    """`dlx pretrain ARGS`; its output goes to files in `cwd` (a pipe nobody reads would block a long run), read
+    back by `finish`."""
     full = {**os.environ, **endpoint.env(), "OMP_NUM_THREADS": "1", "DLX_STAGING_DIR": str(staging), **env}
-    return subprocess.Popen(
+    cwd.mkdir(parents=True, exist_ok=True)
+    out = open(cwd / f"out-{time.monotonic_ns()}", "w+")  # noqa: SIM115 (closed by finish)
+    err = open(cwd / f"err-{time.monotonic_ns()}", "w+")  # noqa: SIM115 (closed by finish)
+    proc = subprocess.Popen(
         [sys.executable, "-m", "dlx", "pretrain", *args], cwd=cwd, env=full, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        stdout=out, stderr=err, start_new_session=True,
     )  # fmt: skip
+    proc.files = (out, err)  # type: ignore[attr-defined]
+    return proc
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[str, str]:
+    """Wait for `proc`; its standard output and error."""
+    proc.wait(timeout)
+    texts = []
+    for f in proc.files:  # type: ignore[attr-defined]
+        f.seek(0)
+        texts.append(f.read())
+        f.close()
+    return texts[0], texts[1]
 
 
 def bucket_steps(url: str) -> list[int]:
@@ -57,7 +75,7 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{path.name} never appeared: {proc.communicate()[1][-2000:]}")
+            raise RuntimeError(f"{path.name} never appeared: {finish(proc)[1][-2000:]}")
         time.sleep(0.05)
 
 
@@ -76,12 +94,12 @@ def outage(endpoint, data: Path, work: Path) -> dict:
     wait_for(faults / "train_batch", first)
     endpoint.faults.drop_rate = 1.0
     (faults / "train_batch").unlink()
-    _, err = first.communicate(timeout=600)
+    _, err = finish(first)
     endpoint.faults.drop_rate = 0.0
     os.environ["DLX_STAGING_DIR"] = str(staging)
     kept = newest_verified(staging_dir(url))
     second = start(command, endpoint, staging, work)
-    out, _ = second.communicate(timeout=600)
+    out, _ = finish(second)
     retrained = [r for r in out.splitlines() if r.startswith("step ")]
     return {
         "first exit": first.returncode,
@@ -101,7 +119,7 @@ def two_launches(endpoint, data: Path, work: Path, apart_s: float, other_host: b
     first = start(command, endpoint, work / "staging-a", work)
     time.sleep(apart_s)
     second = start(command, endpoint, work / ("staging-b" if other_host else "staging-a"), work)
-    results = [p.communicate(timeout=600) for p in (first, second)]
+    results = [finish(p) for p in (first, second)]
     steps = bucket_steps(url)
     return {
         "trained (exit 0)": sum(p.returncode == 0 for p in (first, second)),
@@ -126,7 +144,8 @@ def upload_lag(endpoint, data: Path, work: Path, bytes_per_s: float) -> dict:
     work.mkdir(parents=True)
     url = f"s3://{BUCKET}/lag"
     staging_root = work / "staging-lag"
-    run = [*TINY, "--data.path", str(data), "--train.max_steps", "400", "--checkpoint.every", "50", "--eval.every", "0"]
+    run = [*TINY, "--data.path", str(data), "--train.max_steps", "3000", "--checkpoint.every", "500"]
+    run += ["--eval.every", "0", "--log.every", "100"]
     endpoint.faults.upload_bytes_per_s = bytes_per_s
     proc = start([*run, "--run-dir", url], endpoint, staging_root, work)
     published: dict[str, float] = {}
@@ -140,7 +159,7 @@ def upload_lag(endpoint, data: Path, work: Path, bytes_per_s: float) -> dict:
                 complete[name] = now
         time.sleep(0.2)
     endpoint.faults.upload_bytes_per_s = 0.0
-    _, err = proc.communicate()
+    _, err = finish(proc)
     names = sorted(published)
     interval = [published[b] - published[a] for a, b in itertools.pairwise(names)]
     lags = {name: complete[name] - published[name] for name in names if name in complete}
