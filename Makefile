@@ -4,10 +4,12 @@ VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dlx-installed
-# two pytest-xdist workers: the suite is mostly subprocesses and torchrun ranks waiting on each other
-PYTEST_ARGS ?= -n 2
+# two pytest-xdist workers: the suite is mostly subprocesses and torchrun ranks waiting on each other; the file order
+PYTEST_ARGS ?= -n 2 -p no:randomly
+# `make test-random SEED=N`: the same tests in pytest-randomly's order for seed N (a new one each time by default)
+SEED ?= $(shell date +%s)
 
-.PHONY: setup demo test unit lint bench clean
+.PHONY: setup demo test unit test-random test-loaded lint bench clean
 
 setup: $(STAMP)
 
@@ -27,6 +29,13 @@ test: setup
 # the quick loop: tests that start no process and train nothing
 unit: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests/unit
+
+# checks that find the next flaky test: a random order, and the suite beside two CPU-bound processes (a busy CI machine)
+test-random: setup
+	$(BIN)/python -m pytest -n 2 -p randomly --randomly-seed=$(SEED)
+
+test-loaded: setup
+	bash scripts/under_load.sh $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check --fix src tests benchmarks && $(BIN)/ruff format src tests benchmarks
