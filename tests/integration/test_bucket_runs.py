@@ -139,8 +139,8 @@ def test_a_lapsed_lease_is_taken_over_and_a_live_one_is_respected(s3, monkeypatc
 
 def test_uploads_slower_than_the_checkpoints_still_complete_the_newest(s3, tmp_path):
     """Every request 0.3 s late (an upload takes seconds) and a checkpoint every step (milliseconds) with keep_last 1:
-    the checkpoint being uploaded is never pruned, the newest goes next, the console says uploads fall behind, and
-    no prefix is left without its marker."""
+    the checkpoint being uploaded is never pruned, the newest is complete in the bucket at the end, and no prefix is
+    left without its marker (whatever the machine's speed: which checkpoints are uploaded depends on it)."""
     from dlx.data import storage
     from dlx.train.rundir.remote import complete_checkpoints
 
@@ -152,7 +152,6 @@ def test_uploads_slower_than_the_checkpoints_still_complete_the_newest(s3, tmp_p
     _, err = proc.communicate(timeout=400)
     s3.faults.latency_s = 0.0
     assert proc.returncode == 0, err
-    assert f"uploads to {url} fall behind the checkpoints" in err and "MB/s to the bucket" in err
     assert complete_checkpoints(url)[0] == "step-00000060"
     prefixes = {name for name in storage.listdir(f"{url}/checkpoints") if name.startswith("step-")}
     assert prefixes == set(complete_checkpoints(url))  # every prefix in the bucket has its marker
@@ -223,3 +222,36 @@ def test_two_caches_never_share_a_cache_folder(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_checkpoint_published_during_an_upload_is_said_once_with_the_bandwidth(s3, tmp_path, monkeypatch, capsys):
+    """While step 2's upload is in flight the run publishes step 4: the sync says uploads fall behind (once), uploads
+    the newest next, and the checkpoint it was uploading was not pruned meanwhile."""
+    from dlx.data import storage
+    from dlx.train.rundir import sync as sync_module
+    from dlx.train.rundir.checkpoint import prune_checkpoints
+
+    staging = tmp_path / "run"
+    for step in (2,):
+        (staging / "checkpoints" / f"step-{step:08d}").mkdir(parents=True)
+        (staging / "checkpoints" / f"step-{step:08d}" / "model.safetensors").write_bytes(b"w" * 1000)
+    (staging / "config.yaml").write_text("a: 1\n")
+    monkeypatch.setattr(sync_module, "list_checkpoints", lambda folder: sorted((folder / "checkpoints").iterdir()))
+    real_upload_tree = storage.upload_tree
+
+    def publishing_meanwhile(local, url):
+        newer = staging / "checkpoints" / "step-00000004"
+        if not newer.exists():
+            newer.mkdir()
+            (newer / "model.safetensors").write_bytes(b"v" * 1000)
+            prune_checkpoints(staging, keep_last=1)  # the run's retention, while step 2 uploads: it stays (pinned)
+            assert (staging / "checkpoints" / "step-00000002").is_dir()
+        return real_upload_tree(local, url)
+
+    monkeypatch.setattr(storage, "upload_tree", publishing_meanwhile)
+    url = f"s3://{BUCKET}/behind"
+    sync_module.RunSync(url, staging).sync(while_training=True)
+    err = capsys.readouterr().err
+    assert err.count("fall behind") == 1 and "step-00000004 was published while step-00000002 uploaded at" in err
+    assert "MB/s to the bucket" in err
+    assert storage.exists(f"{url}/checkpoints/step-00000002/COMPLETE")

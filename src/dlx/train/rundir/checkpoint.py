@@ -311,6 +311,7 @@ def _publish(tmp: Path, path: Path, state: TrainerState, run_dir: Path, keep_las
         shutil.rmtree(tmp, ignore_errors=True)
         raise _save_refused(path, run_dir, e) from None
     prune_checkpoints(run_dir, keep_last)
+    PUBLISHED.set()
 
 
 def _save_refused(path: Path, run_dir: Path, error: BaseException | None) -> UserError:
@@ -343,6 +344,8 @@ def _scheduler_state(scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict[st
     return state
 
 
+PUBLISHED = threading.Event()
+"""Set each time a checkpoint is published in this process (a bucket run's sync uploads it at once)."""
 _PINNED: set[Path] = set()
 _PIN_LOCK = threading.Lock()
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from dlx.data import storage
 from dlx.errors import UserError
-from dlx.train.rundir.checkpoint import CHECKPOINTS_DIR, list_checkpoints, pinned
+from dlx.train.rundir.checkpoint import CHECKPOINTS_DIR, PUBLISHED, list_checkpoints, pinned
 from dlx.train.rundir.lease import BucketLease, LeaseLost, StagingLock
 from dlx.train.rundir.remote import MARKER, complete_checkpoints, newest_verified, pull_run, staging_dir
 
@@ -89,7 +89,7 @@ class RunSync:
 
     The top-level files go first and again after each checkpoint (a checkpoint's upload can take minutes), each one
     only when its size or mtime changed since it was last sent, and only as a whole file: one read between two equal
-    `stat`s, and an appended `.jsonl` up to its last complete line."""
+    `stat`s, and an appended `.jsonl` up to its last complete line. A published checkpoint starts a sync at once."""
 
     def __init__(self, url: str, staging: Path, lease: BucketLease | None = None, every_s: float = SYNC_EVERY_S):
         self.url, self.staging, self.lease, self.every_s = url, staging, lease, every_s
@@ -115,6 +115,7 @@ class RunSync:
         if not self._thread.is_alive():
             return
         self._stop.set()
+        PUBLISHED.set()  # wakes the loop
         self._thread.join()
         if self.lost is not None:
             raise UserError(f"{self.lost}. This run stopped uploading when it lost the lease{self._kept()}")
@@ -137,7 +138,12 @@ class RunSync:
             raise UserError(self._unreachable(e)) from None
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
+        """A sync every `every_s` seconds, and at once when a checkpoint is published."""
+        while not self._stop.is_set():
+            PUBLISHED.wait(self.every_s)
+            PUBLISHED.clear()
+            if self._stop.is_set():
+                return
             try:
                 if self.lease is not None:
                     self.lease.renew()
