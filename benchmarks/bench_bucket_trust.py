@@ -167,9 +167,11 @@ def upload_lag(endpoint, data: Path, work: Path, bytes_per_s: float) -> dict:
     return {
         "checkpoints published here": len(names),
         "checkpoints complete in the bucket": len(complete),
-        "checkpoint MB": size / 1e6,
-        "lag s (median, max)": (sorted(lags.values())[len(lags) // 2], max(lags.values())) if lags else None,
-        "interval s (median)": sorted(interval)[len(interval) // 2] if interval else None,
+        "checkpoint MB": f"{size / 1e6:.2f}",
+        "lag s (median, max)": f"{sorted(lags.values())[len(lags) // 2]:.2f}, {max(lags.values()):.2f}"
+        if lags
+        else "—",
+        "interval s (median)": f"{sorted(interval)[len(interval) // 2]:.2f}" if interval else "—",
         "newest complete": max(complete) if complete else "none",
         "said behind": "fall behind" in err,
     }
