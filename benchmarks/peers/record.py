@@ -119,7 +119,8 @@ HEADLINE_HEADER = "| benchmark | latest figure | peer | ratio | machine | date |
 
 def headline_row(section: str, headline: Headline) -> str:
     """The row of `section` for a result measured now, on this machine, by this command."""
-    machine = f"{cpu_name().split('(')[0].strip()}, {os.cpu_count()} CPUs, {machine_load().split(' (')[-1][:-1]}"
+    remark = "busy" if "(busy" in machine_load() else "quiet"
+    machine = f"{cpu_name().split('(')[0].strip()}, {os.cpu_count()} CPUs, {remark}"
     command = shlex.join([Path(sys.argv[0]).as_posix().split("benchmarks/", 1)[-1], *sys.argv[1:]])
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     cells = [section, headline.figure, headline.peer, headline.ratio, machine, date, f"`benchmarks/{command}`"]
