@@ -207,7 +207,8 @@ def main() -> None:
     writers = max(r["trained (exit 0)"] for (apart, _), r in launches.items() if apart < 5)  # at the same time
     headline = Headline(
         f"outage: {o['steps trained again']} steps retrained beyond the kept checkpoint {o['kept']}; two launches: "
-        f"{writers} writer when 1 s apart (one machine, two hosts); uploads at 1 MB/s: lag {lag['lag s (median, max)']} s",
+        f"{writers} writer when 1 s apart (one machine, two hosts); uploads at 1 MB/s: lag "
+        f"{lag['lag s (median, max)']} s (median, max)",
         "—",
         "—",
     )
