@@ -22,7 +22,8 @@ class Compiled:
     function: str
     """`name (file:line)`, the file relative to the package it is in."""
     seconds: float
-    """Dynamo, AOTAutograd and inductor together (the backward graph, compiled at the first backward, separately)."""
+    """Dynamo, AOTAutograd and inductor together; a backward graph (compiled lazily, at the first backward through
+    its forward) is an entry of its own."""
     recompile: str | None
     """The first guard that failed, for a function compiled before; None for a first compile."""
     cache_hits: int
@@ -30,7 +31,11 @@ class Compiled:
     cache_misses: int
 
     @classmethod
-    def of(cls, metrics: Any) -> Compiled:
+    def of(cls, metrics: Any) -> Compiled | None:
+        """None for an entry that compiled nothing (neither a frame nor a backward graph)."""
+        backward_us = getattr(metrics, "backward_cumulative_compile_time_us", None)
+        if not metrics.co_name:  # AOTAutograd's backward graph, compiled at the first backward through it
+            return cls("backward graph", backward_us / 1e6, None, 0, 0) if backward_us else None
         where = short_path(metrics.co_filename or "?")
         hits = (metrics.inductor_fx_local_cache_hit_count or 0) + (metrics.aotautograd_local_cache_hit_count or 0)
         misses = (metrics.inductor_fx_local_cache_miss_count or 0) + (metrics.aotautograd_local_cache_miss_count or 0)
@@ -78,7 +83,7 @@ class CompileLog:
         new = entries[start:]
         if new:
             self._last = new[-1]
-        return [Compiled.of(entry) for entry in new if entry.co_name]
+        return [compiled for compiled in map(Compiled.of, new) if compiled is not None]
 
 
 def describe(compiled: list[Compiled], where: str) -> list[str]:

@@ -22,6 +22,7 @@ import torch
 from dlx import device as dev
 from dlx.bench.tune.space import Layout, layout_recipe
 from dlx.bench.tune.time_model import LayoutCost, training_shape
+from dlx.bench.tune.whole_run import RunCost
 from dlx.errors import UserError
 from dlx.metrics.estimate import plan_memory
 from dlx.parallel.tensor import check_layout
@@ -48,6 +49,12 @@ class Candidate:
     record: dict[str, Any] | None = None
     """The measured ThroughputMeter record (step_s, tokens_per_s, mfu, peak_mem_gb)."""
     config: RunConfig | None = field(default=None, repr=False)
+    run: RunCost | None = None
+    """The whole run with this layout (`dlx.bench.tune.whole_run`): from its measurement once measured."""
+    predicted_run_before_s: float | None = None
+    """The whole run predicted just before the layout was measured."""
+    impossible: bool = False
+    """The recipe refuses the layout at this world size: not listed."""
 
     @property
     def measured_step_s(self) -> float | None:
@@ -100,6 +107,7 @@ def admit(
             check_layout(candidate.config.parallel, world_size)
         except UserError as e:
             candidate.drop = str(e).removeprefix("recipe: ")
+            candidate.impossible = True
             candidates.append(candidate)
             continue
         candidate.drop = missing_package(layout.strategy)
