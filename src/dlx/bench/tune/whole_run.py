@@ -23,16 +23,28 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
+from dlx.bench.tune.space import Layout
 from dlx.data.shards import TOKENIZER_FILE
 from dlx.train.build.preflight import checkpoint_bytes
 from dlx.train.config import RunConfig
 
-if TYPE_CHECKING:
-    from dlx.bench.tune.select import Candidate
+
+class Candidate(Protocol):
+    """What the whole run reads of a `dlx.bench.tune.select.Candidate`."""
+
+    @property
+    def layout(self) -> Layout: ...
+    @property
+    def record(self) -> dict[str, Any] | None: ...
+    @property
+    def measured_step_s(self) -> float | None: ...
+    @property
+    def predicted_step_s(self) -> float | None: ...
+
 
 COMPILE_PRIOR_S = {"cpu": 40.0, "cuda": 60.0}
 """A cold torch.compile warm-up before any compiled layout is measured."""
