@@ -15,7 +15,7 @@ import torch
 from dlx import device as dev
 from dlx.bench.tune import search as tune_module
 from dlx.bench.tune.search import TuneSettings, run_tune
-from dlx.bench.tune.space import SearchSpace, enumerate_layouts
+from dlx.bench.tune.space import Layout, SearchSpace, enumerate_layouts
 from dlx.bench.tune.time_model import LayoutCost, Rates, calibrate
 from dlx.errors import UserError
 from dlx.train.recipe import load_recipe
@@ -134,6 +134,9 @@ def test_tune_measures_the_best_predicted_first_and_picks_the_truly_fastest(synt
     assert truth(result.winner.layout) == pytest.approx(best_true)
     assert 3 <= len(synthetic_measure) <= 6 < len(admitted)  # calibrated on a few, stopped well before all
     assert result.model.measured_points == len(synthetic_measure)
+    (own,) = [c for c in result.candidates if c.is_recipe]  # the recipe's layout (attention auto: default on a CPU)
+    assert synthetic_measure[0] == own.layout == Layout("none", 1, "none", 4, 2, False, False, "default")
+    assert result.winner.run.total_s <= own.run.total_s
     for candidate in result.candidates:  # every candidate carries why it lost, the winner none
         assert (candidate.drop is None) == (candidate is result.winner)
 

@@ -39,6 +39,7 @@ def candidate_row(c: Candidate, result: TuneResult) -> dict[str, Any]:
         "estimate_gb": c.estimate_gb,
         "peak_mem_gb": record.get("peak_mem_gb"),
         "winner": c is result.winner,
+        "recipe": c.is_recipe,
         "drop": c.drop,
         "run": c.run.as_dict() if c.run is not None else None,
         "run_measured": c.record is not None and c.run is not None,
@@ -101,6 +102,7 @@ def tune_json(result: TuneResult, out: Path | None) -> dict[str, Any]:
         },
         "time_model": {
             "coefficients": list(result.model.coefficients),
+            "scale": result.model.scale,
             "measured_points": result.model.measured_points,
         },
         "run_shape": asdict(result.shape) if result.shape is not None else None,
@@ -145,6 +147,7 @@ def markdown_lines(result: TuneResult, every: bool = False) -> list[str]:
 
 def table_row(row: dict[str, Any]) -> str:
     name = f"**{row['label']}**" if row["winner"] else row["label"]
+    name += " (the recipe's)" if row["recipe"] else ""
     tps = row["tokens_per_s"] or row["predicted_tokens_per_s"]
     tps_text = "" if tps is None else f"{tps:,.0f}" + ("" if row["tokens_per_s"] else " (pred.)")
     mfu = row["mfu"] if row["mfu"] is not None else row["predicted_mfu"]

@@ -235,7 +235,28 @@ def candidates_of(
     )
     layouts = [layout for layout in enumerate_layouts(space) if holds_kept(layout.as_dict(), kept)]
     rule = memory_rule(device, settings.memory_limit_gb, settings.margin)
-    return admit(raw, layouts, base, world_size, device, precision, rule), rule
+    candidates = admit(raw, layouts, base, world_size, device, precision, rule)
+    mark_recipe(candidates, base, device)
+    return candidates, rule
+
+
+def mark_recipe(candidates: list[Candidate], base: RunConfig, device: torch.device) -> None:
+    """The candidate whose layout is the recipe's own (train.attention auto is SDPA's own choice on a CPU: default)."""
+    attention = base.train.attention
+    if attention == "auto" and "auto" not in ATTENTION_BY_DEVICE.get(device.type, ("auto",)):
+        attention = "default"
+    own = {
+        "strategy": base.parallel.strategy,
+        "tp": base.parallel.tp,
+        "activation_checkpointing": base.parallel.activation_checkpointing,
+        "micro_batch_size": base.data.micro_batch_size,
+        "compile": base.train.compile,
+        "float8": base.train.float8,
+        "attention": attention,
+    }
+    for c in candidates:  # at the recipe's global batch, its micro-batch sets its accumulation too
+        values = c.layout.as_dict()
+        c.is_recipe = c.config is not None and all(values[key] == value for key, value in own.items())
 
 
 def holds_kept(values: dict[str, Any], kept: dict[str, Any]) -> bool:
@@ -335,7 +356,7 @@ def next_to_measure(
 
     def decide() -> int | None:
         waiting = [i for i, c in enumerate(admitted) if c.record is None and c.drop is None]
-        waiting.sort(key=lambda i: run_s(admitted[i]))
+        waiting.sort(key=lambda i: (not admitted[i].is_recipe, run_s(admitted[i])))  # the recipe's own first
         left = settings.budget_s - (time.monotonic() - start)
         affordable = [i for i in waiting if expected_measure_s(admitted[i], settings, device, setup_s) <= left]
         if not affordable:

@@ -55,6 +55,8 @@ class Candidate:
     """The whole run predicted just before the layout was measured."""
     impossible: bool = False
     """The recipe refuses the layout at this world size: not listed."""
+    is_recipe: bool = False
+    """The layout the recipe sets itself: measured first, so that the winner is never a run slower than it."""
 
     @property
     def measured_step_s(self) -> float | None:
