@@ -38,14 +38,25 @@ INTRO = (
     "cache under `~/.cache/dlx/compile`), after a resume, and eager for reference; and the demo recipe's whole run "
     "with its evaluations, compiled against eager (`benchmarks/bench_first_step.py`)."
 )
-SHAPES = {"demo": ("--model.preset", "demo"), "1b-scaled": SCALED_1B}
-COMMON = ("--data.path", "synthetic", "--data.seq_len", "256", "--data.micro_batch_size", "8", "--log.every", "1")
-COMMON += ("--log.progress", "false", "--eval.every", "0", "--checkpoint.every", "2")
+BATCH = ("--data.seq_len", "256", "--data.micro_batch_size", "8")
+SHAPES = {
+    "demo": ("--model.preset", "demo", *BATCH),
+    "1b-scaled": (*SCALED_1B, *BATCH),
+    "gpu-1b": ("--model.preset", "llama3.2-1b", "--data.seq_len", "2048", "--data.micro_batch_size", "8"),
+    "dry": ("--model.preset", "debug", "--data.seq_len", "32", "--data.micro_batch_size", "2"),
+}
+"""demo and 1b-scaled: this CPU's; gpu-1b and dry: next_contact.py's GPU row and its CPU dry run."""
+COMMON = ("--data.path", "synthetic", "--log.every", "1", "--log.progress", "false", "--eval.every", "0")
+COMMON += ("--checkpoint.every", "2")
 
 
 def dlx(args: list[str], cache: Path, cwd: Path) -> tuple[float, str]:
     """`dlx ARGS` to its end: (its wall seconds, its standard output); a failure ends the benchmark with its stderr."""
-    env = {**os.environ, "XDG_CACHE_HOME": str(cache), "PYTHONPATH": str(ROOT / "src")}
+    env = {
+        **os.environ,
+        "XDG_CACHE_HOME": str(cache),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     began = time.time()
     proc = subprocess.run([sys.executable, "-m", "dlx", *args], cwd=cwd, env=env, capture_output=True, text=True)
@@ -68,14 +79,15 @@ def compile_line(stdout: str) -> str:
     return re.sub(r" \(model, shapes.*| cache /\S+.*|; kept in .*", "", found[0]) if found else "(eager)"
 
 
-def measure_setting(name: str, work: Path) -> list[dict]:
-    """Cold, warm, resumed and eager first steps of one shape."""
+def measure_setting(name: str, work: Path, compiled: bool = True) -> list[dict]:
+    """Cold, warm, resumed and eager first steps of one shape (`compiled` False: all four eager, a dry run's)."""
     cache, eager_cache, rows = work / f"{name}-cache", work / f"{name}-eager-cache", []
     shape = [*SHAPES[name], *COMMON]
+    on = ["--train.compile", str(compiled).lower()]
     for label, run, extra, cache_dir, step in (
-        ("cold", "cold", ["--train.compile", "true", "--train.max_steps", "2"], cache, 1),
-        ("warm", "warm", ["--train.compile", "true", "--train.max_steps", "2"], cache, 1),
-        ("resumed", "warm", ["--train.compile", "true", "--train.max_steps", "4", "--resume"], cache, 3),
+        ("cold", "cold", [*on, "--train.max_steps", "2"], cache, 1),
+        ("warm", "warm", [*on, "--train.max_steps", "2"], cache, 1),
+        ("resumed", "warm", [*on, "--train.max_steps", "4", "--resume"], cache, 3),
         ("eager", "eager", ["--train.compile", "false", "--train.max_steps", "2"], eager_cache, 1),
     ):
         run_dir = work / f"{name}-{run}"
