@@ -33,7 +33,7 @@ INTRO = "`dlx tune` against the exhaustive sweep of the same space (`benchmarks/
 
 def run_once(recipe: list[str], run_dir: Path, cache: Path, work: Path) -> dict[str, float]:
     wall, _ = dlx(["pretrain", *recipe, "--log.progress", "false", "--run-dir", str(run_dir)], cache, work)
-    startup = [e["startup_s"] for e in events_of(run_dir) if e["event"] == "start"][0]
+    startup = next(e["startup_s"] for e in events_of(run_dir) if e["event"] == "start")
     return {"wall_s": wall, "run_s": wall - startup}
 
 
@@ -55,7 +55,7 @@ def main() -> int:
             dlx(["prepare", "--corpus", "stdlib", "--train-tokenizer", "8192", "--out", "data/stdlib-8k"], cache, work)
         steps = ["--train.max_steps", str(args.steps)]
         out = work / "tune" / "tuned.yaml"
-        tune_s, table = dlx(["tune", args.recipe, *steps, "--budget-min", str(args.budget_min), "--out", str(out)],
+        tune_s, _ = dlx(["tune", args.recipe, *steps, "--budget-min", str(args.budget_min), "--out", str(out)],
                             cache, work)  # fmt: skip
         summary = json.loads(out.with_suffix(".json").read_text())
         runs: dict[str, list[dict]] = {"tuned": [], "own": []}
@@ -80,10 +80,11 @@ def report(summary: dict, runs: dict[str, list[dict]], tune_s: float, args: argp
     per_round = ", ".join(f"{t['wall_s'] / o['wall_s']:.3f}" for t, o in zip(runs["tuned"], runs["own"], strict=True))
     predicted = winner["run"]["total_s"]
     error = predicted / median["tuned"]["run_s"] - 1
+    measured = sum(c["measured_step_s"] is not None for c in summary["candidates"])
     lines = [
         f"- `dlx tune {Path(args.recipe).name} --train.max_steps {args.steps} --budget-min {args.budget_min:g}` took "
-        f"{tune_s:.0f} s: winner {winner['label']}, measured {sum(c['measured_step_s'] is not None for c in summary['candidates'])} of "
-        f"{len(summary['candidates'])} listed; {args.rounds} rounds of both runs, alternating",
+        f"{tune_s:.0f} s: winner {winner['label']}, measured {measured} of {len(summary['candidates'])} listed; "
+        f"{args.rounds} rounds of both runs, alternating",
         "",
         "| run | wall s, median (per round) | first step → end s, median | tune's whole-run figure s |",
         "|---|---|---|---|",
