@@ -80,16 +80,17 @@ def compile_line(stdout: str) -> str:
 
 
 def measure_setting(name: str, work: Path, compiled: bool = True) -> list[dict]:
-    """Cold, warm, resumed and eager first steps of one shape (`compiled` False: all four eager, a dry run's)."""
+    """Cold, warm, resumed and eager first steps of one shape (`compiled` False, a dry run's: the first three, eager)."""
     cache, eager_cache, rows = work / f"{name}-cache", work / f"{name}-eager-cache", []
     shape = [*SHAPES[name], *COMMON]
     on = ["--train.compile", str(compiled).lower()]
-    for label, run, extra, cache_dir, step in (
+    cases = [
         ("cold", "cold", [*on, "--train.max_steps", "2"], cache, 1),
         ("warm", "warm", [*on, "--train.max_steps", "2"], cache, 1),
         ("resumed", "warm", [*on, "--train.max_steps", "4", "--resume"], cache, 3),
         ("eager", "eager", ["--train.compile", "false", "--train.max_steps", "2"], eager_cache, 1),
-    ):
+    ]
+    for label, run, extra, cache_dir, step in cases if compiled else cases[:3]:
         run_dir = work / f"{name}-{run}"
         launched = time.time()
         _, stdout = dlx(["pretrain", *shape, *extra, "--run-dir", str(run_dir)], cache_dir, work)

@@ -57,7 +57,7 @@ def tune_row(dry: bool) -> dict:
     recipe = ROOT / "recipes" / ("debug.yaml" if dry else "llama3.2-1b.yaml")
     with tempfile.TemporaryDirectory(prefix="dlx-tune-row-") as tmp:
         argv = [sys.executable, "-m", "dlx", "tune", str(recipe), "--json", "--out", str(Path(tmp) / "tuned.yaml")]
-        argv += ["--budget-min", str(0.3 if dry else TUNE_BUDGET_MIN)]
+        argv += ["--budget-min", str(0.6 if dry else TUNE_BUDGET_MIN)]
         if dry:
             argv += ["--train.device", "cpu", "--keep", "train.compile"]
         start = time.perf_counter()
@@ -76,13 +76,16 @@ def tune_row(dry: bool) -> dict:
 
 
 def first_step_row(dry: bool) -> dict:
-    """Cold, warm, resumed and eager first steps, then evaluations in a warm compiled run."""
+    """Cold, warm, resumed and eager first steps, then evaluations in a warm compiled run (dry: the first three and
+    no evaluated run: nothing compiles on the CPU dry run)."""
     import bench_first_step
 
     setting = "dry" if dry else "gpu-1b"
     with tempfile.TemporaryDirectory(prefix="dlx-first-step-") as tmp:
         work = Path(tmp)
         rows = bench_first_step.measure_setting(setting, work, compiled=not dry)
+        if dry:
+            return {"first_step": {row["case"]: row for row in rows}, "eval_s": [], "eval_recompiles": []}
         run_dir = work / "evaluated"
         argv = ["pretrain", *bench_first_step.SHAPES[setting], *bench_first_step.COMMON, "--train.max_steps", "4"]
         argv += ["--train.compile", str(not dry).lower(), "--eval.every", "2", "--eval.batches", "4"]

@@ -349,7 +349,7 @@ def test_next_contact_dry_run_measures_every_step_on_the_cpu(tmp_path):
     assert results["cp-path"]["figures"]["cp_over_plain"] > 0 and results["tune"]["figures"]["measured"]
     assert (statuses.pop("first-step"), statuses.pop("async-save")) == ("ok", "ok")  # the third call's, dry
     first = results["first-step"]["figures"]
-    assert sorted(first["first_step"]) == ["cold", "eager", "resumed", "warm"] and len(first["eval_s"]) == 2
+    assert sorted(first["first_step"]) == ["cold", "resumed", "warm"]  # dry: no compile, no eager reference
     assert results["async-save"]["figures"]["async"]["blocking_s"] >= 0
     assert statuses == dict.fromkeys(
         ("ceilings", "pretrain-bf16", "bare", "pretrain-float8", "hf-compiled", "seed-dlx", "seed-hf", "plan"), "ok"
