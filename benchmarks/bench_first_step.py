@@ -80,7 +80,7 @@ def compile_line(stdout: str) -> str:
 
 
 def measure_setting(name: str, work: Path, compiled: bool = True) -> list[dict]:
-    """Cold, warm, resumed and eager first steps of one shape (`compiled` False, a dry run's: the first three, eager)."""
+    """Cold, warm, resumed and eager first steps of one shape (`compiled` False, a dry run's: the first three)."""
     cache, eager_cache, rows = work / f"{name}-cache", work / f"{name}-eager-cache", []
     shape = [*SHAPES[name], *COMMON]
     on = ["--train.compile", str(compiled).lower()]
