@@ -57,7 +57,7 @@ def tune_row(dry: bool) -> dict:
     recipe = ROOT / "recipes" / ("debug.yaml" if dry else "llama3.2-1b.yaml")
     with tempfile.TemporaryDirectory(prefix="dlx-tune-row-") as tmp:
         argv = [sys.executable, "-m", "dlx", "tune", str(recipe), "--json", "--out", str(Path(tmp) / "tuned.yaml")]
-        argv += ["--budget-min", str(0.6 if dry else TUNE_BUDGET_MIN)]
+        argv += ["--budget-min", str(0.4 if dry else TUNE_BUDGET_MIN)]
         if dry:
             argv += ["--train.device", "cpu", "--keep", "train.compile"]
         start = time.perf_counter()

@@ -280,7 +280,8 @@ def run_s(c: Candidate) -> float:
 def expected_measure_s(candidate: Candidate, settings: TuneSettings, device: torch.device, setup_s: float) -> float:
     """What measuring the candidate should take: its setup, warm-up and timed steps and a few validation batches,
     compile (and its warm restart) where on."""
-    steps = SAFETY * (settings.warmup + settings.steps + 1) * (candidate.predicted_step_s or 0.0)
+    restart = 1 if candidate.layout.compile else 0  # a compiled layout's first step again, from the cache
+    steps = SAFETY * (settings.warmup + settings.steps + restart) * (candidate.predicted_step_s or 0.0)
     compile_s = COMPILE_S.get(device.type, 60.0) if candidate.layout.compile else 0.0
     return setup_s + steps + compile_s
 

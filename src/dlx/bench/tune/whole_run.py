@@ -186,7 +186,7 @@ def run_cost(candidate: Candidate, shape: RunShape, shared: SharedCosts) -> RunC
     )
 
 
-SAVE_SAMPLE_BYTES = 64 << 20
+SAVE_SAMPLE_BYTES = 16 << 20
 """Bytes written, fsynced and hashed to time a save."""
 
 
