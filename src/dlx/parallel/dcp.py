@@ -7,9 +7,7 @@ tp × dp layout resumes under any other, down to one process, and its full weigh
 
 Asynchronous saves (`save(..., background=True)`): DCP copies the state into host memory (the "staging" copy, so that
 training may change the weights at once), then writes it from a background thread; the ranks coordinate the write over
-a separate gloo group, so that the background collectives never interleave with the training step's. That thread
-writes at the lowest CPU priority (`_YieldingWriter`): the training step's threads take the cores first and the write
-uses what they leave, so the steps during a save are not slowed by it (BENCHMARKS.md, "Checkpoint cost").
+a separate gloo group, so that the background collectives never interleave with the training step's.
 
 Reading is data-only: DCP's `.metadata` is a pickle, read here by `read_metadata` through an unpickler that admits only
 the checkpoint-metadata classes (DCP's own dataclasses, torch.Size, dtypes, layouts, paths); anything else is refused
@@ -184,30 +182,7 @@ def save(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, backg
         with _one_process():
             dcp.save(state, checkpoint_id=folder, no_dist=not _group_active())
         return None
-    writer = _yielding_writer(folder)
-    return dcp.async_save(state, storage_writer=writer, process_group=background_group(), no_dist=not _group_active())
-
-
-def _yielding_writer(folder: Path) -> Any:
-    """DCP's file-system writer, whose `write_data` (the serialisation and the writes, run in DCP's background thread)
-    first lowers that thread's CPU priority (`lower_thread_priority`); threads it starts inherit it."""
-    from torch.distributed.checkpoint import FileSystemWriter
-
-    class _YieldingWriter(FileSystemWriter):
-        def write_data(self, plan: Any, planner: Any) -> Any:
-            lower_thread_priority()
-            return super().write_data(plan, planner)
-
-    return _YieldingWriter(folder)
-
-
-def lower_thread_priority() -> None:
-    """The calling thread alone at nice 19 (Linux schedules threads as tasks); elsewhere, or where refused, nothing."""
-    import os
-    import threading
-
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    return dcp.async_save(state, checkpoint_id=folder, process_group=background_group(), no_dist=not _group_active())
 
 
 def load(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
