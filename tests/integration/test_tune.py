@@ -14,6 +14,7 @@ import torch
 
 from dlx import device as dev
 from dlx.bench.tune import search as tune_module
+from dlx.bench.tune import whole_run
 from dlx.bench.tune.search import TuneSettings, run_tune
 from dlx.bench.tune.space import Layout, SearchSpace, enumerate_layouts
 from dlx.bench.tune.time_model import LayoutCost, Rates, calibrate
@@ -77,8 +78,8 @@ def synthetic_measure(monkeypatch):
         return {(kind, micro): 1e-4 * micro * (1 + (kind == "math")) for kind, micro in keys}
 
     monkeypatch.setattr(tune_module, "measure_config", fake_measure)
-    monkeypatch.setattr(tune_module, "time_task_evaluation", lambda config, device: TASKS_S)
-    monkeypatch.setattr(tune_module, "time_save", lambda config, folder: SAVE_S)
+    monkeypatch.setattr(whole_run, "time_task_evaluation", lambda config, device: TASKS_S)
+    monkeypatch.setattr(whole_run, "time_save", lambda config, folder: SAVE_S)
     monkeypatch.setattr(tune_module, "measure_rates", fake_rates)
     monkeypatch.setattr(tune_module, "measure_attention", fake_attention)
     return measured

@@ -29,7 +29,7 @@ import torch
 
 from dlx.bench.measure import measure_config
 from dlx.bench.tune.rates import measure_attention, measure_rates
-from dlx.bench.tune.select import Candidate, MemoryRule, admit, check_some_fit, memory_rule
+from dlx.bench.tune.select import Candidate, MemoryRule, admit, check_some_fit, mark_recipe, memory_rule
 from dlx.bench.tune.space import (
     ATTENTION_BY_DEVICE,
     SearchSpace,
@@ -39,16 +39,7 @@ from dlx.bench.tune.space import (
     tensor_parallel_sizes,
 )
 from dlx.bench.tune.time_model import Rates, TimeModel, calibrate, layout_cost
-from dlx.bench.tune.whole_run import (
-    EVAL_SAMPLE,
-    RunShape,
-    SharedCosts,
-    run_cost,
-    run_shape,
-    shared_costs,
-    time_save,
-    time_task_evaluation,
-)
+from dlx.bench.tune.whole_run import EVAL_SAMPLE, RunContext, RunShape, SharedCosts, base_costs, recipe_shape, run_cost
 from dlx.data import SYNTHETIC
 from dlx.device import float8_capability, training_device
 from dlx.errors import UserError
@@ -155,7 +146,7 @@ def tune_on(
     rates = replace(rates, attention_s=attention_s)
     for c in admitted:
         c.cost = layout_cost(base.model.args, c.layout, base.data.seq_len, precision, world_size, rates)
-    run = RunContext(recipe_shape(base, world_size), base_costs(base, device, settings))
+    run = RunContext(recipe_shape(base, world_size), base_costs(base, device, Path(settings.save_folder)))
     model = reprice(admitted, TimeModel(), run)
     if measuring:
         check_budget(settings, admitted, device, start)
@@ -166,44 +157,6 @@ def tune_on(
         raw, listed, winner, model, rates, rule, world_size, global_batch, base.data.seq_len, precision,
         str(device), measuring, time.monotonic() - start, base.model.args, run.shape, run.shared,
     )  # fmt: skip
-
-
-@dataclass
-class RunContext:
-    """The recipe's run and what it costs besides each layout's steps, refreshed as layouts are measured."""
-
-    shape: RunShape | None
-    shared: SharedCosts
-
-    def refresh(self, measured: list[Candidate], device_type: str) -> None:
-        self.shared = shared_costs(measured, self.shared.tasks_s, self.shared.save_s, device_type)
-
-
-def recipe_shape(base: RunConfig, world_size: int) -> RunShape | None:
-    """The recipe's run: train.max_steps, else epochs over its dataset where the dataset is here (None otherwise)."""
-    if base.train.max_steps is not None:
-        return run_shape(base, base.train.max_steps)
-    from dlx.train.build.data import build_train_loader
-    from dlx.train.build.step_plan import plan_steps
-
-    dp = max(1, world_size // base.parallel.tp)
-    try:
-        loader = build_train_loader(base, torch.device("cpu"), 0, dp)
-    except UserError:
-        return None
-    try:
-        plan = plan_steps(base, loader.batches_per_epoch, loader.windows_per_epoch, dp, base.parallel.tp)
-    finally:
-        loader.close()
-    return run_shape(base, plan.total_steps)
-
-
-def base_costs(base: RunConfig, device: torch.device, settings: TuneSettings) -> SharedCosts:
-    """One task evaluation and one save, timed here once (the same for every layout); the rest from priors until
-    layouts are measured."""
-    tasks_s = time_task_evaluation(base, device) if base.eval.tasks else 0.0
-    save_s = time_save(base, Path(settings.save_folder))
-    return shared_costs([], tasks_s or 0.0, save_s, device.type)
 
 
 def candidates_of(
@@ -236,27 +189,8 @@ def candidates_of(
     layouts = [layout for layout in enumerate_layouts(space) if holds_kept(layout.as_dict(), kept)]
     rule = memory_rule(device, settings.memory_limit_gb, settings.margin)
     candidates = admit(raw, layouts, base, world_size, device, precision, rule)
-    mark_recipe(candidates, base, device)
+    mark_recipe(candidates, base, ATTENTION_BY_DEVICE.get(device.type, ("auto",)))
     return candidates, rule
-
-
-def mark_recipe(candidates: list[Candidate], base: RunConfig, device: torch.device) -> None:
-    """The candidate whose layout is the recipe's own (train.attention auto is SDPA's own choice on a CPU: default)."""
-    attention = base.train.attention
-    if attention == "auto" and "auto" not in ATTENTION_BY_DEVICE.get(device.type, ("auto",)):
-        attention = "default"
-    own = {
-        "strategy": base.parallel.strategy,
-        "tp": base.parallel.tp,
-        "activation_checkpointing": base.parallel.activation_checkpointing,
-        "micro_batch_size": base.data.micro_batch_size,
-        "compile": base.train.compile,
-        "float8": base.train.float8,
-        "attention": attention,
-    }
-    for c in candidates:  # at the recipe's global batch, its micro-batch sets its accumulation too
-        values = c.layout.as_dict()
-        c.is_recipe = c.config is not None and all(values[key] == value for key, value in own.items())
 
 
 def holds_kept(values: dict[str, Any], kept: dict[str, Any]) -> bool:

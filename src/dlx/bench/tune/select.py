@@ -144,3 +144,23 @@ def check_some_fit(candidates: list[Candidate], global_batch: int, seq_len: int,
         f"smallest estimate is {smallest.estimate_gb:.2f} GB ({smallest.layout.label()}) and admission needs "
         f"{rule.describe()}; shorten data.seq_len, add ranks (--world-size) or raise --memory-limit-gb"
     )
+
+
+def mark_recipe(candidates: list[Candidate], base: RunConfig, searched_attention: tuple[str, ...]) -> None:
+    """The candidate whose layout is the recipe's own (train.attention auto, where the device's search has no auto,
+    is SDPA's own choice: default)."""
+    attention = base.train.attention
+    if attention == "auto" and "auto" not in searched_attention:
+        attention = "default"
+    own = {
+        "strategy": base.parallel.strategy,
+        "tp": base.parallel.tp,
+        "activation_checkpointing": base.parallel.activation_checkpointing,
+        "micro_batch_size": base.data.micro_batch_size,
+        "compile": base.train.compile,
+        "float8": base.train.float8,
+        "attention": attention,
+    }
+    for c in candidates:  # at the recipe's global batch, its micro-batch sets its accumulation too
+        values = c.layout.as_dict()
+        c.is_recipe = c.config is not None and all(values[key] == value for key, value in own.items())

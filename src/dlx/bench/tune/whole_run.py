@@ -29,6 +29,7 @@ import torch
 
 from dlx.bench.tune.space import Layout
 from dlx.data.shards import TOKENIZER_FILE
+from dlx.errors import UserError
 from dlx.train.build.preflight import checkpoint_bytes
 from dlx.train.config import RunConfig
 
@@ -234,3 +235,41 @@ def time_task_evaluation(config: RunConfig, device: torch.device) -> float | Non
     began = time.perf_counter()
     tasks.run(build_adapter(model, tokenizer, precision.autocast))
     return time.perf_counter() - began
+
+
+@dataclass
+class RunContext:
+    """The recipe's run and what it costs besides each layout's steps, refreshed as layouts are measured."""
+
+    shape: RunShape | None
+    shared: SharedCosts
+
+    def refresh(self, measured: list[Candidate], device_type: str) -> None:
+        self.shared = shared_costs(measured, self.shared.tasks_s, self.shared.save_s, device_type)
+
+
+def recipe_shape(base: RunConfig, world_size: int) -> RunShape | None:
+    """The recipe's run: train.max_steps, else epochs over its dataset where the dataset is here (None otherwise)."""
+    if base.train.max_steps is not None:
+        return run_shape(base, base.train.max_steps)
+    from dlx.train.build.data import build_train_loader
+    from dlx.train.build.step_plan import plan_steps
+
+    dp = max(1, world_size // base.parallel.tp)
+    try:
+        loader = build_train_loader(base, torch.device("cpu"), 0, dp)
+    except UserError:  # its dataset is not here
+        return None
+    try:
+        plan = plan_steps(base, loader.batches_per_epoch, loader.windows_per_epoch, dp, base.parallel.tp)
+    finally:
+        loader.close()
+    return run_shape(base, plan.total_steps)
+
+
+def base_costs(base: RunConfig, device: torch.device, save_folder: Path) -> SharedCosts:
+    """One task evaluation and one save, timed here once (the same for every layout); the rest from priors until
+    layouts are measured."""
+    tasks_s = time_task_evaluation(base, device) if base.eval.tasks else 0.0
+    save_s = time_save(base, save_folder)
+    return shared_costs([], tasks_s or 0.0, save_s, device.type)
