@@ -30,10 +30,14 @@ and figures), table.md, steps.log, summary.txt, the two pretrain runs' metrics.j
 torchtitan included (torch >= 2.11 runs float8 matmuls on a CPU with oneDNN's reference kernel, about a second a step
 here; without torchao that step is refused in one line and the others run). `--only a,b` reruns chosen steps.
 
-The rows of a second device call (`first_call=False` in ROWS: the context-parallel path at degree 1, `dlx tune`, a
-stage boundary of data.stages) run only when `--only` names them, so each call stays within its 9.5 minutes:
+The rows of later device calls (`call` 2 or 3 in ROWS) run only when `--only` names them, so each call stays within
+its 9.5 minutes: the second, the context-parallel path at degree 1, `dlx tune` and a stage boundary of data.stages;
+the third, the first step (cold, warm from the compile cache, resumed; evaluations under compile) and
+checkpoint.async's cost to the next step:
 
     run(command="DLX_GIT_SHA=<sha> python3 benchmarks/gpu/next_contact.py --only cp-path,tune,stages",
+        carry=["benchmarks/gpu/wheels"], timeout_s=600)
+    run(command="DLX_GIT_SHA=<sha> python3 benchmarks/gpu/next_contact.py --only first-step,async-save",
         carry=["benchmarks/gpu/wheels"], timeout_s=600)
 """
 
@@ -99,9 +103,9 @@ class Row:
     """The step's figures ({} when it failed) -> (measure, value, target, verdict)."""
     detail: Callable[[dict], list[str]] = lambda figures: []
     """The step's figures -> lines shown below the table (the figures behind the verdict)."""
-    first_call: bool = True
-    """Run by the first device call; False: only when `--only` names it (a second call), so the first stays within
-    9.5 minutes. A dry run runs every row."""
+    call: int = 1
+    """The device call that runs it: 1, the first; 2 or 3 only when `--only` names it (a later call), so that each
+    call stays within 9.5 minutes. A dry run runs every row."""
 
 
 def side_by_side_argv(work: Path, dry: bool) -> list[str]:
@@ -190,12 +194,47 @@ def stages_detail(figures: dict) -> list[str]:
     ]
 
 
+def first_step_judge(figures: dict) -> tuple[str, str, str, str]:
+    cases = figures.get("first_step") or {}
+    seconds = {case: row.get("to_first_step_s") for case, row in cases.items()}
+    value = "—" if not seconds else " / ".join(shown(seconds.get(c), ".1f") for c in ("cold", "warm", "resumed"))
+    warm, cold = seconds.get("warm"), seconds.get("cold")
+    measure = "launch → first logged step, s: cold / warm / resumed (llama3.2-1b bf16 compiled, seq 2048, micro 8)"
+    return (measure, value, "warm < cold", verdict(warm, warm is not None and cold is not None and warm < cold))
+
+
+def first_step_detail(figures: dict) -> list[str]:
+    if not figures:
+        return []
+    headers = "; ".join(f"{case}: {row['header']}" for case, row in (figures.get("first_step") or {}).items())
+    evals = ", ".join(f"{s:.1f}" for s in figures.get("eval_s", []))
+    named = "; ".join(figures.get("eval_recompiles", [])) or "none"
+    return [f"- first step, the header's compile line: {headers}", f"- evaluations compiled, s: {evals}; "
+            f"recompiles named: {named}"]  # fmt: skip
+
+
+def async_save_judge(figures: dict) -> tuple[str, str, str, str]:
+    slowdown = (figures.get("async") or {}).get("next_step_slowdown")
+    measure = "checkpoint.async: the step after a save ÷ a steady step − 1 (llama3.2-1b bf16, fsdp on 1 GPU)"
+    return (measure, shown(slowdown, "+.1%"), "≤ +10 %", verdict(slowdown, (slowdown or 0) <= 0.10))
+
+
+def async_save_detail(figures: dict) -> list[str]:
+    return [
+        f"- {mode} save: blocking {s['blocking_s']:.2f} s, next step {s['next_step_slowdown']:+.1%}, steady step "
+        f"{s['steady_step_s']:.2f} s"
+        for mode, s in figures.items()
+    ]
+
+
 TITAN = "torchtitan"
 ROWS = [
     Row(TITAN, side_by_side_argv, 100, titan_row, titan_detail),
-    Row("cp-path", wave_argv("cp-path"), 180, cp_path_row, first_call=False),
-    Row("tune", wave_argv("tune"), 240, tune_row, tune_detail, first_call=False),
-    Row("stages", wave_argv("stages"), 150, stages_row, stages_detail, first_call=False),
+    Row("cp-path", wave_argv("cp-path"), 180, cp_path_row, call=2),
+    Row("tune", wave_argv("tune"), 240, tune_row, tune_detail, call=2),
+    Row("stages", wave_argv("stages"), 150, stages_row, stages_detail, call=2),
+    Row("first-step", wave_argv("first-step"), 330, first_step_judge, first_step_detail, call=3),
+    Row("async-save", wave_argv("async-save"), 200, async_save_judge, async_save_detail, call=3),
 ]
 """The comparisons run after the eight fixed steps, in this order."""
 
@@ -218,7 +257,7 @@ def steps(work: Path, dry: bool, later: bool = False) -> list[tuple[str, list[st
         ("seed-hf", [*worker, "seed-hf", shape, str(work / "seed-hf.json")], 40),
         ("plan", plan, 10),
     ]
-    chosen += [(row.step, row.argv(work, dry), row.seconds) for row in ROWS if row.first_call or dry or later]
+    chosen += [(row.step, row.argv(work, dry), row.seconds) for row in ROWS if row.call == 1 or dry or later]
     return [(name, argv, DRY_STEP_S if dry else seconds) for name, argv, seconds in chosen]
 
 

@@ -12,6 +12,14 @@ writing OUT.json.
         (micro-batch 4), then 8 at 4,096 (micro-batch 2, the same tokens per step) with another RoPE base; the step
         that crosses the boundary against the median of the stage it enters (its first step excluded from neither).
 
+    python benchmarks/gpu/wave_rows.py first-step gpu|dry OUT.json
+        benchmarks/bench_first_step.py's runs at llama3.2-1b bf16 compiled, seq 2048, micro-batch 8: seconds from
+        launch to the first logged step cold, warm (the compile cache), resumed, and eager; then a warm compiled run
+        with two evaluations: their seconds and the recompiles named in events.jsonl (one: the no-gradient graph).
+    python benchmarks/gpu/wave_rows.py async-save gpu|dry OUT.json
+        benchmarks/bench_checkpoint_cost.py at the same shape, fsdp on one rank: a save's blocking seconds and the next
+        step's slowdown, checkpoint.async against a synchronous save.
+
 Dry (on the CPU, in CI): the debug model, a few steps, no compile, the same commands.
 """
 
@@ -27,6 +35,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "benchmarks")]  # bench_first_step and bench_checkpoint_cost
 TUNE_BUDGET_MIN = 2.0
 """The search's budget in the GPU run: the whole script stays under 9.5 minutes on one H200."""
 
@@ -54,7 +63,7 @@ def tune_row(dry: bool) -> dict:
     recipe = ROOT / "recipes" / ("debug.yaml" if dry else "llama3.2-1b.yaml")
     with tempfile.TemporaryDirectory(prefix="dlx-tune-row-") as tmp:
         argv = [sys.executable, "-m", "dlx", "tune", str(recipe), "--json", "--out", str(Path(tmp) / "tuned.yaml")]
-        argv += ["--budget-min", str(0.3 if dry else TUNE_BUDGET_MIN)]
+        argv += ["--budget-min", str(0.4 if dry else TUNE_BUDGET_MIN)]
         if dry:
             argv += ["--train.device", "cpu", "--keep", "train.compile"]
         start = time.perf_counter()
@@ -100,10 +109,47 @@ def stages_row(dry: bool) -> dict:
     }
 
 
+def first_step_row(dry: bool) -> dict:
+    """Cold, warm, resumed and eager first steps, then evaluations in a warm compiled run (dry: the first three and
+    no evaluated run: nothing compiles on the CPU dry run)."""
+    import bench_first_step
+
+    setting = "dry" if dry else "gpu-1b"
+    with tempfile.TemporaryDirectory(prefix="dlx-first-step-") as tmp:
+        work = Path(tmp)
+        rows = bench_first_step.measure_setting(setting, work, compiled=not dry)
+        if dry:
+            return {"first_step": {row["case"]: row for row in rows}, "eval_s": [], "eval_recompiles": []}
+        run_dir = work / "evaluated"
+        argv = ["pretrain", *bench_first_step.SHAPES[setting], *bench_first_step.COMMON, "--train.max_steps", "4"]
+        argv += ["--train.compile", str(not dry).lower(), "--eval.every", "2", "--eval.batches", "4"]
+        bench_first_step.dlx([*argv, "--run-dir", str(run_dir)], work / f"{setting}-cache", work)
+        evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+        events = bench_first_step.events_of(run_dir)
+    recompiles = [r for e in events if e["event"] == "compile" for r in e.get("recompiles", [])]
+    return {
+        "first_step": {row["case"]: row for row in rows},
+        "eval_s": [e["eval_s"] for e in evals],
+        "eval_recompiles": [f"{r['function']}: {r['reason']}" for r in recompiles],
+    }
+
+
+def async_save_row(dry: bool) -> dict:
+    """checkpoint.async against a synchronous save, one run each."""
+    import bench_checkpoint_cost
+
+    setting = "dry" if dry else "gpu-1b"
+    with tempfile.TemporaryDirectory(prefix="dlx-async-save-") as tmp:
+        runs = bench_checkpoint_cost.measure([setting], 1, Path(tmp), [])[setting]
+    return {mode: bench_checkpoint_cost.summary(mode_runs) for mode, mode_runs in runs.items()}
+
+
 def main(argv: list[str]) -> int:
     name, shape, out = argv
     dry = shape == "dry"
-    results = {"cp-path": cp_path_row, "tune": tune_row, "stages": stages_row}[name](dry)
+    rows = {"cp-path": cp_path_row, "tune": tune_row, "stages": stages_row, "first-step": first_step_row}
+    rows["async-save"] = async_save_row
+    results = rows[name](dry)
     Path(out).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results))
     return 0

@@ -30,10 +30,10 @@ WATCHED = ["src/dlx/train", "src/dlx/model", "benchmarks/peers"]
 CONTENDERS = ("dlx", TITAN)
 
 
-def one_process(setting: str, kind: str, steps: int, warmup: int, out: Path) -> dict:
+def one_process(setting: str, kind: str, steps: int, warmup: int, out: Path, profile: int = 0) -> dict:
     """side_by_side.py for one contender in a fresh process; its JSON."""
     argv = [sys.executable, str(HERE / "side_by_side.py"), setting, "--contenders", kind]
-    argv += ["--steps", str(steps), "--warmup", str(warmup), "--out", str(out)]
+    argv += ["--steps", str(steps), "--warmup", str(warmup), "--out", str(out), "--profile", str(profile)]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"error: {kind} at {setting} failed: {done.stderr.strip().splitlines()[-1:]}")
@@ -90,6 +90,28 @@ def loss_lines(all_results: dict[str, list[dict[str, dict]]]) -> list[str]:
     return lines
 
 
+def op_tables(settings: list[str], steps: int, warmup: int, top: int, tmp: Path) -> list[str]:
+    """One more process per contender and setting, its timed steps under torch.profiler: the busiest operators of
+    either side by side (self CPU seconds per step)."""
+    lines = []
+    for setting in settings:
+        ops = {kind: one_process(setting, kind, steps, warmup, tmp / f"ops-{setting}-{kind}.json", top)
+               for kind in CONTENDERS}  # fmt: skip
+        per = {kind: result["contenders"][kind]["ops"] for kind, result in ops.items()}
+        names = sorted(
+            set(per["dlx"]) | set(per[TITAN]), key=lambda n: -max(per["dlx"].get(n, 0), per[TITAN].get(n, 0))
+        )
+        lines += ["", f"{setting}, profiled ({steps} steps each, self CPU seconds per step):", ""]
+        lines += ["| operator | dlx | torchtitan |", "|---|---|---|"]
+        for name in names[:top]:
+            dlx_s, titan_s = (per[k].get(name) for k in ("dlx", TITAN))
+            shown = ["" if v is None else f"{v / steps:.3f}" for v in (dlx_s, titan_s)]
+            lines.append(f"| `{name}` | {shown[0]} | {shown[1]} |")
+        totals = [sum(per[k].values()) / steps for k in ("dlx", TITAN)]
+        lines.append(f"| (these operators, all listed per side) | {totals[0]:.3f} | {totals[1]:.3f} |")
+    return lines
+
+
 def main() -> None:
     from peers.installs import install_lines
     from peers.side_by_side import SETTINGS
@@ -100,12 +122,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per contender per round")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to BENCHMARKS.md")
+    parser.add_argument("--profile", type=int, default=0, help="then op tables: the busiest N operators per setting")
     args = parser.parse_args()
     header = environment(WATCHED)
     with tempfile.TemporaryDirectory(prefix="dlx-bench-titan-") as tmp:
         results = {
             name: rounds(name, args.rounds, args.steps, args.warmup, Path(tmp)) for name in args.settings.split(",")
         }
+        settings = args.settings.split(",")
+        tables = op_tables(settings, args.steps, args.warmup, args.profile, Path(tmp)) if args.profile else []
     table = ["| setting | contender | tokens/s, median (min, max) | peak RSS GB | RSS growth GB |"]
     table.append("|---|---|---|---|---|")
     for name, setting_results in results.items():
@@ -127,6 +152,7 @@ def main() -> None:
         *table,
         "",
         *loss_lines(results),
+        *tables,
         "",
         *install_lines(),
     ]

@@ -81,10 +81,17 @@ def peak_rss_gb() -> float:
 
 
 def measure(
-    kind: str, setting: Setting, work: Path, device: torch.device, steps: int, warmup: int, dlx_loss: float | None
+    kind: str,
+    setting: Setting,
+    work: Path,
+    device: torch.device,
+    steps: int,
+    warmup: int,
+    dlx_loss: float | None,
+    profile_top: int = 0,
 ) -> dict:
     """Build one contender, check its first loss against `dlx_loss` where it is torchtitan's, then run warm-up and
-    timed steps."""
+    timed steps (`profile_top`: under torch.profiler, the busiest operators' self seconds in `ops`)."""
     rss_before = peak_rss_gb()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -102,7 +109,10 @@ def measure(
                     f"{LOSS_TOLERANCE[setting.precision]:g}): the two do not start from the same model"
                 )
         result["warmup_s"] = contender.run(warmup)
-        seconds = contender.run(steps)
+        if profile_top:
+            seconds, result["ops"] = profiled(lambda: contender.run(steps), profile_top)
+        else:
+            seconds = contender.run(steps)
     finally:
         contender.close()
     result |= {"timed_s": seconds, "tokens_per_s": steps * setting.seq_len * setting.micro_batch / seconds}
@@ -112,7 +122,20 @@ def measure(
     return result
 
 
-def side_by_side(setting: Setting, kinds: list[str], steps: int, warmup: int) -> dict:
+def profiled(run, top: int) -> tuple[float, dict[str, float]]:
+    """`run()`'s seconds under torch.profiler (CPU and, where there is one, CUDA), and the `top` operators by self
+    time, in seconds over the run (self CPU time; on CUDA the device's)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        seconds = run()
+    cuda = torch.cuda.is_available()
+    per_op = {e.key: (e.self_device_time_total if cuda else e.self_cpu_time_total) / 1e6 for e in prof.key_averages()}
+    return seconds, dict(sorted(per_op.items(), key=lambda item: -item[1])[:top])
+
+
+def side_by_side(setting: Setting, kinds: list[str], steps: int, warmup: int, profile_top: int = 0) -> dict:
     """The loss check (where torchtitan runs), then each contender measured in turn."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out: dict = {"setting": setting.__dict__, "device": device.type, "contenders": {}}
@@ -121,7 +144,7 @@ def side_by_side(setting: Setting, kinds: list[str], steps: int, warmup: int) ->
     with tempfile.TemporaryDirectory(prefix="dlx-side-by-side-") as tmp:
         for kind in kinds:
             dlx_loss = out.get("dlx_first_loss")
-            out["contenders"][kind] = measure(kind, setting, Path(tmp), device, steps, warmup, dlx_loss)
+            out["contenders"][kind] = measure(kind, setting, Path(tmp), device, steps, warmup, dlx_loss, profile_top)
     figures = out["contenders"]
     if len(figures) == 2:
         out["dlx_over_titan"] = figures["dlx"]["tokens_per_s"] / figures[TITAN]["tokens_per_s"]
@@ -136,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per contender first (compilation)")
     parser.add_argument("--out", type=Path, required=True, help="the JSON file written")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="turn torchtitan's CUDA graphs off")
+    parser.add_argument("--profile", type=int, default=0, help="the busiest N operators of the timed steps")
     args = parser.parse_args(argv)
     kinds = [kind.strip() for kind in args.contenders.split(",")]
     if not set(kinds) <= set(CONTENDERS):
@@ -146,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             "of benchmarks/gpu/offline_deps.py download)"
         )
     setting = dataclasses.replace(SETTINGS[args.setting], cuda_graphs=not args.no_cuda_graphs)
-    result = side_by_side(setting, kinds, args.steps, args.warmup)
+    result = side_by_side(setting, kinds, args.steps, args.warmup, args.profile)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     return 0

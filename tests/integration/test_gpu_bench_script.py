@@ -248,9 +248,12 @@ def test_next_contact_fits_one_device_call():
         "torchtitan",
     ]
     assert sum(seconds for _, _, seconds in listed) <= 570
-    second = [(name, seconds) for name, _, seconds in next_contact.steps(work, dry=False, later=True)[len(listed) :]]
+    later = [(name, seconds) for name, _, seconds in next_contact.steps(work, dry=False, later=True)[len(listed) :]]
+    call = {row.step: row.call for row in next_contact.ROWS}
+    second, third = ([(name, s) for name, s in later if call[name] == n] for n in (2, 3))
     assert [name for name, _ in second] == ["cp-path", "tune", "stages"]  # `--only cp-path,tune,stages`: 2nd call
-    assert sum(seconds for _, seconds in second) <= 570
+    assert [name for name, _ in third] == ["first-step", "async-save"]  # `--only first-step,async-save`: the third
+    assert sum(seconds for _, seconds in second) <= 570 and sum(seconds for _, seconds in third) <= 570
     argv = dict((name, argv) for name, argv, _ in listed)
     assert argv["torchtitan"][1].endswith("benchmarks/peers/side_by_side.py") and argv["torchtitan"][2] == "llama3.2-1b"
     assert argv["torchtitan"][-2:] == ["--out", str(work / "torchtitan.json")]
@@ -288,6 +291,14 @@ def test_next_contact_judges_each_target_from_the_figures():
     )
     stages = "stage boundary (seq_len 2,048 → 4,096, RoPE): the crossing step's extra time, in normal steps (1B bf16)"
     assert rows[stages] == ("0.40", "< 1 step", "met")
+    cases = {case: {"to_first_step_s": s, "header": f"compile: {case}"} for case, s in (("cold", 95.0), ("warm", 31.0))}
+    results |= {"first-step": {"figures": {"first_step": {**cases, "resumed": {"to_first_step_s": 33.0}}}}}
+    results |= {"async-save": {"figures": {"async": {"next_step_slowdown": 0.04}}}}
+    rows = {row[0]: row[1:] for row in next_contact.target_rows(results)}
+    first = "launch → first logged step, s: cold / warm / resumed (llama3.2-1b bf16 compiled, seq 2048, micro 8)"
+    assert rows[first] == ("95.0 / 31.0 / 33.0", "warm < cold", "met")
+    saved = "checkpoint.async: the step after a save ÷ a steady step − 1 (llama3.2-1b bf16, fsdp on 1 GPU)"
+    assert rows[saved] == ("+4.0%", "≤ +10 %", "met")
     assert rows["dlx pretrain MFU, lowest 10-step window after the first"] == ("58.0%", "≥ 60 %", "MISSED")
     assert rows["graph breaks / recompiles logged"] == ("0 / 1", "0 / 0 after step 1", "MISSED")
     assert rows["dlx ÷ bare loop, tokens/s"] == ("0.990", "≥ 0.98", "met")
@@ -341,6 +352,10 @@ def test_next_contact_dry_run_measures_every_step_on_the_cpu(tmp_path):
     assert second == ("ok", "ok", "ok")  # the second call's rows, dry
     assert results["stages"]["figures"]["crossing_s"] > 0
     assert results["cp-path"]["figures"]["cp_over_plain"] > 0 and results["tune"]["figures"]["measured"]
+    assert (statuses.pop("first-step"), statuses.pop("async-save")) == ("ok", "ok")  # the third call's, dry
+    first = results["first-step"]["figures"]
+    assert sorted(first["first_step"]) == ["cold", "resumed", "warm"]  # dry: no compile, no eager reference
+    assert results["async-save"]["figures"]["async"]["blocking_s"] >= 0
     assert statuses == dict.fromkeys(
         ("ceilings", "pretrain-bf16", "bare", "pretrain-float8", "hf-compiled", "seed-dlx", "seed-hf", "plan"), "ok"
     )

@@ -186,10 +186,11 @@ def test_the_gradient_lift_changes_no_bit_in_bf16_or_fp32(monkeypatch, dtype):
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
 
 
-def test_fp32_accumulation_in_one_gemm_differs_from_a_rounded_product_by_its_rounding_only():
-    """accumulate_fp32 adds a @ b into fp32 without first rounding the product to bf16 (the form before it, kept
-    here as `separate`): the two differ by at most bf16's rounding of each product element, 2⁻⁸ relative (bf16 has 8
-    significant bits), and not at all when everything is fp32 (the same addmm)."""
+def test_bf16_shares_add_into_fp32_as_the_device_allows():
+    """accumulate_fp32 adds a @ b into an fp32 total. On a CPU (whose addmm takes no fp32 accumulator for bf16
+    inputs) the bf16 product, its GEMM accumulated in fp32 and rounded once, is added: exactly the separate product
+    and add, within bf16's rounding of each product element (2⁻⁸ relative) of the exact sum; what CUDA's one GEMM
+    into fp32 (`out_dtype`) would add is the exact sum to fp32. fp16 takes the product in fp32; fp32 is one addmm."""
     generator = torch.Generator().manual_seed(3)
     a, b = torch.randn(512, 40, generator=generator), torch.randn(40, 64, generator=generator)
     total = torch.randn(512, 64, generator=generator)
@@ -198,9 +199,11 @@ def test_fp32_accumulation_in_one_gemm_differs_from_a_rounded_product_by_its_rou
     product = a.bfloat16() @ b.bfloat16()
     separate.add_(product)
     exact = total + a.bfloat16().double() @ b.bfloat16().double()
-    assert ((fused - separate).abs() <= 2**-8 * product.float().abs() + 1e-5).all()
-    assert (fused.double() - exact).abs().max() <= 1e-4  # fp32 sums of exact products
-    assert (fused.double() - exact).abs().max() < (separate.double() - exact).abs().max()
+    assert torch.equal(fused, separate)
+    assert ((fused.double() - exact).abs() <= 2**-8 * product.double().abs() + 1e-5).all()
+    half, half_exact = total.clone(), total + a.half().double() @ b.half().double()
+    accumulate_fp32(half, a.half(), b.half())
+    assert (half.double() - half_exact).abs().max() <= 1e-4  # fp32 sums of exact products
     fp32_fused, fp32_plain = total.clone(), total.clone()
     accumulate_fp32(fp32_fused, a, b)
     fp32_plain.addmm_(a, b)

@@ -14,8 +14,9 @@ import torch
 
 from dlx import device as dev
 from dlx.bench.tune import search as tune_module
+from dlx.bench.tune import whole_run
 from dlx.bench.tune.search import TuneSettings, run_tune
-from dlx.bench.tune.space import SearchSpace, enumerate_layouts
+from dlx.bench.tune.space import Layout, SearchSpace, enumerate_layouts
 from dlx.bench.tune.time_model import LayoutCost, Rates, calibrate
 from dlx.errors import UserError
 from dlx.train.recipe import load_recipe
@@ -28,19 +29,28 @@ SMALL = ("--data.seq_len", "32", "--train.global_batch_size", "8")
 
 def truth(layout) -> float:
     """A synthetic step time: accumulation costs 0.1 s a micro-step, checkpointing 0.05 s a level, math attention 0.2 s,
-    and the strategies differ a little."""
+    the strategies differ a little, and compile halves the step."""
     checkpointing = {"none": 0, "selective": 1, "full": 2}[layout.activation_checkpointing]
     strategy = {"none": 0.0, "ddp": 0.01, "fsdp": 0.02, "deepspeed": 0.03}[layout.strategy]
-    return 0.2 + 0.1 * layout.grad_accum + 0.05 * checkpointing + 0.2 * (layout.attention == "math") + strategy
+    step = 0.2 + 0.1 * layout.grad_accum + 0.05 * checkpointing + 0.2 * (layout.attention == "math") + strategy
+    return step / 2 if layout.compile else step
+
+
+COMPILE_WARMUP_S = 30.0
+"""The synthetic first step's extra seconds under compile (cold), and once its graphs are cached (warm)."""
+WARM_COMPILE_S = 6.0
+TASKS_S, SAVE_S = 7.0, 0.5
+"""One task evaluation and one save, injected (the same for every layout)."""
 
 
 @pytest.fixture
 def synthetic_measure(monkeypatch):
-    """measure_config replaced by `truth` (nothing trains); the rates and attention calls fixed, so no decision depends
+    """measure_config replaced by `truth` (nothing trains; a validation batch a third of a micro-step, compile's
+    warm-up `COMPILE_WARMUP_S`); the rates, attention calls, a task evaluation and a save fixed, so no decision depends
     on this machine's speed or load; every measured layout recorded."""
     measured = []
 
-    def fake_measure(config, device, warmup, steps):
+    def fake_measure(config, device, warmup, steps, eval_batches=0):
         from dlx.bench.tune.space import Layout
 
         parallel, train, micro = config.parallel, config.train, config.data.micro_batch_size
@@ -51,7 +61,13 @@ def synthetic_measure(monkeypatch):
         )  # fmt: skip
         measured.append(layout)
         step_s = truth(layout)
-        return {"step_s": step_s, "tokens_per_s": 256 / step_s, "mfu": 0.1, "peak_mem_gb": 0.5}
+        record = {"step_s": step_s, "tokens_per_s": 256 / step_s, "mfu": 0.1, "peak_mem_gb": 0.5}
+        record["first_step_s"] = step_s + (COMPILE_WARMUP_S if layout.compile else 0.1)
+        if layout.compile:
+            record["warm_first_step_s"] = step_s + WARM_COMPILE_S
+        if eval_batches:
+            record["eval_batch_s"] = step_s / layout.grad_accum / 3
+        return record
 
     rates = Rates({}, 10.0, 1.0, False)
 
@@ -62,6 +78,8 @@ def synthetic_measure(monkeypatch):
         return {(kind, micro): 1e-4 * micro * (1 + (kind == "math")) for kind, micro in keys}
 
     monkeypatch.setattr(tune_module, "measure_config", fake_measure)
+    monkeypatch.setattr(whole_run, "time_task_evaluation", lambda config, device: TASKS_S)
+    monkeypatch.setattr(whole_run, "time_save", lambda config, folder: SAVE_S)
     monkeypatch.setattr(tune_module, "measure_rates", fake_rates)
     monkeypatch.setattr(tune_module, "measure_attention", fake_attention)
     return measured
@@ -74,9 +92,9 @@ def test_enumeration_covers_the_space_once():
     for layout in layouts:
         dp = 2 // layout.tp
         assert layout.micro_batch * layout.grad_accum * dp == 8
-        assert not (layout.strategy == "none" and dp > 1)  # strategy none: one replica only
-    # ddp, fsdp and three ZeRO stages at tp 1 (dp 2: micro 1, 2, 4); none too at tp 2 (dp 1: micro 1, 2, 4, 8); × 3 AC
-    assert len(layouts) == 3 * (5 * 3 + 6 * 4)
+        assert (layout.strategy == "none") == (dp == 1)  # none: one replica only; the others: several
+    # ddp, fsdp and three ZeRO stages at tp 1 (dp 2: micro 1, 2, 4); none alone at tp 2 (dp 1: micro 1, 2, 4, 8); × 3 AC
+    assert len(layouts) == 3 * (5 * 3 + 1 * 4)
 
 
 def test_hsdp_is_searched_where_the_world_size_makes_a_two_dimensional_mesh():
@@ -117,8 +135,31 @@ def test_tune_measures_the_best_predicted_first_and_picks_the_truly_fastest(synt
     assert truth(result.winner.layout) == pytest.approx(best_true)
     assert 3 <= len(synthetic_measure) <= 6 < len(admitted)  # calibrated on a few, stopped well before all
     assert result.model.measured_points == len(synthetic_measure)
+    (own,) = [c for c in result.candidates if c.is_recipe]  # the recipe's layout (attention auto: default on a CPU)
+    assert synthetic_measure[0] == own.layout == Layout("none", 1, "none", 4, 2, False, False, "default")
+    assert result.winner.run.total_s <= own.run.total_s
     for candidate in result.candidates:  # every candidate carries why it lost, the winner none
         assert (candidate.drop is None) == (candidate is result.winner)
+
+
+@pytest.mark.parametrize(("steps", "compiled"), [(20, False), (4000, True)])
+def test_the_whole_run_decides_compile_its_warm_up_amortised_over_the_steps(synthetic_measure, steps, compiled):
+    """Compile halves the step and costs `COMPILE_WARMUP_S` once: on a short run eager ends first, on a long one the
+    compiled layout does. The whole run counts the evaluations, the task evaluations and the saves the recipe runs."""
+    overrides = (*SMALL, "--train.max_steps", str(steps), "--eval.every", "10", "--eval.batches", "4")
+    keep = ("parallel.strategy", "train.attention", "parallel.activation_checkpointing", "data.micro_batch_size")
+    result = run_tune(TuneSettings(DEBUG, overrides, budget_s=600, keep=keep, max_measured=6))
+    assert result.winner.layout.compile is compiled
+    shape = result.shape
+    assert (shape.steps, shape.evaluations, shape.eval_batches, shape.task_evaluations) == (steps, steps // 10, 4, 0)
+    assert shape.saves == steps // 20  # the debug recipe's checkpoint.every 20; the last step is one of them
+    for c in result.candidates:  # measured: from the injected record; compiled ones start warm (the cache is filled)
+        if c.record is not None:
+            step_s, micro = truth(c.layout), c.layout.micro_batch
+            warmup = WARM_COMPILE_S if c.layout.compile else 0.1
+            evals = shape.evaluations * 4 * step_s / (8 // micro) / 3
+            expected = warmup + steps * step_s + evals + shape.saves * SAVE_S
+            assert c.run.total_s == pytest.approx(expected, rel=1e-9)
 
 
 def test_pruning_never_admits_a_layout_the_cpu_measures_above_the_stated_memory(monkeypatch):
@@ -165,6 +206,22 @@ def test_the_winner_is_written_as_a_recipe_pretrain_loads(synthetic_measure, tmp
     assert all(keys <= set(row) for row in summary["candidates"])
     assert sum(row["measured_step_s"] is not None for row in summary["candidates"]) == len(synthetic_measure)
     assert (tmp_path / "tuned.md").read_text().count("\n| ") == len(summary["candidates"]) + 1
+
+
+def test_the_table_lists_the_measured_and_the_best_unmeasured_and_all_with_all(synthetic_measure, tmp_path):
+    """At world size 1 no data-parallel strategy is listed; the printed table holds the winner, the measured layouts
+    and the best unmeasured one, and says how many more `--all` lists."""
+    args = ("tune", DEBUG, *SMALL, "--keep", "train.compile", "--out", str(tmp_path / "t.yaml"))
+    short, every = invoke(*args), invoke(*args, "--all")
+    assert short.exit_code == 0 and every.exit_code == 0, short.output + every.output
+    rows = [line for line in short.output.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    all_rows = [line for line in every.output.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    candidates = json.loads((tmp_path / "t.json").read_text())["candidates"]
+    measured = sum(row["measured_step_s"] is not None for row in candidates)
+    assert len(rows) == measured + 1 < len(all_rows) == len(candidates)
+    assert f"{len(candidates) - len(rows)} more candidate(s), predicted slower or dropped" in short.output
+    assert {row["layout"]["strategy"] for row in candidates} == {"none"}
+    assert "ranked by the whole run (60 steps, 3 evaluation(s) of 4 batches, 3 save(s) of" in short.output
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ schedule, logging, the NaN policy) is left out: microseconds per step. On CUDA, 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -25,19 +26,23 @@ from torch import nn
 
 from dlx import device as dev
 from dlx.bench.points import BenchPoint, BenchSetup
+from dlx.metrics.compiles import CompileLog
 from dlx.metrics.gpu_monitor import open_gpu_counters
 from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.presets import resolve_model_args
 from dlx.parallel.distributed import env_from_torchrun, main_decides
+from dlx.parallel.strategy import Strategy
 from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.precision import Precision, build_precision
+from dlx.train.build.compile_cache import compile_key, open_compile_cache
 from dlx.train.build.data import build_train_loader
 from dlx.train.build.model import build_run_strategy, meta_model
-from dlx.train.build.objective import build_objective
+from dlx.train.build.objective import build_objective, training_loss
 from dlx.train.build.step_plan import plan_steps
 from dlx.train.config import RunConfig, build_config
 from dlx.train.loop.accumulate import accumulate_gradients
+from dlx.train.loop.eval import evaluate
 from dlx.train.observers.attention import AttentionObserver, attention_shape, choose_run_attention
 
 
@@ -76,10 +81,15 @@ def measure_point(setup: BenchSetup, point: BenchPoint) -> dict[str, Any]:
     return measure_config(point_config(setup, point), setup.device, setup.warmup, setup.steps)
 
 
-def measure_config(config: RunConfig, device: torch.device, warmup: int, steps: int) -> dict[str, Any]:
+def measure_config(
+    config: RunConfig, device: torch.device, warmup: int, steps: int, eval_batches: int = 0
+) -> dict[str, Any]:
     """One recipe's layout measured as `dlx pretrain` trains it: `warmup` untimed steps, then `steps` timed ones; the
-    ThroughputMeter record of their mean plus the fixed-cost shares. The process group, when the strategy needs one,
-    is the caller's (`dlx bench` and `dlx tune` set it up)."""
+    ThroughputMeter record of their mean plus the fixed-cost shares, and what the run costs besides its steps
+    (`first_step_s`, the first warm-up step's wall time; with `eval_batches`, `eval_batch_s` and, compiled,
+    `eval_compile_s`; compiled, `warm_first_step_s`, see `warm_restart`). Under train.compile the layout compiles into
+    the compile cache `dlx pretrain` reads (`dlx.train.build.compile_cache`). The process group, when the strategy
+    needs one, is the caller's (`dlx bench` and `dlx tune` set it up)."""
     if config.train.compile:  # a fresh start: Dynamo would otherwise turn dynamic after the previous point's shape
         torch._dynamo.reset()
     if device.type == "cpu":  # the peak counts this layout's memory, not what the heap kept from the previous one
@@ -105,10 +115,18 @@ def measure_config(config: RunConfig, device: torch.device, warmup: int, steps: 
                 strategy.optimizer_step()
             return loss_value
 
-        warmup_timer = PhaseTimer(device)
-        for _ in range(warmup):
+        key = compile_key(config, plan.micro_batch_size, precision.name, device)
+        cache = open_compile_cache(key) if config.train.compile else None
+        warmup_timer, extra = PhaseTimer(device), {}
+        for index in range(warmup):
+            began = time.perf_counter()
             step(warmup_timer)
             warmup_timer.end_step()
+            if index == 0:
+                dev.synchronize(device)
+                extra["first_step_s"] = time.perf_counter() - began
+                if cache is not None and env.is_main:  # a later run of this layout starts warm
+                    cache.mark_warm(extra["first_step_s"])
         dev.synchronize(device)  # the warm-up's last update belongs to the warm-up
         dev.reset_peak_memory(device)
         timings, gpu_columns, loss = timed_steps(step, steps, device)
@@ -122,11 +140,46 @@ def measure_config(config: RunConfig, device: torch.device, warmup: int, steps: 
             timings=timings,
         )
         cast_s = weight_cast_seconds(strategy.model, precision, device) * plan.grad_accum
+        evaluation = functools.partial(time_evaluation, strategy, loader, precision, objective)
+        if eval_batches:
+            extra.update(evaluation(eval_batches, "eval"))
+        if config.train.compile:
+            extra.update(warm_restart(lambda: step(PhaseTimer(device)), device, evaluation if eval_batches else None))
     finally:
         loader.close()
         if attention is not None:
             attention.close()  # SDPA's flags as before the point
-    return {**record, **gpu_columns, **fixed_cost_shares(record, cast_s)}
+    return {**record, **gpu_columns, **fixed_cost_shares(record, cast_s), **extra}
+
+
+def time_evaluation(
+    strategy: Strategy, loader: Any, precision: Precision, objective: Any, batches: int, name: str
+) -> dict[str, float]:
+    """`batches` validation batches (the loader's, of the training shape) through the loop's `evaluate`:
+    `{name}_batch_s`, the seconds per batch without compiling, and `{name}_compile_s`, what compiling took."""
+    log = CompileLog()
+    result = evaluate(
+        strategy.model, loader, batches, precision, objective.model_inputs, functools.partial(training_loss, strategy)
+    )
+    compile_s = sum(c.seconds for c in log.take())
+    return {f"{name}_batch_s": max(result["eval_s"] - compile_s, 0.0) / batches, f"{name}_compile_s": compile_s}
+
+
+def warm_restart(
+    step: Callable[[], float], device: torch.device, evaluation: Callable[[int, str], dict[str, float]] | None
+) -> dict[str, float]:
+    """A compiled layout's first step again after Dynamo is reset, its graphs now in the compile cache, as a later
+    `dlx pretrain` of the layout starts (`warm_first_step_s`); and one validation batch the same way
+    (`warm_eval_compile_s`)."""
+    torch._dynamo.reset()
+    dev.synchronize(device)
+    began = time.perf_counter()
+    step()
+    dev.synchronize(device)
+    warm = {"warm_first_step_s": time.perf_counter() - began}
+    if evaluation is not None:
+        warm["warm_eval_compile_s"] = evaluation(1, "warm_eval")["warm_eval_compile_s"]
+    return warm
 
 
 def timed_steps(

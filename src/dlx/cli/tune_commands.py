@@ -13,14 +13,16 @@ from typing import Annotated, Any
 
 import typer
 
-TUNE_HELP = """Choose the fastest layout of RECIPE that fits: strategy, tp, activation checkpointing, micro-batch ×
-accumulation (at the recipe's global batch), train.compile, train.float8 (where the device has it) and
-train.attention. Layouts whose `dlx plan` estimate (with a stated margin) does not fit are dropped unrun; the rest are
-ranked by a time model calibrated on this machine, and the best are measured with short `dlx bench` runs until
---budget-min. Writes the winner as a recipe (--out), with OUT.md (every candidate: predicted and measured step time,
-tokens/s, MFU, memory, why dropped) and OUT.json. Without torchrun it measures for --world-size 1 only; for more
-ranks it ranks by the model alone, unless launched under torchrun with that many ranks. Recipe keys are overridden
-as for `dlx pretrain` (`--train.compile false`).
+TUNE_HELP = """Choose the layout of RECIPE whose whole run ends first: strategy, tp, activation checkpointing,
+micro-batch × accumulation (at the recipe's global batch), train.compile, train.float8 (where the device has it) and
+train.attention. Layouts whose `dlx plan` estimate (with a stated margin) does not fit, or that the world size rules
+out, are dropped unrun; the rest are ranked by the recipe's whole run (its steps priced by a time model calibrated on
+this machine, its evaluations, task evaluations and saves, and the compile warm-up over train.max_steps), and the best
+are measured with short runs of the real step until --budget-min. Prints the winner, the measured layouts and the best
+unmeasured one (--all: every candidate); writes the winner as a recipe (--out), with OUT.md (every candidate:
+predicted and measured whole run and step, tokens/s, MFU, memory, why dropped) and OUT.json. Without torchrun it
+measures for --world-size 1 only; for more ranks it ranks by the model alone, unless launched under torchrun with that
+many ranks. Recipe keys are overridden as for `dlx pretrain` (`--train.compile false`).
 """
 
 
@@ -43,6 +45,9 @@ def tune(
     link_gbps: Annotated[
         float | None, typer.Option(help="Per-rank link rate for the model where torchrun cannot measure it.")
     ] = None,
+    every: Annotated[bool, typer.Option("--all", help="List every candidate, not only the measured and the best.")] = (
+        False
+    ),
 ) -> None:
     from dlx.errors import UserError
     from dlx.train.recipe import split_command_line
@@ -62,11 +67,12 @@ def tune(
         "warmup": warmup,
         "link_gbps": link_gbps,
     }
-    run_tune_command(recipe, overrides, options, out_path, as_json)
+    options["save_folder"] = str(out_path.parent)
+    run_tune_command(recipe, overrides, options, out_path, as_json, every)
 
 
 def run_tune_command(
-    recipe: str, overrides: list[str], options: dict[str, Any], out: Path, as_json: bool
+    recipe: str, overrides: list[str], options: dict[str, Any], out: Path, as_json: bool, every: bool = False
 ) -> dict[str, Any] | None:
     """Tune, write OUT, OUT.md and OUT.json on rank 0 and print the table (or the JSON); returns the JSON object on
     rank 0, None on the other ranks."""
@@ -86,7 +92,7 @@ def run_tune_command(
     if as_json:
         print(json.dumps(summary))
     else:
-        print("\n".join(markdown_lines(result)))
+        print("\n".join(markdown_lines(result, every)))
         print(f"winner: {result.winner.layout.label()}")
         print("wrote " + ", ".join(str(path) for path in written))
     return summary

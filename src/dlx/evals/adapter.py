@@ -27,6 +27,7 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import LM
 
 from dlx.data.prepare.tokenizer import document_token_ids
+from dlx.model.generate import run_eagerly
 from dlx.model.kv_cache import KVCache
 from dlx.parallel.distributed import DistEnv
 
@@ -128,7 +129,8 @@ class DlxLM(LM):
         """Every rank generates every request (generation is a few sequential forwards; FSDP needs all ranks)."""
         was_training = self.model.training
         try:
-            return [self.generate_one(*request.args) for request in requests]
+            with run_eagerly():
+                return [self.generate_one(*request.args) for request in requests]
         finally:
             self.model.train(was_training)
 
@@ -184,11 +186,12 @@ class DlxLM(LM):
         was_training = self.model.training
         self.model.eval()
         try:
-            for index in range(count):
-                if index < len(mine):
-                    results.update(self.score_unit(mine[index]))
-                else:  # a rank with fewer units joins the forwards the others run (FSDP gathers in each)
-                    self.score_unit([Row(-1, [self.prefix_token_id], [self.eos_id], [self.eos_id])])
+            with run_eagerly():  # every request its own shapes: the blocks' eager code, compiled or not
+                for index in range(count):
+                    if index < len(mine):
+                        results.update(self.score_unit(mine[index]))
+                    else:  # a rank with fewer units joins the forwards the others run (FSDP gathers in each)
+                        self.score_unit([Row(-1, [self.prefix_token_id], [self.eos_id], [self.eos_id])])
         finally:
             self.model.train(was_training)
         return self.exchange(len(pairs), results)

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
 import torch
 
 from dlx.model.kv_cache import KVCache
+
+
+def run_eagerly() -> AbstractContextManager[None]:
+    """Compiled blocks run their eager code inside: generation and lm-eval's requests change shape from call to call
+    (each prompt, each cached position), and a compile per shape costs more than it saves. The training step's and
+    validation's graphs are untouched."""
+    return torch.compiler.set_stance("force_eager")
 
 
 def sample_next(
@@ -56,17 +65,18 @@ def generate(
         ]
     tokens, pos = prompt, 0
     finished = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
-    while tokens.shape[1] < total:
-        if use_cache:
-            logits = model(tokens[:, pos:], caches, start_pos=pos)
-            pos = tokens.shape[1]
-        else:
-            logits = model(tokens)
-        next_token = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
-        if eos_id is not None:
-            next_token = torch.where(finished, torch.full_like(next_token, eos_id), next_token)
-            finished |= next_token == eos_id
-        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
-        if eos_id is not None and bool(finished.all()):
-            break
+    with run_eagerly():
+        while tokens.shape[1] < total:
+            if use_cache:
+                logits = model(tokens[:, pos:], caches, start_pos=pos)
+                pos = tokens.shape[1]
+            else:
+                logits = model(tokens)
+            next_token = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
+            if eos_id is not None:
+                next_token = torch.where(finished, torch.full_like(next_token, eos_id), next_token)
+                finished |= next_token == eos_id
+            tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+            if eos_id is not None and bool(finished.all()):
+                break
     return tokens

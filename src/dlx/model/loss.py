@@ -143,14 +143,15 @@ def gradient_lift(counted: torch.Tensor) -> torch.Tensor:
 def accumulate_fp32(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """total (fp32) += a @ b, one GEMM that accumulates into total. a and b in a narrower compute dtype: on CUDA
     cuBLAS multiplies them and adds into fp32 (`addmm` with `out_dtype`), no narrow product is stored and no second
-    pass adds it. Where this torch refuses an fp32 accumulator, a bf16 product then the add (bf16's range holds any
-    product; fp16's may not, so fp16 takes the product in fp32, as elsewhere: the same sums, the inputs exact)."""
-    cuda = total.device.type == "cuda"
+    pass adds it. Where this torch refuses an fp32 accumulator (a CPU's `addmm` has no `out_dtype`), a bf16 product
+    (its GEMM accumulates in fp32, rounded once at the end) then the add: bf16's range holds any product, and on a CPU
+    with bf16 matmuls the bf16 GEMM runs 4× faster than casting both inputs for an fp32 one (BENCHMARKS.md, Peers).
+    fp16's range may not hold the product, so fp16 takes it in fp32, as elsewhere: the same sums, the inputs exact."""
     if a.dtype == total.dtype:
         total.addmm_(a, b)
-    elif cuda and cuda_addmm_into_fp32(total.device):
+    elif total.device.type == "cuda" and cuda_addmm_into_fp32(total.device):
         torch.addmm(total, a, b, out_dtype=total.dtype, out=total)
-    elif cuda and a.dtype == torch.bfloat16:
+    elif a.dtype == torch.bfloat16:
         total.add_(a @ b)
     else:
         total.addmm_(a.float(), b.float())

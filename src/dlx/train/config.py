@@ -246,7 +246,7 @@ class TrainSection(BaseModel):
     seed: int = Field(0, ge=0, lt=2**63)
     """Seeds the weights, the data order and every random generator."""
     compile: bool = False
-    """Wrap the model in torch.compile (needs a C++ compiler on CPU)."""
+    """Wrap the model in torch.compile (needs a C++ compiler on CPU); compiled code is cached per model and shape."""
     attention: Literal["auto", "default", "cudnn", "flash", "efficient", "math", "flex"] = "auto"
     """Attention kernel: auto (the fastest, timed on CUDA), default (PyTorch's), cudnn, flash, efficient, math, flex."""
     float8: bool = False

@@ -19,6 +19,7 @@ from dlx.parallel.distributed import DistEnv, job_store, main_decides
 from dlx.parallel.heartbeat import Heartbeat
 from dlx.parallel.strategy import Strategy
 from dlx.precision import Precision
+from dlx.train.build.compile_cache import CompileCache, compile_key, open_compile_cache
 from dlx.train.build.console import RunConsole
 from dlx.train.build.data import DatasetInfo, build_train_loader
 from dlx.train.build.model import build_run_strategy, initial_weights, meta_model, resolve_initial_weights
@@ -119,6 +120,13 @@ class Run:
                     self.lock.release()
 
 
+def build_compile_cache(config: RunConfig, plan: StepPlan, precision: str, device: torch.device) -> CompileCache | None:
+    """Under train.compile: the compile cache for this model and shape, set for this process before step 1."""
+    if not config.train.compile:
+        return None
+    return open_compile_cache(compile_key(config, plan.micro_batch_size, precision, device))
+
+
 def build_run(
     config: RunConfig,
     name: str,
@@ -154,7 +162,20 @@ def build_run(
     timer = PhaseTimer(device)
     meter = ThroughputMeter(config.model.args, config.data.seq_len, device, precision.name, env.world_size)
     observers = build_observers(
-        config, run_dir, env, device, timer, console, logger, strategy, sampler, tasks, tokenizer, attention
+        config,
+        run_dir,
+        env,
+        device,
+        timer,
+        console,
+        logger,
+        strategy,
+        sampler,
+        tasks,
+        tokenizer,
+        attention,
+        build_compile_cache(config, plan, precision.name, device),
+        state.step if resume else 0,
     )
     run = Run(
         config=config,

@@ -2,11 +2,15 @@
 
 1. The layouts the recipe allows (`tune_space`), each validated as a recipe; those `dlx plan` says do not fit with
    the stated margin are dropped unmeasured (`tune_select`): no layout is tried to see whether it runs out of memory.
-2. The rest are ranked by the time model (`tune_model`), from rates measured here (`tune_rates`).
-3. The best predicted is measured (`dlx.bench.measure.measure_config`: the real step, warm-up excluded), the model is
-   refitted on every measured layout, the rest re-ranked, and the next best measured, until the budget would run out
-   or the next prediction is slower than the best measurement by more than `STOP_MARGIN` (after `MIN_MEASURED`).
-4. The winner: the fastest measured layout (the best predicted one where nothing could be measured).
+2. The rest are ranked by their whole run (`dlx.bench.tune.whole_run`: the recipe's steps, evaluations, task
+   evaluations, saves and the compile warm-up), each step priced by the time model (`time_model`) from rates measured
+   here (`rates`).
+3. The best predicted is measured (`dlx.bench.measure.measure_config`: the real step, warm-up excluded, with its
+   first step, validation batches and, compiled, a warm restart), the model is refitted on every measured layout,
+   the rest re-ranked, and the next best measured, until the budget would run out or the next prediction is slower
+   than the best measurement by more than `STOP_MARGIN` (after `MIN_MEASURED`).
+4. The winner: the measured layout whose whole run is shortest (the best predicted one where nothing could be
+   measured).
 
 Ranks: without torchrun `dlx tune` measures in one process, so it measures only for --world-size 1; for a larger
 world size it ranks by the model alone (nothing measured) unless it runs under torchrun with that many ranks, where
@@ -18,13 +22,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from dlx.bench.measure import measure_config
 from dlx.bench.tune.rates import measure_attention, measure_rates
-from dlx.bench.tune.select import Candidate, MemoryRule, admit, check_some_fit, memory_rule
+from dlx.bench.tune.select import Candidate, MemoryRule, admit, check_some_fit, mark_recipe, memory_rule
 from dlx.bench.tune.space import (
     ATTENTION_BY_DEVICE,
     SearchSpace,
@@ -34,6 +39,7 @@ from dlx.bench.tune.space import (
     tensor_parallel_sizes,
 )
 from dlx.bench.tune.time_model import Rates, TimeModel, calibrate, layout_cost
+from dlx.bench.tune.whole_run import EVAL_SAMPLE, RunContext, RunShape, SharedCosts, base_costs, recipe_shape, run_cost
 from dlx.data import SYNTHETIC
 from dlx.device import float8_capability, training_device
 from dlx.errors import UserError
@@ -71,6 +77,8 @@ class TuneSettings:
     steps: int = 3
     link_gbps: float | None = None
     max_measured: int = 12
+    save_folder: str = "runs"
+    """Where a save is timed (the run folder's disk)."""
 
 
 @dataclass
@@ -91,6 +99,9 @@ class TuneResult:
     """False: ranked by the model alone (see the module docstring)."""
     elapsed_s: float
     args: ModelArgs
+    shape: RunShape | None = None
+    """The recipe's run (None when its length is unknown: no train.max_steps and no dataset here)."""
+    shared: SharedCosts | None = None
 
 
 def run_tune(settings: TuneSettings, progress: Callable[[str, float], None] | None = None) -> TuneResult:
@@ -135,14 +146,16 @@ def tune_on(
     rates = replace(rates, attention_s=attention_s)
     for c in admitted:
         c.cost = layout_cost(base.model.args, c.layout, base.data.seq_len, precision, world_size, rates)
-    model = reprice(admitted, TimeModel())
+    run = RunContext(recipe_shape(base, world_size), base_costs(base, device, Path(settings.save_folder)))
+    model = reprice(admitted, TimeModel(), run)
     if measuring:
         check_budget(settings, admitted, device, start)
-        model = measure_best(settings, admitted, device, start, progress)
+        model = measure_best(settings, admitted, device, start, progress, run)
     winner = pick_winner(admitted, measuring)
+    listed = [c for c in candidates if not c.impossible]
     return TuneResult(
-        raw, candidates, winner, model, rates, rule, world_size, global_batch, base.data.seq_len, precision,
-        str(device), measuring, time.monotonic() - start, base.model.args,
+        raw, listed, winner, model, rates, rule, world_size, global_batch, base.data.seq_len, precision,
+        str(device), measuring, time.monotonic() - start, base.model.args, run.shape, run.shared,
     )  # fmt: skip
 
 
@@ -171,26 +184,38 @@ def candidates_of(
         space,
         attention=(kept["train.attention"],) if "train.attention" in kept else space.attention,
         float8=(kept["train.float8"],) if "train.float8" in kept else space.float8,
+        kept_strategy=kept.get("parallel.strategy"),
     )
     layouts = [layout for layout in enumerate_layouts(space) if holds_kept(layout.as_dict(), kept)]
     rule = memory_rule(device, settings.memory_limit_gb, settings.margin)
-    return admit(raw, layouts, base, world_size, device, precision, rule), rule
+    candidates = admit(raw, layouts, base, world_size, device, precision, rule)
+    mark_recipe(candidates, base, ATTENTION_BY_DEVICE.get(device.type, ("auto",)))
+    return candidates, rule
 
 
 def holds_kept(values: dict[str, Any], kept: dict[str, Any]) -> bool:
     return all(values[key.split(".")[1]] == value for key, value in kept.items())
 
 
-def reprice(candidates: list[Candidate], model: TimeModel) -> TimeModel:
+def reprice(candidates: list[Candidate], model: TimeModel, run: RunContext) -> TimeModel:
+    """Each candidate's step from the model and its whole run (`run_s`: measured where measured, else predicted)."""
     for c in candidates:
         assert c.cost is not None
         c.predicted_step_s = model.predict(c.cost)
+        c.run = run_cost(c, run.shape, run.shared) if run.shape is not None else None
     return model
 
 
+def run_s(c: Candidate) -> float:
+    """What ranks candidates: the whole run where its length is known, else the step."""
+    return c.run.total_s if c.run is not None else (c.measured_step_s or c.predicted_step_s or 0.0)
+
+
 def expected_measure_s(candidate: Candidate, settings: TuneSettings, device: torch.device, setup_s: float) -> float:
-    """What measuring the candidate should take: its setup, warm-up and timed steps, compile where on."""
-    steps = SAFETY * (settings.warmup + settings.steps) * (candidate.predicted_step_s or 0.0)
+    """What measuring the candidate should take: its setup, warm-up and timed steps and a few validation batches,
+    compile (and its warm restart) where on."""
+    restart = 1 if candidate.layout.compile else 0  # a compiled layout's first step again, from the cache
+    steps = SAFETY * (settings.warmup + settings.steps + restart) * (candidate.predicted_step_s or 0.0)
     compile_s = COMPILE_S.get(device.type, 60.0) if candidate.layout.compile else 0.0
     return setup_s + steps + compile_s
 
@@ -214,6 +239,7 @@ def measure_best(
     device: torch.device,
     start: float,
     progress: Callable[[str, float], None] | None,
+    run: RunContext,
 ) -> TimeModel:
     """Measure the best predicted layouts in turn, refitting the model after each (see the module docstring)."""
     model, setup_s, measured = TimeModel(), SETUP_S.get(device.type, 20.0), []
@@ -228,11 +254,13 @@ def measure_best(
             if progress is not None:
                 progress(candidate.layout.label(), time.monotonic() - start)
             began = time.monotonic()
-            measure_one(candidate, settings, device)
+            measure_one(candidate, settings, device, run.shape)
             if candidate.record is not None:
                 measured.append(candidate)
                 setup_s = max(setup_s if len(measured) > 1 else 0.0, setup_seconds(candidate, began, settings))
-                model = reprice(admitted, calibrate([c.cost for c in measured], [c.measured_step_s for c in measured]))
+                run.refresh(measured, device.type)
+                fitted = calibrate([c.cost for c in measured], [c.measured_step_s for c in measured])
+                model = reprice(admitted, fitted, run)
     finally:
         if group:
             distributed.teardown()
@@ -263,15 +291,15 @@ def next_to_measure(
 
     def decide() -> int | None:
         waiting = [i for i, c in enumerate(admitted) if c.record is None and c.drop is None]
-        waiting.sort(key=lambda i: admitted[i].predicted_step_s or 0.0)
+        waiting.sort(key=lambda i: (not admitted[i].is_recipe, run_s(admitted[i])))  # the recipe's own first
         left = settings.budget_s - (time.monotonic() - start)
         affordable = [i for i in waiting if expected_measure_s(admitted[i], settings, device, setup_s) <= left]
         if not affordable:
             return None
         best = affordable[0]
         if len(measured) >= MIN_MEASURED:
-            fastest = min(c.measured_step_s or 0.0 for c in measured)
-            if (admitted[best].predicted_step_s or 0.0) > fastest * (1 + STOP_MARGIN):
+            fastest = min(run_s(c) for c in measured)
+            if run_s(admitted[best]) > fastest * (1 + STOP_MARGIN):
                 return None
         return best
 
@@ -279,14 +307,17 @@ def next_to_measure(
     return None if index is None else admitted[index]
 
 
-def measure_one(candidate: Candidate, settings: TuneSettings, device: torch.device) -> None:
-    """Measure the candidate with the real step; a failure (out of memory on a GPU, a kernel the device lacks)
-    becomes its drop reason and the search goes on. Rank 0's record stands for all ranks."""
+def measure_one(candidate: Candidate, settings: TuneSettings, device: torch.device, shape: RunShape | None) -> None:
+    """Measure the candidate with the real step (and a few validation batches where the run evaluates); a failure
+    (out of memory on a GPU, a kernel the device lacks) becomes its drop reason and the search goes on. Rank 0's
+    record stands for all ranks."""
     assert candidate.config is not None
     config = short_run(candidate.config, settings)
     candidate.predicted_before_s = candidate.predicted_step_s
+    candidate.predicted_run_before_s = candidate.run.total_s if candidate.run is not None else None
+    eval_batches = min(EVAL_SAMPLE, shape.eval_batches) if shape is not None and shape.evaluations else 0
     try:
-        record = measure_config(config, device, settings.warmup, settings.steps)
+        record = measure_config(config, device, settings.warmup, settings.steps, eval_batches)
     except UserError as e:
         record = {"error": str(e)}
     except Exception as e:
@@ -316,16 +347,17 @@ def short_run(config: RunConfig, settings: TuneSettings) -> RunConfig:
 
 
 def pick_winner(admitted: list[Candidate], measuring: bool = True) -> Candidate:
-    """The fastest measured layout; where none was measured, the best predicted; the others keep why they lost."""
+    """The measured layout with the shortest whole run; where none was measured, the best predicted; the others keep
+    why they lost."""
     measured = [c for c in admitted if c.record is not None]
     if measured:
-        winner = max(measured, key=lambda c: float(c.record["tokens_per_s"]))  # type: ignore[index]
+        winner = min(measured, key=run_s)
     else:
         running = [c for c in admitted if c.drop is None]
         if not running:
             raise UserError(f"every layout measured failed; the first: {admitted[0].drop}")
-        winner = min(running, key=lambda c: c.predicted_step_s or 0.0)
-    best_s = winner.measured_step_s or winner.predicted_step_s or 0.0
+        winner = min(running, key=run_s)
+    best_s = run_s(winner)
     for c in admitted:
         if c is winner or c.drop is not None:
             continue
@@ -333,7 +365,7 @@ def pick_winner(admitted: list[Candidate], measuring: bool = True) -> Candidate:
             c.drop = "slower when measured"
         elif not measuring:
             c.drop = "predicted slower (ranked by the model only)"
-        elif (c.predicted_step_s or 0.0) <= best_s * (1 + STOP_MARGIN):
+        elif run_s(c) <= best_s * (1 + STOP_MARGIN):
             c.drop = "not measured: the budget ran out first"
         else:
             c.drop = "not measured: predicted slower"

@@ -22,6 +22,7 @@ import torch
 from dlx import device as dev
 from dlx.bench.tune.space import Layout, layout_recipe
 from dlx.bench.tune.time_model import LayoutCost, training_shape
+from dlx.bench.tune.whole_run import RunCost
 from dlx.errors import UserError
 from dlx.metrics.estimate import plan_memory
 from dlx.parallel.tensor import check_layout
@@ -48,6 +49,14 @@ class Candidate:
     record: dict[str, Any] | None = None
     """The measured ThroughputMeter record (step_s, tokens_per_s, mfu, peak_mem_gb)."""
     config: RunConfig | None = field(default=None, repr=False)
+    run: RunCost | None = None
+    """The whole run with this layout (`dlx.bench.tune.whole_run`): from its measurement once measured."""
+    predicted_run_before_s: float | None = None
+    """The whole run predicted just before the layout was measured."""
+    impossible: bool = False
+    """The recipe refuses the layout at this world size: not listed."""
+    is_recipe: bool = False
+    """The layout the recipe sets itself: measured first, so that the winner is never a run slower than it."""
 
     @property
     def measured_step_s(self) -> float | None:
@@ -100,6 +109,7 @@ def admit(
             check_layout(candidate.config.parallel, world_size)
         except UserError as e:
             candidate.drop = str(e).removeprefix("recipe: ")
+            candidate.impossible = True
             candidates.append(candidate)
             continue
         candidate.drop = missing_package(layout.strategy)
@@ -134,3 +144,23 @@ def check_some_fit(candidates: list[Candidate], global_batch: int, seq_len: int,
         f"smallest estimate is {smallest.estimate_gb:.2f} GB ({smallest.layout.label()}) and admission needs "
         f"{rule.describe()}; shorten data.seq_len, add ranks (--world-size) or raise --memory-limit-gb"
     )
+
+
+def mark_recipe(candidates: list[Candidate], base: RunConfig, searched_attention: tuple[str, ...]) -> None:
+    """The candidate whose layout is the recipe's own (train.attention auto, where the device's search has no auto,
+    is SDPA's own choice: default)."""
+    attention = base.train.attention
+    if attention == "auto" and "auto" not in searched_attention:
+        attention = "default"
+    own = {
+        "strategy": base.parallel.strategy,
+        "tp": base.parallel.tp,
+        "activation_checkpointing": base.parallel.activation_checkpointing,
+        "micro_batch_size": base.data.micro_batch_size,
+        "compile": base.train.compile,
+        "float8": base.train.float8,
+        "attention": attention,
+    }
+    for c in candidates:  # at the recipe's global batch, its micro-batch sets its accumulation too
+        values = c.layout.as_dict()
+        c.is_recipe = c.config is not None and all(values[key] == value for key, value in own.items())

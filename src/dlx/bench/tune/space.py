@@ -29,7 +29,7 @@ class StrategyRow:
     variants: tuple[dict[str, Any], ...] = ({},)
     """The strategy's own `parallel` keys, one mapping per variant searched."""
     single_replica_only: bool = False
-    """Only where there is one data-parallel replica (strategy none)."""
+    """Only where there is one data-parallel replica (strategy none); the others only where there are several."""
     replica_groups: bool = False
     """One variant per parallel.dp_replicate that makes a 2-D mesh: a divisor of the data-parallel ranks strictly
     between 1 (which is fsdp) and all of them (which is replication alone) (strategy hsdp)."""
@@ -133,6 +133,8 @@ class SearchSpace:
     float8: tuple[bool, ...] = (False,)
     attention: tuple[str, ...] = ("auto",)
     strategies: tuple[StrategyRow, ...] = field(default=STRATEGY_ROWS)
+    kept_strategy: str | None = None
+    """The one strategy `--keep parallel.strategy` holds: searched alone, also at one replica."""
 
 
 def global_batch_of(raw: dict[str, Any], world_size: int) -> int:
@@ -164,10 +166,14 @@ def enumerate_layouts(space: SearchSpace) -> list[Layout]:
     """Every layout of the space, valid or not (the recipe validates them)."""
     layouts = []
     strategies = [row for row in space.strategies if row.name in STRATEGY_TRAITS]
+    if space.kept_strategy is not None:
+        strategies = [row for row in strategies if row.name == space.kept_strategy]
     for row, tp in itertools.product(strategies, space.tps):
         dp = space.world_size // tp
         if row.single_replica_only and dp > 1:
             continue
+        if dp == 1 and not row.single_replica_only and space.kept_strategy is None:
+            continue  # one replica: nothing for a data-parallel strategy to do
         for variant, checkpointing, micro, compile_on, float8, attention in itertools.product(
             row.variants_at(dp),
             space.checkpointing,

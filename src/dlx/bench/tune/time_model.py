@@ -28,7 +28,10 @@ B_compiled: a torch.compile'd layout's activation traffic, a term of its own ins
 
 The coefficients are fitted after each measured layout by non-negative least squares on relative error, with a ridge
 pulling each toward 1 (its price from the measured rates and the priors), so that a term the measured layouts do not
-tell apart keeps its price and one or two measured points already move every prediction (`calibrate`).
+tell apart keeps its price and one or two measured points already move every prediction (`calibrate`). A scale over
+the whole sum (the geometric mean of measured ÷ fitted) then takes up what the ridge holds back when the machine runs
+slower than its rates said (other processes on its cores): one measurement 10× slower than priced makes every
+prediction 10× slower, not a few per cent.
 """
 
 from __future__ import annotations
@@ -210,12 +213,15 @@ class TimeModel:
 
     coefficients: tuple[float, ...] = (1.0,) * len(TERMS)
     measured_points: int = 0
+    scale: float = 1.0
+    """Over the whole sum: the geometric mean of the measured steps ÷ the coefficients' predictions."""
 
     def predict(self, cost: LayoutCost) -> float:
-        return float(np.dot(self.coefficients, cost.terms()))
+        return self.scale * float(np.dot(self.coefficients, cost.terms()))
 
     def describe(self) -> str:
-        return ", ".join(f"{name} {value:.3g}" for name, value in zip(TERMS, self.coefficients, strict=True))
+        terms = ", ".join(f"{name} {value:.3g}" for name, value in zip(TERMS, self.coefficients, strict=True))
+        return f"{terms}; × {self.scale:.3g} overall"
 
 
 def calibrate(costs: Sequence[LayoutCost], measured_s: Sequence[float], ridge: float = RIDGE) -> TimeModel:
@@ -227,7 +233,10 @@ def calibrate(costs: Sequence[LayoutCost], measured_s: Sequence[float], ridge: f
     rows = np.vstack([cost.terms() / seconds for cost, seconds in zip(costs, measured_s, strict=True)])
     a = np.vstack([rows, ridge * np.eye(rows.shape[1])])
     b = np.concatenate([np.ones(len(rows)), ridge * np.ones(rows.shape[1])])
-    return TimeModel(tuple(float(x) for x in non_negative_least_squares(a, b)), len(rows))
+    coefficients = non_negative_least_squares(a, b)
+    fitted = rows @ coefficients  # each measured point's prediction ÷ its measurement
+    scale = float(np.exp(-np.mean(np.log(fitted)))) if np.all(fitted > 0) else 1.0
+    return TimeModel(tuple(float(x) for x in coefficients), len(rows), scale)
 
 
 def non_negative_least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:

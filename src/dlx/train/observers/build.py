@@ -1,5 +1,6 @@
 """The observers a run has (`dlx.train.observers.base`): the attention kernel (dlx.train.observers.attention), GPU
-counters (`log.nvml`), samples (`eval.sample_*`), downstream tasks (`eval.tasks`, dlx.train.observers.tasks), the
+counters (`log.nvml`), samples (`eval.sample_*`), downstream tasks (`eval.tasks`, dlx.train.observers.tasks), what
+torch.compile compiled (`train.compile`, dlx.train.observers.compiles), the
 profiler (`profile.*`), Weights & Biases (`log.wandb`) and the spike guard (`train.spike_policy`,
 dlx.train.observers.spikes), each an `Observer` around its `dlx.metrics` (or `dlx.evals`) class, which knows nothing of
 the loop, all built by `build_observers`.
@@ -26,11 +27,13 @@ from dlx.model.attention_kernels import AttentionChoice
 from dlx.parallel import distributed
 from dlx.parallel.distributed import DistEnv
 from dlx.parallel.strategy import Strategy
+from dlx.train.build.compile_cache import CompileCache
 from dlx.train.build.console import RunConsole
 from dlx.train.build.stages import resolve_stages
 from dlx.train.config import RunConfig
 from dlx.train.observers.attention import AttentionObserver
 from dlx.train.observers.base import Observer, ObserverList
+from dlx.train.observers.compiles import CompileObserver
 from dlx.train.observers.sample import SampleObserver, TrainingSampler, build_sampler
 from dlx.train.observers.spikes import SpikeGuard
 from dlx.train.observers.stages import StageObserver
@@ -78,11 +81,13 @@ def build_observers(
     tasks: TaskSet | None = None,
     tokenizer: Path | None = None,
     attention: AttentionChoice | None = None,
+    compile_cache: CompileCache | None = None,
+    resumed_at: int = 0,
 ) -> ObserverList:
     """Every observer of a run, the same on every rank, sorted by `order` (the order of their header lines): the
     attention kernel (applied to the model here), GPU counters, samples, tasks (`tasks` with the run's `tokenizer`),
-    the profiler, W&B, the spike guard. The sampler passes its samples, the task evaluation its metrics, on to all of
-    them (W&B)."""
+    the compile account (`compile_cache`: under train.compile), the profiler, W&B, the spike guard. The sampler passes
+    its samples, the task evaluation its metrics, on to all of them (W&B)."""
     observers, model = ObserverList(), strategy.model
     applied = [AttentionObserver(attention, config.data.document_mask, device).apply(model)] if attention else []
     gpu = GpuObserver(open_gpu_counters(device, config.log.nvml), env, device)
@@ -93,11 +98,13 @@ def build_observers(
     if evaluation is not None:
         evaluation.publish = observers.on_tasks
     evaluations = [evaluation] if evaluation is not None else []
+    compiles = [CompileObserver(compile_cache, resumed_at)] if compile_cache is not None else []
     profiler = ProfilerObserver(build_profiler(config, run_dir, env, device, timer, console), env.rank)
     wandb = [WandbObserver(open_wandb(config, run_dir, env, console))] if config.log.wandb else []
     plan = resolve_stages(config, env.dp_size)
     stages = [StageObserver(plan)] if plan is not None else []
-    observers.extend([*applied, *stages, gpu, *samples, *evaluations, profiler, *wandb, SpikeGuard(config.train)])
+    every = [*applied, *stages, gpu, *samples, *evaluations, *compiles, profiler, *wandb, SpikeGuard(config.train)]
+    observers.extend(every)
     return observers
 
 
