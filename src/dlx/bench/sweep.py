@@ -38,16 +38,13 @@ class MemoryBudget:
 
 def estimate_gb(args: ModelArgs, point: BenchPoint, setup: BenchSetup) -> float:
     """`dlx plan`'s total for the point, for the kernels of the sweep's device."""
-    shape = TrainingShape(
+    shape = TrainingShape.of(
+        setup,
         seq_len=point.seq_len,
         micro_batch=point.micro_batch,
         grad_accum=point.grad_accum,
         precision=point.precision,
-        strategy=setup.strategy,
         world_size=setup.world_size,
-        tp=setup.tp,
-        cp=setup.cp,
-        dp_replicate=setup.dp_replicate,
         device_type="cpu" if setup.device.type == "cpu" else "cuda",
     )
     return plan_memory(args, shape).total_gb

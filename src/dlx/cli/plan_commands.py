@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 import typer
@@ -49,19 +50,14 @@ def plan(
     world_size = tp if world_size is None else world_size
     if find_gpu(gpu) is None:
         raise UserError(f"--gpu {gpu!r} is not in dlx's peak table; the known GPUs: {', '.join(s.name for s in GPUS)}")
-    shape = TrainingShape(
-        seq_len=seq_len,
-        micro_batch=micro_batch,
-        grad_accum=grad_accum,
-        precision=precision,
-        strategy=strategy,
-        world_size=world_size,
-        tp=tp,
-        cp=cp,
-        dp_replicate=dp_replicate,
-        zero_stage=zero_stage,
+    layout = SimpleNamespace(
+        strategy=strategy, tp=tp, cp=cp, dp_replicate=dp_replicate, zero_stage=zero_stage,
         activation_checkpointing=activation_checkpointing,
-    )
+    )  # fmt: skip
+    shape = TrainingShape.of(
+        layout, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, precision=precision,
+        world_size=world_size,
+    )  # fmt: skip
     summary = plan_summary(model, shape, gpu, mfu, memory_gb)
     if as_json:
         print(json.dumps(summary, indent=2))

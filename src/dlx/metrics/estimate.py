@@ -48,6 +48,7 @@ estimate beside the measurement.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from dlx.errors import UserError
 from dlx.metrics.flops import FlopsPerToken, training_flops_per_token
@@ -86,6 +87,42 @@ class TrainingShape:
     """Context-parallel ranks per model replica: each holds seq_len / cp tokens of every sequence."""
     dp_replicate: int = 1
     """strategy hsdp: replicas, each sharded over dp / dp_replicate ranks."""
+
+    @classmethod
+    def of(
+        cls,
+        layout: Any,
+        *,
+        seq_len: int,
+        micro_batch: int,
+        grad_accum: int = 1,
+        precision: str = "bf16",
+        world_size: int = 1,
+        device_type: str = "cuda",
+        attention: str = "auto",
+        document_mask: bool = False,
+    ) -> TrainingShape:
+        """The one builder of a training step's shape, from a layout (anything with the `parallel` section's names:
+        the recipe's ParallelConfig, a `dlx tune` layout, a `dlx bench` setup; a name it lacks takes its default)
+        and the step's sizes. The attention kernel stores the T×T scores with train.attention math, and on a CPU
+        wherever SDPA gets a boolean mask (document masks, context parallelism)."""
+        cp = getattr(layout, "cp", 1)
+        masked = (document_mask or cp > 1) and device_type != "cuda"
+        return cls(
+            seq_len=seq_len,
+            micro_batch=micro_batch,
+            grad_accum=grad_accum,
+            precision=precision,
+            strategy=layout.strategy,
+            world_size=world_size,
+            tp=getattr(layout, "tp", 1),
+            zero_stage=getattr(layout, "zero_stage", 2),
+            activation_checkpointing=getattr(layout, "activation_checkpointing", "none"),
+            attention_matrix=attention == "math" or masked,
+            device_type=device_type,
+            cp=cp,
+            dp_replicate=getattr(layout, "dp_replicate", 1),
+        )
 
     @property
     def dp(self) -> int:

@@ -191,19 +191,15 @@ def comm_bytes(args: ModelArgs, layout: Layout, seq_len: int, precision: str, wo
 
 def training_shape(layout: Layout, seq_len: int, precision: str, world_size: int, device_type: str) -> TrainingShape:
     """The layout as `dlx plan` takes it."""
-    return TrainingShape(
+    return TrainingShape.of(
+        layout,
         seq_len=seq_len,
         micro_batch=layout.micro_batch,
         grad_accum=layout.grad_accum,
         precision=precision,
-        strategy=layout.strategy,
         world_size=world_size,
-        tp=layout.tp,
-        zero_stage=layout.zero_stage,
-        activation_checkpointing=layout.activation_checkpointing,
-        attention_matrix=layout.attention == "math",
         device_type=device_type,
-        dp_replicate=layout.dp_replicate,
+        attention=layout.attention,
     )
 
 

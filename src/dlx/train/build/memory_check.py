@@ -36,21 +36,16 @@ within it is a warning on the memory line, not a refusal, since the growth depen
 
 def run_shape(config: RunConfig, device: torch.device, world_size: int, precision: str) -> TrainingShape:
     """The run's layout in `dlx plan`'s words."""
-    parallel = config.parallel
-    return TrainingShape(
-        seq_len=config.data.seq_len,
-        micro_batch=config.data.micro_batch_size,
+    data = config.data
+    return TrainingShape.of(
+        config.parallel,
+        seq_len=data.seq_len,
+        micro_batch=data.micro_batch_size,
         precision=precision,
-        strategy=parallel.strategy,
         world_size=world_size,
-        tp=parallel.tp,
-        cp=parallel.cp,
-        dp_replicate=parallel.dp_replicate,
-        zero_stage=parallel.zero_stage,
-        activation_checkpointing=parallel.activation_checkpointing,
-        # SDPA with a boolean mask: document masks, and context parallelism's attention
-        attention_matrix=(config.data.document_mask or parallel.cp > 1) and device.type != "cuda",
         device_type=device.type,
+        attention=config.train.attention,
+        document_mask=data.document_mask,
     )
 
 
