@@ -4,8 +4,9 @@ VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dlx-installed
-# two pytest-xdist workers: the suite is mostly subprocesses and torchrun ranks waiting on each other; the file order
-PYTEST_ARGS ?= -n 2 -p no:randomly
+# two pytest-xdist workers (an idle one takes tests queued for the other: the long journeys do not end the run alone):
+# the suite is mostly subprocesses and torchrun ranks waiting on each other; the file order; the slowest 15 named
+PYTEST_ARGS ?= -n 2 --dist worksteal -p no:randomly --durations=15
 # `make test-random SEED=N`: the same tests in pytest-randomly's order for seed N (a new one each time by default)
 SEED ?= $(shell date +%s)
 
