@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-TUNE_HELP = """Choose the layout of RECIPE whose whole run ends first: strategy, tp, activation checkpointing,
+TUNE_HELP = """Choose the layout of RECIPE whose whole run ends first: strategy, tp, cp, activation checkpointing,
 micro-batch × accumulation (at the recipe's global batch), train.compile, train.float8 (where the device has it) and
 train.attention. Layouts whose `dlx plan` estimate (with a stated margin) does not fit, or that the world size rules
 out, are dropped unrun; the rest are ranked by the recipe's whole run (its steps priced by a time model calibrated on

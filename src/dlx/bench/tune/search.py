@@ -33,6 +33,7 @@ from dlx.bench.tune.select import Candidate, MemoryRule, admit, check_some_fit, 
 from dlx.bench.tune.space import (
     ATTENTION_BY_DEVICE,
     SearchSpace,
+    context_parallel_sizes,
     enumerate_layouts,
     global_batch_of,
     keep_values,
@@ -45,6 +46,7 @@ from dlx.device import float8_capability, training_device
 from dlx.errors import UserError
 from dlx.model.args import ModelArgs
 from dlx.parallel import distributed
+from dlx.parallel.config import auto_strategy
 from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.precision import resolve_precision
 from dlx.train.config import RunConfig
@@ -139,7 +141,8 @@ def tune_on(
     candidates, rule = candidates_of(settings, raw, base, world_size, global_batch, device, precision)
     check_some_fit(candidates, global_batch, base.data.seq_len, rule)
     admitted = [c for c in candidates if c.drop is None]
-    keys = {("float8" if c.layout.float8 else precision, c.layout.micro_batch * base.data.seq_len) for c in admitted}
+    seq_len = base.data.seq_len
+    keys = {("float8" if c.layout.float8 else precision, c.layout.tokens_per_micro(seq_len)) for c in admitted}
     rates = measure_rates(base.model.args, device, keys, settings.link_gbps)
     calls = {(c.layout.attention, c.layout.micro_batch) for c in admitted}
     attention_s = measure_attention(base.model.args, device, base.data.seq_len, precision, calls)
@@ -176,15 +179,21 @@ def candidates_of(
         world_size=world_size,
         global_batch=global_batch,
         tps=tensor_parallel_sizes(args, world_size, global_batch),
+        cps=context_parallel_sizes(world_size, base.data.seq_len),
         float8=(False, True) if has_float8 else (False,),
         attention=ATTENTION_BY_DEVICE.get(device.type, ("auto",)),
     )
     kept = keep_values(raw, settings.keep)
+    if kept.get("parallel.strategy") == "auto":  # what the recipe's auto becomes at this world size
+        parallel = raw.get("parallel") or {}
+        tp, cp = (int(kept.get(f"parallel.{key}", parallel.get(key, 1))) for key in ("tp", "cp"))
+        kept["parallel.strategy"] = auto_strategy(world_size, tp, cp, int(parallel.get("dp_replicate", 1)))[0]
     space = replace(  # a kept value outside the device's own choices (train.attention auto on a CPU) is searched
         space,
         attention=(kept["train.attention"],) if "train.attention" in kept else space.attention,
         float8=(kept["train.float8"],) if "train.float8" in kept else space.float8,
         kept_strategy=kept.get("parallel.strategy"),
+        cps=(kept["parallel.cp"],) if "parallel.cp" in kept else space.cps,
     )
     layouts = [layout for layout in enumerate_layouts(space) if holds_kept(layout.as_dict(), kept)]
     rule = memory_rule(device, settings.memory_limit_gb, settings.margin)

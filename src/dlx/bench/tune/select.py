@@ -155,6 +155,7 @@ def mark_recipe(candidates: list[Candidate], base: RunConfig, searched_attention
     own = {
         "strategy": base.parallel.strategy,
         "tp": base.parallel.tp,
+        "cp": base.parallel.cp,
         "activation_checkpointing": base.parallel.activation_checkpointing,
         "micro_batch_size": base.data.micro_batch_size,
         "compile": base.train.compile,

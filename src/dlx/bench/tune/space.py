@@ -1,5 +1,5 @@
 """The layouts `dlx tune` chooses among: every combination of the recipe keys that change speed and memory but not
-what is learned (strategy, tp, activation checkpointing, micro-batch × accumulation at the recipe's global batch,
+what is learned (strategy, tp, cp, activation checkpointing, micro-batch × accumulation at the recipe's global batch,
 train.compile, train.float8, train.attention).
 
 A strategy joins the search with one row of `STRATEGY_ROWS` (its name as in `parallel.strategy` and the variants of
@@ -56,6 +56,7 @@ ATTENTION_BY_DEVICE = {"cpu": ("default", "math"), "cuda": ("auto",)}
 DIMENSION_KEYS = (
     "parallel.strategy",
     "parallel.tp",
+    "parallel.cp",
     "parallel.activation_checkpointing",
     "data.micro_batch_size",
     "train.compile",
@@ -77,6 +78,12 @@ class Layout:
     attention: str
     strategy_keys: tuple[tuple[str, Any], ...] = ()
     """The strategy row's variant (e.g. (("zero_stage", 2),))."""
+    cp: int = 1
+    """parallel.cp: context-parallel ranks per model replica, each holding seq_len / cp tokens of every sequence."""
+
+    def tokens_per_micro(self, seq_len: int) -> int:
+        """The tokens one rank's micro-batch holds: its sequences' seq_len / cp each."""
+        return self.micro_batch * seq_len // self.cp
 
     @property
     def zero_stage(self) -> int:
@@ -88,7 +95,8 @@ class Layout:
 
     def recipe_keys(self) -> dict[str, dict[str, Any]]:
         """The recipe keys this layout sets, by section."""
-        parallel = {"strategy": self.strategy, "tp": self.tp, "activation_checkpointing": self.activation_checkpointing}
+        parallel = {"strategy": self.strategy, "tp": self.tp, "cp": self.cp}
+        parallel["activation_checkpointing"] = self.activation_checkpointing
         train = {"grad_accum": self.grad_accum, "compile": self.compile, "float8": self.float8}
         train["attention"] = self.attention
         return {
@@ -100,8 +108,9 @@ class Layout:
     def label(self) -> str:
         strategy = self.strategy + "".join(f" {key} {value}" for key, value in self.strategy_keys)
         flags = [name for name, on in (("compile", self.compile), ("float8", self.float8)) if on]
+        context = f", cp {self.cp}" if self.cp > 1 else ""
         return (
-            f"{strategy}, tp {self.tp}, AC {self.activation_checkpointing}, micro {self.micro_batch} × accum "
+            f"{strategy}, tp {self.tp}{context}, AC {self.activation_checkpointing}, micro {self.micro_batch} × accum "
             f"{self.grad_accum}, attn {self.attention}" + "".join(f", {flag}" for flag in flags)
         )
 
@@ -110,6 +119,7 @@ class Layout:
             "strategy": self.strategy,
             **dict(self.strategy_keys),
             "tp": self.tp,
+            "cp": self.cp,
             "activation_checkpointing": self.activation_checkpointing,
             "micro_batch_size": self.micro_batch,
             "grad_accum": self.grad_accum,
@@ -128,6 +138,9 @@ class SearchSpace:
     """Sequences per optimizer step over all ranks (train.global_batch_size, else the recipe's micro-batch ×
     accumulation × data-parallel ranks at parallel.tp)."""
     tps: tuple[int, ...]
+    cps: tuple[int, ...] = (1,)
+    """parallel.cp values; one applies where it divides the data-parallel ranks and leaves replicas dividing the global
+    batch."""
     checkpointing: tuple[str, ...] = CHECKPOINTING
     compile: tuple[bool, ...] = (False, True)
     float8: tuple[bool, ...] = (False,)
@@ -138,12 +151,13 @@ class SearchSpace:
 
 
 def global_batch_of(raw: dict[str, Any], world_size: int) -> int:
-    """train.global_batch_size, else data.micro_batch_size × train.grad_accum × (world size ÷ parallel.tp)."""
+    """train.global_batch_size, else data.micro_batch_size × train.grad_accum × the model replicas (world size ÷
+    parallel.tp ÷ parallel.cp)."""
     train, data, parallel = (raw.get(name) or {} for name in ("train", "data", "parallel"))
     if train.get("global_batch_size"):
         return int(train["global_batch_size"])
-    dp = max(1, world_size // int(parallel.get("tp", 1)))
-    return int(data.get("micro_batch_size", 8)) * int(train.get("grad_accum", 1)) * dp
+    replicas = max(1, world_size // int(parallel.get("tp", 1)) // int(parallel.get("cp", 1)))
+    return int(data.get("micro_batch_size", 8)) * int(train.get("grad_accum", 1)) * replicas
 
 
 def tensor_parallel_sizes(args: ModelArgs, world_size: int, global_batch: int) -> tuple[int, ...]:
@@ -162,29 +176,39 @@ def tensor_parallel_sizes(args: ModelArgs, world_size: int, global_batch: int) -
     return fitting
 
 
+def context_parallel_sizes(world_size: int, seq_len: int) -> tuple[int, ...]:
+    """Every parallel.cp that divides the world size and splits seq_len into 2 × cp equal chunks (the load-balanced
+    order); which of them a layout's tp leaves room for is `enumerate_layouts`'s."""
+    return tuple(cp for cp in divisors_of(world_size) if seq_len % (2 * cp) == 0 or cp == 1)
+
+
 def enumerate_layouts(space: SearchSpace) -> list[Layout]:
-    """Every layout of the space, valid or not (the recipe validates them)."""
+    """Every layout of the space, valid or not (the recipe validates them). The data-parallel ranks (world size ÷ tp)
+    hold the context-parallel ones: a cp layout still needs a strategy that averages gradients over them."""
     layouts = []
     strategies = [row for row in space.strategies if row.name in STRATEGY_TRAITS]
     if space.kept_strategy is not None:
         strategies = [row for row in strategies if row.name == space.kept_strategy]
-    for row, tp in itertools.product(strategies, space.tps):
+    for row, tp, cp in itertools.product(strategies, space.tps, space.cps):
         dp = space.world_size // tp
+        if dp % cp or space.global_batch % (dp // cp):
+            continue
         if row.single_replica_only and dp > 1:
             continue
         if dp == 1 and not row.single_replica_only and space.kept_strategy is None:
             continue  # one replica: nothing for a data-parallel strategy to do
+        replicas = dp // cp
         for variant, checkpointing, micro, compile_on, float8, attention in itertools.product(
             row.variants_at(dp),
             space.checkpointing,
-            divisors_of(space.global_batch // dp),
+            divisors_of(space.global_batch // replicas),
             space.compile,
             space.float8,
             space.attention,
         ):
-            accum = space.global_batch // (dp * micro)
+            accum = space.global_batch // (replicas * micro)
             keys = tuple(sorted(variant.items()))
-            layouts.append(Layout(row.name, tp, checkpointing, micro, accum, compile_on, float8, attention, keys))
+            layouts.append(Layout(row.name, tp, checkpointing, micro, accum, compile_on, float8, attention, keys, cp))
     return layouts
 
 
@@ -207,8 +231,9 @@ def keep_values(raw: dict[str, Any], keep: Iterable[str]) -> dict[str, Any]:
     """The recipe's values (defaults where unset) of the dimensions `--keep` holds fixed; a UserError for a key that is
     not a dimension."""
     defaults = {
-        "parallel.strategy": "none",
+        "parallel.strategy": "auto",
         "parallel.tp": 1,
+        "parallel.cp": 1,
         "parallel.activation_checkpointing": "none",
         "data.micro_batch_size": 8,
         "train.compile": False,

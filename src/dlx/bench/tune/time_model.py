@@ -16,7 +16,9 @@ B: bytes moved outside matmuls by an eager step: the activations `dlx plan` coun
    backward; the recomputed ones again), ×3 for the elementwise kernels around them (norms, SwiGLU, RoPE,
    residuals); AdamW reads and writes 32 bytes per parameter of its shard; the strategy's collectives copy gradients
    and weights even on one rank (`collective_copy_bytes`).
-C: bytes each rank sends per step (`comm_bytes`).
+C: bytes each rank sends per step (`comm_bytes`; under context parallelism the keys and values gathered).
+Under context parallelism (parallel.cp) every per-token term counts a rank's seq_len / cp tokens of each sequence,
+and the attention call (measured at the whole sequence) 1 / cp of its query rows.
 T_attention: the attention itself, measured: one layer's call forward and backward under the layout's kernel
    (train.attention) at its micro-batch (`tune_rates.measure_attention`), times layers and micro-steps, ÷ tp, plus
    the recomputed forwards (the same shares as F's). Where it was not measured (a kernel that refused the shape):
@@ -48,6 +50,7 @@ from dlx.metrics.estimate import (
     AUTOCAST_BYTES,
     TrainingShape,
     activation_bytes_per_token_per_layer,
+    rank_shape,
     shard_ranks,
     sharding_stage,
 )
@@ -106,17 +109,17 @@ class LayoutCost:
 def layout_cost(
     args: ModelArgs, layout: Layout, seq_len: int, precision: str, world_size: int, rates: Rates
 ) -> LayoutCost:
-    tokens = layout.micro_batch * seq_len * layout.grad_accum  # per replica
+    tokens = layout.tokens_per_micro(seq_len) * layout.grad_accum  # per rank: seq_len / cp of each sequence
     recompute = 1 + RECOMPUTE[layout.activation_checkpointing]
     per_token = training_flops_per_token(args, seq_len)
-    rate = rates.matmul_tflops[("float8" if layout.float8 else precision, layout.micro_batch * seq_len)]
+    rate = rates.matmul_tflops[("float8" if layout.float8 else precision, layout.tokens_per_micro(seq_len))]
     bandwidth = rates.memory_gbps * 1e9
     call_s = rates.attention_s.get((layout.attention, layout.micro_batch))
     if call_s is None:  # not measured: its FLOPs at the matmul rate, math's scores at the copy bandwidth
         attention_flops = (per_token.attention - per_token.dense) * tokens / layout.tp * recompute
         attention_s = attention_flops / (rate * 1e12) + scores_bytes(args, layout, seq_len, precision) / bandwidth
-    else:
-        attention_s = call_s * args.n_layers * layout.grad_accum / layout.tp * recompute
+    else:  # the call at the whole sequence; a cp rank's queries are 1 / cp of its rows
+        attention_s = call_s * args.n_layers * layout.grad_accum / layout.tp / layout.cp * recompute
     flops = per_token.dense * tokens / layout.tp * recompute
     activations = activation_traffic_bytes(args, layout, seq_len, precision, world_size)
     eager = 0.0 if layout.compile else activations
@@ -134,8 +137,8 @@ def layout_cost(
 def activation_traffic_bytes(args: ModelArgs, layout: Layout, seq_len: int, precision: str, world_size: int) -> float:
     """The activations of one step written in forward and read in backward (the recomputed ones again), ×3 for the
     elementwise kernels around them."""
-    shape = training_shape(layout, seq_len, precision, world_size, "cpu")
-    tokens = layout.micro_batch * seq_len * layout.grad_accum
+    shape = rank_shape(training_shape(layout, seq_len, precision, world_size, "cpu"))
+    tokens = layout.tokens_per_micro(seq_len) * layout.grad_accum
     per_token_layer = activation_bytes_per_token_per_layer(args, shape)
     recomputed = {"none": 0.0, "selective": 0.5, "full": 1.0}[layout.activation_checkpointing]
     return 3 * per_token_layer * tokens * args.n_layers * (2 + recomputed)
@@ -146,7 +149,7 @@ def scores_bytes(args: ModelArgs, layout: Layout, seq_len: int, precision: str) 
     micro-step; 0 for the fused kernels."""
     if layout.attention != "math":
         return 0.0
-    scores = AUTOCAST_BYTES[precision] * args.n_heads * seq_len * seq_len / layout.tp
+    scores = AUTOCAST_BYTES[precision] * args.n_heads * seq_len * seq_len / layout.tp / layout.cp
     return 4 * scores * layout.micro_batch * layout.grad_accum * args.n_layers
 
 
@@ -185,7 +188,7 @@ def comm_bytes(args: ModelArgs, layout: Layout, seq_len: int, precision: str, wo
     else:
         data = communication_bytes(args, shape).total
     tp_ring = (layout.tp - 1) / layout.tp
-    tokens = layout.micro_batch * seq_len * layout.grad_accum
+    tokens = layout.tokens_per_micro(seq_len) * layout.grad_accum
     return data + 8 * tp_ring * tokens * args.dim * AUTOCAST_BYTES[precision] * args.n_layers
 
 
