@@ -15,6 +15,7 @@ from dlx.bench.tune.space import (
     global_batch_of,
     keep_values,
     layout_recipe,
+    tensor_parallel_sizes,
 )
 from dlx.bench.tune.time_model import Rates, comm_bytes, layout_cost, training_shape
 from dlx.metrics.communication import cp_communication_bytes
@@ -98,3 +99,9 @@ def test_the_memory_estimate_of_a_cp_layout_is_one_ranks():
     shape = training_shape(replace(whole, cp=2), SEQ, "fp32", 4, "cpu")
     assert shape.cp == 2
     assert plan_memory(ARGS, shape).total_gb < plan_memory(ARGS, training_shape(whole, SEQ, "fp32", 4, "cpu")).total_gb
+
+
+def test_a_global_batch_only_cp_can_split_still_has_a_layout():
+    """One sequence per step on 2 ranks: no data-parallel split divides it, cp 2 (one replica) does."""
+    assert tensor_parallel_sizes(ARGS, 2, 1, cps=(1, 2)) == (1, 2)
+    assert tensor_parallel_sizes(ARGS, 2, 1) == (2,)  # without cp only tp 2's single replica

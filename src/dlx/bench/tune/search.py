@@ -175,11 +175,12 @@ def candidates_of(
     args = base.model.args
     # A CPU's float8 matmul (torch._scaled_mm) is a reference kernel, slower than bf16 by orders: not searched there.
     has_float8 = device.type == "cuda" and precision == "bf16" and float8_capability(device) is None
+    cps = context_parallel_sizes(world_size, base.data.seq_len)
     space = SearchSpace(
         world_size=world_size,
         global_batch=global_batch,
-        tps=tensor_parallel_sizes(args, world_size, global_batch),
-        cps=context_parallel_sizes(world_size, base.data.seq_len),
+        tps=tensor_parallel_sizes(args, world_size, global_batch, cps),
+        cps=cps,
         float8=(False, True) if has_float8 else (False,),
         attention=ATTENTION_BY_DEVICE.get(device.type, ("auto",)),
     )

@@ -160,12 +160,19 @@ def global_batch_of(raw: dict[str, Any], world_size: int) -> int:
     return int(data.get("micro_batch_size", 8)) * int(train.get("grad_accum", 1)) * replicas
 
 
-def tensor_parallel_sizes(args: ModelArgs, world_size: int, global_batch: int) -> tuple[int, ...]:
-    """Every tp that divides the world size and the model's dimensions and leaves a data-parallel count dividing the
-    global batch; a UserError when there is none (one line, naming why)."""
+def tensor_parallel_sizes(
+    args: ModelArgs, world_size: int, global_batch: int, cps: tuple[int, ...] = (1,)
+) -> tuple[int, ...]:
+    """Every tp that divides the world size and the model's dimensions and leaves, at one of the `cps`, a replica
+    count dividing the global batch; a UserError when there is none (one line, naming why)."""
     divisors = [tp for tp in range(1, world_size + 1) if world_size % tp == 0]
     shaped = [tp for tp in divisors if divisibility_problem(args, tp) is None]
-    fitting = tuple(tp for tp in shaped if global_batch % (world_size // tp) == 0)
+
+    def divides(tp: int) -> bool:
+        dp = world_size // tp
+        return any(dp % cp == 0 and global_batch % (dp // cp) == 0 for cp in cps)
+
+    fitting = tuple(tp for tp in shaped if divides(tp))
     if not fitting:
         dps = ", ".join(str(world_size // tp) for tp in shaped)
         raise UserError(
