@@ -160,3 +160,32 @@ def test_each_fsdp_rank_fills_its_rows_of_the_grown_vocabulary(setup, tmp_path):
     result, _ = torchrun(args, tmp_path, script=TESTS / "grow_shards.py")
     assert result.returncode == 0, result.stderr[-6000:]
     assert json.loads(report.read_text()) == {"difference": 0.0, "rows": 384}
+
+
+def test_a_dataset_prepared_into_a_bucket_grows_the_vocabulary_as_its_local_twin(setup, tmp_path, monkeypatch):
+    """`dlx prepare --tokenizer EXTENDED --out s3://…` then model.init_from with that URL as data.path: the recipe
+    reads the extension from the dataset's mirror, so the model grows and fills its new rows as from the same corpus
+    prepared into a folder, and a run trains from the bucket."""
+    from journey_helpers import User, write_jsonl
+    from s3_helpers import apply_env, make_bucket, s3_server
+
+    texts = [chinese_text(200, seed=s) for s in range(6)] + english_texts()
+    corpus = write_jsonl(tmp_path / "zh.jsonl", [{"text": text} for text in texts])
+    prepare = [str(corpus), "--tokenizer", str(setup["ext"]), "--val-documents", "1", "--no-progress"]
+    with s3_server() as server:
+        make_bucket(server, "grow")
+        user = User(tmp_path / "user", server.env())
+        user.dlx("prepare", *prepare, "--out", "s3://grow/zh")
+        user.dlx("prepare", *prepare, "--out", str(tmp_path / "twin"))
+        apply_env(server, monkeypatch)
+        cache = ["--data.cache_dir", str(tmp_path / "cache")]
+        bucket = [*BASE, "--model.init_from", str(setup["hf"]), "--data.path", "s3://grow/zh", *cache]
+        local = [*BASE, "--model.init_from", str(setup["hf"]), "--data.path", str(tmp_path / "twin")]
+        remote_config, local_config = load_recipe(None, bucket), load_recipe(None, local)
+        assert remote_config.model.args.vocab_size == local_config.model.args.vocab_size == 384
+        trained = resolve_trained(setup["hf"], "model.init_from")
+        grown, twin = (build_model(config, CPU, trained) for config in (remote_config, local_config))
+        torch.testing.assert_close(grown.tok_embeddings.weight, twin.tok_embeddings.weight, atol=0, rtol=0)
+        one_step = [*bucket, "--train.max_steps", "1", "--data.num_workers", "0"]
+        assert launch(None, one_step, tmp_path / "run", resume=False) == 0
+    assert "vocab_size: 384" in (tmp_path / "run" / "config.yaml").read_text()

@@ -85,7 +85,7 @@ def initial_weights(init: TrainedSource | None, device: torch.device, config: Ru
     the rows it holds); a rank that cannot read them stops all ranks with its one line. None: random weights."""
     if init is None:
         return None
-    data = dataset_tokenizer(config.data.path, config.data.mix)  # an extension of the weights' grows the vocabulary
+    data = dataset_tokenizer(config.data.path, config.data.mix, config.data.cache_dir)  # an extension grows the vocab
     data_tokenizer = data[0] if data is not None else None
 
     def fill(model: Transformer) -> None:

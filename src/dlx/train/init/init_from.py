@@ -66,7 +66,7 @@ def vocabulary_after_growth(source: TrainedSource, args: ModelArgs, data: Any, p
     """The vocabulary the model grows to when the recipe's dataset has a tokenizer that extends the weights' beyond
     their rows; None otherwise (also for a data section validation will refuse)."""
     data = data if isinstance(data, dict) else {}
-    found = dataset_tokenizer(data.get("path"), data.get("mix"))
+    found = dataset_tokenizer(data.get("path"), data.get("mix"), data.get("cache_dir", ""))
     if found is None or found[1] <= args.vocab_size:
         return None
     if source.in_shards:

@@ -18,7 +18,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from dlx.data import storage
 from dlx.data.mixture.sources import parse_mix
+from dlx.data.remote import mirror_dataset
 from dlx.data.shards import TOKENIZER_FILE, read_manifest
 from dlx.data.tokenizer_identity import describe_extension_problem, read_identity
 from dlx.errors import UserError
@@ -28,10 +30,12 @@ from dlx.parallel.materialize import local_region
 VOCAB_TENSORS = ("tok_embeddings.weight", "output.weight")
 
 
-def dataset_tokenizer(data_path: Any, mix: Any) -> tuple[Path, int] | None:
+def dataset_tokenizer(data_path: Any, mix: Any, cache_dir: Any = "") -> tuple[Path, int] | None:
     """The dataset's tokenizer.json and vocabulary size (a data.mix's first source: they share one); None for
     synthetic data, a folder that is not a prepared dataset or a data section validation refuses (the data checks
-    say why later). `mix` as the recipe gives it: a mapping, or `PATH=W,...`."""
+    say why later). `mix` as the recipe gives it: a mapping, or `PATH=W,...`. A dataset in object storage is read
+    from its mirror under `cache_dir` (data.cache_dir), fetched now if it is not there yet: the same folder and
+    verified files the run trains from; None when the bucket cannot be read (the run's own mirroring says why)."""
     if isinstance(mix, str):
         try:
             mix = parse_mix(mix)
@@ -39,11 +43,22 @@ def dataset_tokenizer(data_path: Any, mix: Any) -> tuple[Path, int] | None:
             return None
     if mix and (not isinstance(mix, dict) or not all(isinstance(key, str) for key in mix)):
         return None
-    folder = Path(next(iter(sorted(mix))) if mix else data_path if isinstance(data_path, str) else "")
-    if not (folder / TOKENIZER_FILE).is_file():
+    first = next(iter(sorted(mix))) if mix else data_path if isinstance(data_path, str) else ""
+    folder = mirrored_folder(first, cache_dir if isinstance(cache_dir, str) else "", bool(mix))
+    if folder is None or not (folder / TOKENIZER_FILE).is_file():
         return None
     try:
         return folder / TOKENIZER_FILE, read_manifest(folder).vocab_size
+    except UserError:
+        return None
+
+
+def mirrored_folder(path: str, cache_dir: str, in_mix: bool) -> Path | None:
+    """`path` itself, or for a URL its dataset's mirror (`dlx.data.remote.mirror_dataset`); None when that fails."""
+    if not storage.is_url(path):
+        return Path(path)
+    try:
+        return mirror_dataset(path, cache_dir, "data.mix source" if in_mix else "data.path")
     except UserError:
         return None
 
