@@ -91,3 +91,38 @@ def test_a_run_that_keeps_spiking_stops_after_the_allowed_rollbacks(tmp_path, pl
     with pytest.raises(UserError, match=r"after 3 rollbacks \(train.spike_max_rollbacks\)"):
         launch(None, loop, run_dir, True)  # the run's own history counts, not the older checkpoint's
     assert len(events(run_dir, "rollback")) == 3  # no fourth rollback on a restart
+
+
+STAGED = ["--train.max_steps", "20", "--checkpoint.every", "9", "--data.stages", json.dumps([{"until": 10}, {}])]
+"""Stage 0: steps 1-10, stage 1: 11-20; checkpoints at 9 and 18."""
+
+
+def test_a_staged_run_rolls_back_within_a_stage_and_keeps_its_boundaries(tmp_path, plant):
+    clean, rolled = tmp_path / "clean", tmp_path / "rolled"
+    assert launch(None, [*SMALL, *STAGED], clean, False) == 0
+    plant("12,13x20")  # in stage 1; the newest checkpoint before them (9) is in stage 0
+    assert launch(None, [*SMALL, *STAGED], rolled, False) == 0
+    (rollback,) = events(rolled, "rollback")
+    assert (rollback["skipped_steps"], rollback["to_step"]) == ([12, 13], 9)
+    kept = {r["step"]: r for r in records(rolled) if not r.get("abandoned")}
+    clean_records = {r["step"]: r for r in records(clean)}
+    assert sorted(kept) == list(range(1, 21))
+    assert {s: r["stage"] for s, r in kept.items()} == {s: r["stage"] for s, r in clean_records.items()}
+    assert {s: r["stage"] for s, r in kept.items()} == {s: int(s > 10) for s in range(1, 21)}  # boundary unmoved
+    for step in (10, 11):  # replayed across the boundary on their own batches
+        assert kept[step]["loss"] == clean_records[step]["loss"]
+    assert kept[12]["loss"] != clean_records[12]["loss"]  # step 12 reads what followed step 13's skipped batch
+    state = read_checkpoint(list_checkpoints(rolled)[0]).state.loader
+    assert (state["step"], state["stage"]) == (20, 1)
+    assert state["loader"] == position((10 + 2) * 2)  # stage 1's source: its 10 steps and the 2 skipped
+
+
+def test_spikes_straddling_a_stage_boundary_are_skipped_not_rolled_back(tmp_path, plant, capsys):
+    plant("10,11x20")  # step 10 in stage 0, step 11 in stage 1
+    assert launch(None, [*SMALL, *STAGED], tmp_path / "run", False) == 0
+    said = capsys.readouterr()
+    assert events(tmp_path / "run", "rollback") == []
+    message = "spikes at steps 10-11: no rollback, they cross the boundary of data.stages[1] (step 11); going on"
+    assert message in said.out + said.err
+    skipped = {r["step"]: r.get("skipped_updates") for r in records(tmp_path / "run")}
+    assert (skipped[10], skipped[11]) == ([10], [11]) and sorted(skipped) == list(range(1, 21))

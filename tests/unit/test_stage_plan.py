@@ -72,7 +72,6 @@ def test_a_token_count_ends_with_the_step_that_reaches_it():
         ([{"until": 10}, {}, {}], {}, "data.stages[1].until is missing"),
         ([{"until": 10, "rope_theta": 1e6}, {}], {}, "data.stages[0]: the first stage's RoPE is the model's"),
         ([{"until": 10}, {}], {"train": {"max_steps": None}}, "data.stages needs train.max_steps"),
-        ([{"until": 10}, {}], {"train": {"spike_policy": "rollback"}}, "does not combine with data.stages"),
         ([{"until": 10}, {"seq_len": 4096}], {}, "data.stages[1].seq_len (4096) exceeds model.max_seq_len (128)"),
         ([{"until": "ten"}, {}], {}, "data.stages[0].until: 'ten': until takes a step"),
         ([{"until": 10}, {"lr": 1}], {}, "unknown key 'data.stages[1].lr'; a stage takes until, mix, seq_len"),

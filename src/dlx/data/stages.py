@@ -230,12 +230,14 @@ class StagedLoader:
         }
 
     def load_state_dict(self, state: dict, steps_done: int | None = None) -> None:
-        """Continue after `steps_done` steps from a staged state, or from a state saved by a run without stages (its
-        one stage, in progress at that step); UserError when a stage that has begun differs from the saved one."""
+        """Continue after `steps_done` steps (default: the state's own) from a staged state, or from a state saved by
+        a run without stages (its one stage, in progress at that step); UserError when a stage that has begun differs
+        from the saved one. The stage boundaries follow the steps: a rollback's data skip (a position saved after a
+        later step of the same stage, `skip_problem`) reads on from that position with the run's own step count."""
         staged = state.get("format") == STATE_FORMAT
         if staged and state.get("version") != STATE_VERSION:
             raise UserError(f"the checkpoint's staged loader state is v{state.get('version')}, not v{STATE_VERSION}")
-        step = int(state["step"]) if staged else steps_done
+        step = steps_done if steps_done is not None else int(state["step"]) if staged else None
         if step is None:
             raise ValueError("a loader state saved without stages resumes only with steps_done")
         saved_stage = int(state["stage"]) if staged else 0
@@ -265,6 +267,18 @@ class StagedLoader:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def skip_problem(loader: object, step: int, position: dict) -> str | None:
+    """Why a rollback cannot move `loader`, after optimizer step `step`, to `position` (its state after a later
+    step); None when it can. A staged loader's position belongs to one stage: a skip across a boundary would move the
+    boundary, so the spiking steps must lie in the stage the run resumes in."""
+    if not isinstance(loader, StagedLoader) or position.get("format") != STATE_FORMAT:
+        return None
+    here, there = stage_of_step(loader.spans, step + 1), int(position["stage"])
+    if here == there:
+        return None
+    return f"they cross the boundary of data.stages[{there}] (step {loader.spans[there].first_step})"
 
 
 def stage_of_step(spans: list[StageSpan], step: int) -> int:

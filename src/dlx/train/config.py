@@ -482,17 +482,11 @@ class RunConfig(BaseModel):
         return [("data.seq_len", self.data.seq_len), *own]
 
     def _check_stages(self) -> None:
-        """data.stages: a run length in steps, no rollback (it skips data, which would move the boundaries), and each
-        stage's RoPE a valid model shape."""
+        """data.stages: a run length in steps, and each stage's RoPE a valid model shape."""
         if not self.data.stages:
             return
         if self.train.max_steps is None:
             raise ValueError("data.stages needs train.max_steps: a stage's end is a step of the run")
-        if self.train.spike_policy == "rollback":
-            raise ValueError(
-                "train.spike_policy rollback does not combine with data.stages (a rollback skips the spiking data, "
-                "which would move the stage boundaries); use train.spike_policy skip"
-            )
         for index, rope in enumerate(self.stage_ropes()):
             try:
                 ModelArgs.model_validate({**self.model.args.model_dump(), **rope})

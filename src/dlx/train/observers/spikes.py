@@ -28,6 +28,7 @@ import math
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from dlx.data.stages import skip_problem
 from dlx.errors import UserError
 from dlx.parallel.distributed import main_decides
 from dlx.train.build.restore import rewind
@@ -150,7 +151,7 @@ class SpikeGuard(Observer):
         self.positions[step] = run.loader.state_dict()
         self._forget_before(step - run.config.checkpoint.every * (run.config.checkpoint.keep_last + 1))
         if step in self.jumps:  # kept: a later rollback to before `step` replays the skip
-            run.loader.load_state_dict(self.jumps[step])
+            run.loader.load_state_dict(self.jumps[step], steps_done=step)
         if len(self.streak) >= self.patience:
             self.roll_back()
 
@@ -167,6 +168,10 @@ class SpikeGuard(Observer):
         if not older or last not in self.positions:
             run.console.warn(f"spikes at steps {first}-{last}: no checkpoint before step {first}; going on")
             return False
+        crossing = skip_problem(run.loader, first - 1, self.positions[last])
+        if crossing:
+            run.console.warn(f"spikes at steps {first}-{last}: no rollback, {crossing}; going on")
+            return False
         if self.counts["rollbacks"] >= self.max_rollbacks:
             raise UserError(
                 f"step {last}: {last - first + 1} spikes in a row after {self.counts['rollbacks']} rollbacks "
@@ -181,7 +186,7 @@ class SpikeGuard(Observer):
         self.jumps = {k: p for k, p in self.jumps.items() if to_step <= k < first}  # earlier skips still ahead
         self.jumps[first - 1] = self.positions[last]
         if to_step in self.jumps:  # the checkpoint was saved before this step's skip was applied
-            run.loader.load_state_dict(self.jumps[to_step])
+            run.loader.load_state_dict(self.jumps[to_step], steps_done=to_step)
         self.counts["rollbacks"] += 1
         self._announce(first, last, skipped)
         self.rewarmed = 0
