@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
-from dlx.metrics.meter import ThroughputMeter, phase_seconds
+from dlx.metrics.meter import ThroughputMeter
 from dlx.metrics.peak import Peak
+from dlx.metrics.records import phase_seconds
 from dlx.model.args import ModelArgs
 
 # A tiny config (the demo preset's shape). By hand: head_dim 64, FFN int(2·4·256/3) = 682 → multiple of 16 → 688.

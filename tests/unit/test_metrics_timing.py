@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from dlx import device as device_mod
-from dlx.metrics.timing import STANDARD_PHASES, PhaseTimer
+from dlx.metrics.records import STANDARD_PHASES
+from dlx.metrics.timing import PhaseTimer
 
 CPU = torch.device("cpu")
 

@@ -26,13 +26,8 @@ from dlx.metrics.cpu_peak import cpu_peak
 from dlx.metrics.flops import CONVENTIONS, matmul_params, training_flops_per_token
 from dlx.metrics.gpu_monitor import format_columns
 from dlx.metrics.peak import Peak, gpu_peak, mfu, mfu_warning
-from dlx.metrics.profiler import PROFILED_KEY
-from dlx.metrics.timing import STANDARD_PHASES
+from dlx.metrics.records import PROFILED_KEY, STANDARD_PHASES, phase_seconds
 from dlx.model.args import ModelArgs
-
-NON_PHASE_SECONDS = frozenset({"step_s", "other_s", "tokens_per_s"})
-"""Record keys ending in `_s` that are not phase times; any other `<name>_s` key is read as a phase. Keys added to
-a record later must not end in `_s` unless they are phases."""
 
 
 def peak_for(device: torch.device, precision: str) -> Peak:
@@ -43,13 +38,6 @@ def peak_for(device: torch.device, precision: str) -> Peak:
     if device.type == "cpu":
         return cpu_peak(precision)
     return Peak(None, f"no peak known for device type '{device.type}'; MFU omitted")
-
-
-def phase_seconds(record: dict[str, Any]) -> dict[str, float]:
-    """The phases of a logged record ({"data_wait": s, "forward": s, ...}), standard ones first, `other` excluded."""
-    names = [*STANDARD_PHASES]
-    names += [k[:-2] for k in record if k.endswith("_s") and k not in NON_PHASE_SECONDS and k[:-2] not in names]
-    return {name: float(record.get(f"{name}_s") or 0.0) for name in names}
 
 
 class Ema:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from dlx.atomic import atomic_write_bytes
-from dlx.metrics.meter import Ema, phase_seconds
+from dlx.metrics.meter import Ema
+from dlx.metrics.records import phase_seconds
 
 PHASE_COLOURS = {
     "data_wait": "tab:red",

@@ -34,8 +34,6 @@ from dlx.atomic import atomic_write_text
 from dlx.metrics.timing import PhaseTimer
 
 PROFILE_DIR = "profile"
-PROFILED_KEY = "profiled_steps"
-"""Record key: the profiled optimizer steps inside the record's window (absent when there were none)."""
 STEP_LABEL = "dlx_step_"
 
 
@@ -218,10 +216,3 @@ def profile_report_section(run_dir: str | os.PathLike) -> list[str]:
         f"Trace: `{PROFILE_DIR}/{summary['trace']}` ({summary['trace_bytes'] / 1e6:.1f} MB; open it in "
         "ui.perfetto.dev or chrome://tracing). The profiled steps are left out of the summary and the verdict.",
     ]
-
-
-def unprofiled(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The records whose window held no profiled step (throughput summaries use these); all of them when every
-    record was profiled, so that a summary still has something to say."""
-    kept = [r for r in records if not r.get(PROFILED_KEY)]
-    return kept or records

@@ -46,9 +46,7 @@ from typing import Any
 import torch
 
 from dlx import device as device_mod
-
-STANDARD_PHASES = ("data_wait", "forward", "backward", "optimizer", "communication")
-"""Always present in `end_step`'s result (0.0 when not entered); other names are allowed and added as they occur."""
+from dlx.metrics.records import STANDARD_PHASES
 
 
 class PhaseTimer:

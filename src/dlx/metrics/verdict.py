@@ -29,8 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlx.metrics.meter import phase_seconds
-from dlx.metrics.profiler import unprofiled
+from dlx.metrics.records import phase_seconds, unprofiled
 
 THRESHOLDS = {"data-bound": 0.10, "optimizer-bound": 0.30, "overhead-bound": 0.20}
 """Share of step time at or above which a kind is flagged."""

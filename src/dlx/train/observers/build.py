@@ -21,7 +21,8 @@ from dlx.data.token_bytes import read_token_bytes
 from dlx.errors import UserError
 from dlx.metrics.gpu_monitor import RECORD_KEYS, NoGpuCounters, NvmlCounters, open_gpu_counters
 from dlx.metrics.logger import MetricsLogger
-from dlx.metrics.profiler import PROFILED_KEY, ProfileWindow, StepProfiler
+from dlx.metrics.profiler import ProfileWindow, StepProfiler
+from dlx.metrics.records import PROFILED_KEY
 from dlx.metrics.timing import PhaseTimer
 from dlx.model.attention_kernels import AttentionChoice
 from dlx.parallel import distributed
