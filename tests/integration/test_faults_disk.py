@@ -36,9 +36,9 @@ def user_namespaces_work() -> bool:
     return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
 
 
-def first_checkpoint(run_dir) -> int:
+def first_checkpoint(run_dir, *more: str) -> int:
     """A run with its step-3 checkpoint (in-process: fast); returns the bytes the run folder takes."""
-    pretrain(load_recipe(None, [*TINY, *FIRST]), "disk", run_dir)
+    pretrain(load_recipe(None, [*TINY, *FIRST, *more]), "disk", run_dir)
     return sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
 
 
@@ -89,15 +89,22 @@ def limit_file_size(limit: int):
     return preexec
 
 
-def test_a_file_size_limit_during_a_save(tmp_path):
-    first_checkpoint(tmp_path / "run")
-    weights = (list_checkpoints(tmp_path / "run")[0] / "model.safetensors").stat().st_size
+@pytest.mark.parametrize(
+    "layout",
+    [(), ("--parallel.strategy", "fsdp"), ("--parallel.strategy", "fsdp", "--checkpoint.async", "true")],
+    ids=["whole", "dcp", "dcp-async"],
+)
+def test_a_file_size_limit_during_a_save(tmp_path, layout):
+    """The whole model's files, and DCP's shards written around the page cache (`dlx.parallel.direct_write`), in the
+    foreground and in the background: each write past the limit fails with EFBIG."""
+    first_checkpoint(tmp_path / "run", *layout)
+    largest = max(p.stat().st_size for p in list_checkpoints(tmp_path / "run")[0].rglob("*") if p.is_file())
     result = subprocess.run(
-        [sys.executable, "-c", NO_PLOTS, *RESUME, "--run-dir", str(tmp_path / "run")],
+        [sys.executable, "-c", NO_PLOTS, *RESUME, *layout, "--run-dir", str(tmp_path / "run")],
         capture_output=True,
         text=True,
         env=cli_env(),
         timeout=120,
-        preexec_fn=limit_file_size(weights // 2),
+        preexec_fn=limit_file_size(largest // 2),
     )
     check_refused_save(result, tmp_path / "run", "File too large")

@@ -176,13 +176,45 @@ def save(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, backg
     """Every rank writes its shards into `folder`. With `background`, returns once the state is staged in host memory;
     the future completes when this rank's part is written (on rank 0: once every rank's is, and the metadata)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    from dlx.parallel.direct_write import direct_writer
 
     state = training_state(model, optimizer)
+    writer = direct_writer(folder)  # around the page cache: the write's CPU is not the training's
     if not background:
         with _one_process():
-            dcp.save(state, checkpoint_id=folder, no_dist=not _group_active())
+            try:
+                dcp.save(state, storage_writer=writer, no_dist=not _group_active())
+            except BaseException as e:
+                raise rank_failure(e) from None
         return None
-    return dcp.async_save(state, checkpoint_id=folder, process_group=background_group(), no_dist=not _group_active())
+    stager = DefaultStager(StagingOptions(False, False, False, False))  # DCP's own default: a blocking copy
+    written = dcp.async_save(
+        state, storage_writer=writer, async_stager=stager, process_group=background_group(), no_dist=not _group_active()
+    )
+    settled: Future = Future()
+
+    def settle(done: Future) -> None:
+        stager.close()
+        try:
+            settled.set_result(done.result())
+        except BaseException as e:
+            settled.set_exception(rank_failure(e))
+
+    written.add_done_callback(settle)
+    return settled
+
+
+def rank_failure(error: BaseException) -> BaseException:
+    """What failed on a rank when DCP reports a write's failure as a CheckpointException (a BaseException carrying
+    each rank's exception and traceback): the first OSError among them (a full disk, a size limit), else the first
+    exception; `error` itself when it is not one of those."""
+    failures = getattr(error, "failures", None)
+    if not isinstance(failures, dict) or not failures:
+        return error
+    causes = [failure[0] if isinstance(failure, tuple) else failure for failure in failures.values()]
+    return next((cause for cause in causes if isinstance(cause, OSError)), causes[0])
 
 
 def load(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:

@@ -58,6 +58,11 @@ class DistEnv:
         return self.rank // self.tp % self.cp
 
 
+GROUP_OF_ONE_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+_GROUP_OF_ONE_ENV: dict[str, str | None] = {}
+"""The values those variables had before a group of one set them (restored when it is destroyed)."""
+
+
 def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
@@ -75,7 +80,8 @@ def init_distributed(device: torch.device, needs_group: bool, timeout_s: float, 
     env = replace(env_from_torchrun(), tp=tp, cp=cp)
     if dist.is_initialized() or not (env.is_distributed or needs_group):
         return env
-    if not launched_by_torchrun():
+    if not launched_by_torchrun():  # a group of one: torchrun's variables for it, until `destroy_group`
+        _GROUP_OF_ONE_ENV.update({key: os.environ.get(key) for key in GROUP_OF_ONE_KEYS})
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ["MASTER_PORT"] = "0"  # the store binds a free port itself, then says which (no race)
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -135,13 +141,23 @@ def teardown(meet: bool = True) -> None:
 def destroy_group() -> None:
     """Destroy the default group. Where DeepSpeed has used it, through DeepSpeed, which then drops the groups it
     cached: torch's own destroy leaves them behind, and the next DeepSpeed engine of the process (the next layout of
-    `dlx tune` or `dlx bench`, a second run in one process) fails on a group that is no longer registered."""
+    `dlx tune` or `dlx bench`, a second run in one process) fails on a group that is no longer registered. A group of
+    one gives back its store's port and the environment it set: a command the process starts later is not taken for
+    one of its ranks."""
+    global _STORE
     comm = sys.modules.get("deepspeed.comm.comm")  # where DeepSpeed keeps its backend (`cdb`)
     backend = getattr(comm, "cdb", None)
     if backend is not None and backend.is_initialized():
         comm.destroy_process_group()
     else:
         dist.destroy_process_group()
+    _STORE = None
+    for key, value in _GROUP_OF_ONE_ENV.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    _GROUP_OF_ONE_ENV.clear()
 
 
 class MainFailed(RuntimeError):
