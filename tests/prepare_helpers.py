@@ -50,6 +50,22 @@ CODE = [
 ]
 
 
+def prepare_command(source: Path, out: Path, tokenizer: Path, *options: str) -> list[str]:
+    """`dlx prepare SOURCE --out OUT --tokenizer TOKENIZER OPTIONS` as a child process runs it."""
+    return [
+        sys.executable,
+        "-m",
+        "dlx",
+        "prepare",
+        str(source),
+        "--out",
+        str(out),
+        "--tokenizer",
+        str(tokenizer),
+        *options,
+    ]
+
+
 def make_document(rng: random.Random) -> str:
     """English-ish, Chinese-ish, code, and awkward Unicode and whitespace, in one document."""
     parts = [

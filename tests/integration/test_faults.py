@@ -11,7 +11,6 @@ calls, to keep the matrix within its time budget (`test_train_cli` resumes throu
 from __future__ import annotations
 
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,7 +32,7 @@ from fault_helpers import (
     start_cli,
     wait_for_file,
 )
-from prepare_helpers import folder_bytes, make_documents, tiny_tokenizer, write_jsonl
+from prepare_helpers import folder_bytes, make_documents, prepare_command, tiny_tokenizer, write_jsonl
 from train_helpers import TINY, losses, make_dataset, train_quietly
 
 __all__ = ["tiny_tokenizer"]
@@ -134,18 +133,7 @@ def corpus(tmp_path_factory, tiny_tokenizer) -> tuple[Path, dict[str, bytes]]:
 def test_prepare_signalled(name, corpus, tiny_tokenizer, tmp_path):
     source, clean = corpus
     out = tmp_path / "out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "dlx",
-        "prepare",
-        str(source),
-        "--out",
-        str(out),
-        "--tokenizer",
-        str(tiny_tokenizer),
-        *PREPARE,
-    ]
+    cmd = prepare_command(source, out, tiny_tokenizer, *PREPARE)
     shm_before = shm_entries()
     proc, tree = signal_after_progress(cmd, out, min_next_unit=4, name=name)
     assert proc is not None, "prepare finished before the signal: the corpus is too small"

@@ -13,7 +13,7 @@ import psutil
 from dlx.data.prepare import prepare_dataset
 from fault_helpers import committed as _committed
 from fault_helpers import signal_after_progress
-from prepare_helpers import folder_bytes, make_documents, tiny_tokenizer, write_jsonl
+from prepare_helpers import folder_bytes, make_documents, prepare_command, tiny_tokenizer, write_jsonl
 
 __all__ = ["tiny_tokenizer"]
 
@@ -82,22 +82,8 @@ def test_rerun_over_finished_output_does_no_work(tmp_path, tiny_tokenizer):
 def test_sigterm_stops_workers_and_the_run_resumes(tmp_path, tiny_tokenizer):
     write_jsonl(tmp_path / "a.jsonl", make_documents(1500, seed=8))
     out = tmp_path / "out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "dlx",
-        "prepare",
-        str(tmp_path / "a.jsonl"),
-        "--out",
-        str(out),
-        "--tokenizer",
-        str(tiny_tokenizer),
-        "--shard-tokens",
-        "2000",
-        "--workers",
-        "2",
-        "--no-progress",
-    ]
+    options = ("--shard-tokens", "2000", "--workers", "2", "--no-progress")
+    cmd = prepare_command(tmp_path / "a.jsonl", out, tiny_tokenizer, *options)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while (state := _committed(out)) is None or (not state[0] and state[1] < 2):
@@ -114,22 +100,8 @@ def test_sigterm_stops_workers_and_the_run_resumes(tmp_path, tiny_tokenizer):
 def test_concurrent_runs_on_one_folder_queue_and_agree(tmp_path, tiny_tokenizer):
     write_jsonl(tmp_path / "a.jsonl", make_documents(600, seed=9))
     out = tmp_path / "out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "dlx",
-        "prepare",
-        str(tmp_path / "a.jsonl"),
-        "--out",
-        str(out),
-        "--tokenizer",
-        str(tiny_tokenizer),
-        "--shard-tokens",
-        "2000",
-        "--workers",
-        "1",
-        "--no-progress",
-    ]
+    options = ("--shard-tokens", "2000", "--workers", "1", "--no-progress")
+    cmd = prepare_command(tmp_path / "a.jsonl", out, tiny_tokenizer, *options)
     runs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     errors = [run.communicate(timeout=120)[1] for run in runs]
     assert [run.returncode for run in runs] == [0, 0], errors
