@@ -188,4 +188,19 @@ def test_a_dataset_prepared_into_a_bucket_grows_the_vocabulary_as_its_local_twin
         torch.testing.assert_close(grown.tok_embeddings.weight, twin.tok_embeddings.weight, atol=0, rtol=0)
         one_step = [*bucket, "--train.max_steps", "1", "--data.num_workers", "0"]
         assert launch(None, one_step, tmp_path / "run", resume=False) == 0
-    assert "vocab_size: 384" in (tmp_path / "run" / "config.yaml").read_text()
+        assert "vocab_size: 384" in (tmp_path / "run" / "config.yaml").read_text()
+
+        # the bucket's tokenizer.json changed in place (same size): a fresh machine refuses it in one line
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=server.server_url, region_name="us-east-1")
+        stored = client.get_object(Bucket="grow", Key="zh/tokenizer.json")["Body"].read()
+        changed = stored.replace(b'"type"', b'"tYpe"', 1)
+        assert len(changed) == len(stored) != 0 and changed != stored
+        client.put_object(Bucket="grow", Key="zh/tokenizer.json", Body=changed)
+        fresh = [arg if arg != str(tmp_path / "cache") else str(tmp_path / "fresh-cache") for arg in one_step]
+        with pytest.raises(UserError) as refused:
+            launch(None, fresh, tmp_path / "refused", resume=False)
+        message = str(refused.value)
+        assert "s3://grow/zh/tokenizer.json does not match the checksum in its manifest" in message
+        assert "\n" not in message and not (tmp_path / "refused" / "checkpoints").exists()
