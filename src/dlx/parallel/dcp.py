@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import pickle
 import re
+import sys
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -174,9 +177,8 @@ def training_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[s
 
 def save(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, background: bool = False) -> Future | None:
     """Every rank writes its shards into `folder`. With `background`, returns once the state is staged in host memory;
-    the future completes when this rank's part is written (on rank 0: once every rank's is, and the metadata)."""
+    the future completes when this rank's part is written (on rank 0: once every rank's part is, and the metadata)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     from dlx.parallel.direct_write import direct_writer
 
@@ -189,14 +191,10 @@ def save(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, backg
             except BaseException as e:
                 raise rank_failure(e) from None
         return None
-    stager = DefaultStager(StagingOptions(False, False, False, False))  # DCP's own default: a blocking copy
-    written = dcp.async_save(
-        state, storage_writer=writer, async_stager=stager, process_group=background_group(), no_dist=not _group_active()
-    )
+    written = _write_in_background(state, writer)
     settled: Future = Future()
 
     def settle(done: Future) -> None:
-        stager.close()
         try:
             settled.set_result(done.result())
         except BaseException as e:
@@ -204,6 +202,101 @@ def save(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, backg
 
     written.add_done_callback(settle)
     return settled
+
+
+def _write_in_background(state: dict[str, Any], writer: Any) -> Future:
+    """DCP's async save. In a process group: the state copied into shared memory kept between saves, then written by
+    DCP's checkpoint process (one per training process, started at the first save), which runs at the lowest CPU
+    priority and has a GIL of its own (`dlx.parallel.background_writer`). Without a group, or where /dev/shm cannot
+    hold the staged state: DCP's background thread (its CPU and GIL shared with the steps), the staged copy freed
+    after each save."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    from dlx.parallel import background_writer
+
+    if not _group_active() or not _staging_fits(state):
+        stager = DefaultStager(StagingOptions(False, False, False, False))  # DCP's own default: a blocking copy
+        group = background_group()
+        written = dcp.async_save(
+            state, storage_writer=writer, async_stager=stager, process_group=group, no_dist=group is None
+        )
+        written.add_done_callback(lambda _: stager.close())
+        return written
+    if "stager" not in _background:
+        _background["stager"] = DefaultStager(StagingOptions(False, True, False, False))
+    writer.settle_in = background_writer.low_in_writer_process()  # lowers the checkpoint process on arrival
+
+    group = background_group()  # made here: its threads keep the training's priority
+
+    def start() -> Future:
+        return dcp.async_save(
+            state,
+            storage_writer=writer,
+            async_stager=_background["stager"],
+            process_group=group,
+            async_checkpointer_type=AsyncCheckpointerType.PROCESS,
+        )
+
+    if _background.get("process_for") is dist.group.WORLD:
+        return start()
+    _background["process_for"] = dist.group.WORLD
+    return background_writer.starting_writer_process(start)
+
+
+def _staging_fits(state: dict[str, Any]) -> bool:
+    """Whether /dev/shm has room for the staged state twice over (a full tmpfs ends a process with SIGBUS); says once
+    why not."""
+    from torch.distributed.tensor import DTensor
+
+    if "stager" in _background:
+        return True
+    staged = 0
+    for value in _tensors(state):
+        local = value.to_local() if isinstance(value, DTensor) else value
+        staged += local.numel() * local.element_size()
+    try:
+        stats = os.statvfs("/dev/shm")
+        free = stats.f_bavail * stats.f_frsize
+    except OSError:
+        free = 0
+    if free >= 2 * staged:
+        return True
+    if not _background.get("said_shm"):
+        _background["said_shm"] = True
+        print(
+            f"checkpoint.async: /dev/shm has {free / 1e9:.2f} GB free for {staged / 1e9:.2f} GB of staged state; the "
+            "write runs in a thread of this process (slower steps after a save); give the container a larger "
+            "--shm-size for a separate writer process",
+            file=sys.stderr,
+            flush=True,
+        )
+    return False
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+def end_background() -> None:
+    """Free the staged copy and end the checkpoint process (its group goes with the training's); once every save
+    has been waited for."""
+    stager = _background.pop("stager", None)
+    if stager is not None:
+        stager.close()
+    if _background.pop("process_for", None) is not None:
+        from dlx.parallel.background_writer import end_writer_process
+
+        end_writer_process()
 
 
 def rank_failure(error: BaseException) -> BaseException:

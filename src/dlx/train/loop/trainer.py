@@ -31,7 +31,7 @@ import torch
 
 from dlx import faults
 from dlx.errors import UserError
-from dlx.parallel import distributed
+from dlx.parallel import dcp, distributed
 from dlx.parallel.heartbeat import RankLost
 from dlx.parallel.traits import STRATEGY_TRAITS
 from dlx.train.build.signals import GracefulStop
@@ -118,6 +118,7 @@ def pretrain(config: RunConfig, name: str = "run", run_dir: Path | None = None, 
         # tensor aborts the rank ("terminate called without an active exception", seen once in CI).
         run = None
         gc.collect()
+        dcp.end_background()
         distributed.teardown(meet=every_rank_ends)
     return result
 
