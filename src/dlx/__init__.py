@@ -17,7 +17,3 @@ def _without_cpu_build_noise(record: logging.LogRecord) -> bool:
 
 
 logging.getLogger("torchao").addFilter(_without_cpu_build_noise)
-
-from dlx.parallel.background_writer import quiet_if_writer  # noqa: E402
-
-quiet_if_writer()

@@ -10,7 +10,7 @@ DCP starts that process with `multiprocessing`'s spawn at the first save: `start
 from a thread at nice 19, so the process and every thread it starts are born at that priority (an unprivileged thread
 cannot raise its priority again, so the training's own thread is never lowered). The only dlx code the process
 runs is what the storage writer carries, pickled: a `LowInWriterProcess`, whose unpickling there (once) lowers any
-thread not yet lowered, keeps torch at one thread, silences DCP's per-save INFO lines and starts a thread
+thread not yet lowered, keeps torch at one thread, and starts a thread
 that ends the process when the training process is gone (SIGKILL, the out-of-memory killer): no writer outlives the
 command that started it. A write it leaves unfinished is a `.step-*.tmp` folder, which the next save or resume
 removes. `end_writer_process` ends it with the run's process group.
@@ -19,8 +19,8 @@ removes. `end_writer_process` ends it with the run's process group.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,8 +29,6 @@ from typing import Any, TypeVar
 import psutil
 
 T = TypeVar("T")
-QUIET_ENV = "DLX_CHECKPOINT_WRITER"
-"""Set in the writer process's environment: dlx's import there turns DCP's INFO lines off before the first one."""
 WATCH_S = 0.5
 SPAWN_WAIT_S = 10.0
 LOWEST_NICE = 19
@@ -55,7 +53,10 @@ def low_in_writer_process() -> LowInWriterProcess:
 
 def starting_writer_process(start: Callable[[], T]) -> T:
     """`start()` (the first async save, which has DCP's executor thread spawn its checkpoint process) called from a
-    thread at nice 19, with `QUIET_ENV` set until that process exists (at most `SPAWN_WAIT_S`)."""
+    thread at nice 19, so that the process is born at that priority; this process's standard error is /dev/null until
+    the checkpoint process exists (at most `SPAWN_WAIT_S`), so that the process inherits that: DCP logs every request
+    there at INFO on the root logger, before any dlx code runs in it, and a failed write comes back as the save's
+    exception."""
     outcome: dict[str, Any] = {}
 
     def run() -> None:
@@ -66,7 +67,9 @@ def starting_writer_process(start: Callable[[], T]) -> T:
             outcome["error"] = e
 
     before = {child.pid for child in psutil.Process().children()}
-    os.environ[QUIET_ENV] = "1"
+    sys.stderr.flush()
+    kept, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
     try:
         thread = threading.Thread(target=run, name="dlx-writer-start")
         thread.start()
@@ -75,7 +78,9 @@ def starting_writer_process(start: Callable[[], T]) -> T:
         while "value" in outcome and not _spawned_since(before) and time.monotonic() < deadline:
             time.sleep(0.005)
     finally:
-        os.environ.pop(QUIET_ENV, None)
+        os.dup2(kept, 2)
+        os.close(kept)
+        os.close(null)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -97,12 +102,6 @@ def lower(task: int) -> None:
         os.setpriority(os.PRIO_PROCESS, task, LOWEST_NICE)
 
 
-def quiet_if_writer() -> None:
-    """In the writer process (dlx imported there as its main module's package): DCP's INFO lines off."""
-    if os.environ.get(QUIET_ENV) == "1":
-        logging.disable(logging.INFO)
-
-
 def end_writer_process() -> None:
     """End DCP's checkpoint process of this process (it asks, waits 5 s, then sends SIGTERM), so that the next
     process group starts its own."""
@@ -118,7 +117,6 @@ def _arrive(parent_pid: int) -> LowInWriterProcess:
         _ARRIVED["parent"] = parent_pid
         import torch
 
-        logging.disable(logging.INFO)
         torch.set_num_threads(1)
         for task in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else [str(os.getpid())]:
             lower(int(task))

@@ -227,6 +227,8 @@ def _write_in_background(state: dict[str, Any], writer: Any) -> Future:
         return written
     if "stager" not in _background:
         _background["stager"] = DefaultStager(StagingOptions(False, True, False, False))
+    if (started := _background.pop("start_save", None)) is not None:
+        started.result()  # one request at a time on the writer's pipe: the start's empty save is done first
     writer.settle_in = background_writer.low_in_writer_process()  # lowers the checkpoint process on arrival
 
     group = background_group()  # made here: its threads keep the training's priority
@@ -244,6 +246,23 @@ def _write_in_background(state: dict[str, Any], writer: Any) -> Future:
         return start()
     _background["process_for"] = dist.group.WORLD
     return background_writer.starting_writer_process(start)
+
+
+def start_writer_process() -> None:
+    """Start checkpoint.async's writer process now, before the first step, with an empty save into a temporary folder
+    (removed once written): it starts Python and torch at the lowest priority while the run starts up, so the first
+    save finds it running. Every rank calls it; nothing happens without a process group."""
+    if not _group_active() or "process_for" in _background:
+        return
+    import shutil
+    import tempfile
+
+    from dlx.parallel.direct_write import direct_writer
+
+    folder = Path(tempfile.mkdtemp(prefix="dlx-writer-start-"))
+    started = _write_in_background({}, direct_writer(folder))
+    started.add_done_callback(lambda _: shutil.rmtree(folder, ignore_errors=True))
+    _background["start_save"] = started
 
 
 def _staging_fits(state: dict[str, Any]) -> bool:
@@ -290,6 +309,9 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
 def end_background() -> None:
     """Free the staged copy and end the checkpoint process (its group goes with the training's); once every save
     has been waited for."""
+    started = _background.pop("start_save", None)
+    if started is not None:
+        started.exception()  # written or failed: the writer's pipe is free
     stager = _background.pop("stager", None)
     if stager is not None:
         stager.close()

@@ -115,6 +115,11 @@ class Strategy:
             return None
         return dcp.save(self.model, self.optimizer, folder / DCP_FOLDER, background)
 
+    def start_background_saves(self) -> None:
+        """checkpoint.async: the writer process started before the first step (DCP; `dcp.start_writer_process`)."""
+        if self.checkpoint_format == "dcp":
+            dcp.start_writer_process()
+
     def load(self, path: Path, saved_format: str, weights: dict[str, torch.Tensor], train_state: dict) -> None:
         """A "dcp" checkpoint is resharded into this layout; a "full" one is loaded as it is."""
         if saved_format == "dcp":

@@ -137,6 +137,8 @@ def train(run: Run, resume: bool) -> None:
         kind = "resume" if resume else "start"
         folder.append_event(run.run_dir, event=kind, step=progress.step, **where, startup_s=startup_s)
     print_header(run)
+    if run.config.checkpoint.async_save:
+        run.strategy.start_background_saves()
     run.console.start()
     train_loop(run)
     run.console.stop()
