@@ -337,8 +337,7 @@ class CheckpointSection(BaseModel):
     keep_last: int = Field(3, gt=0, le=1 << 20)
     """Complete checkpoints to keep; older ones are deleted after each successful save."""
     async_save: bool = Field(False, alias="async")
-    """Sharded (DCP) checkpoints: write in the background while training goes on (DCP's checkpoint process, at the
-    lowest CPU priority, reading the state from shared memory kept between saves); a checkpoint counts once complete."""
+    """Sharded (DCP) checkpoints: written in the background by a writer process at nice 19; counted once complete."""
     full_weights: Literal["every", "last", "never"] = "last"
     """Sharded checkpoints: gather model.safetensors into every checkpoint, only the run's last one, or never."""
 
