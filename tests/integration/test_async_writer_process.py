@@ -107,3 +107,21 @@ def test_background_written_checkpoints_resume_to_the_same_losses(tmp_path: Path
         return {r["step"]: r["loss"] for r in records if "loss" in r}  # the last record of a step: the resumed one
 
     assert [losses(resumed)[s] for s in (5, 6)] == [losses(straight)[s] for s in (5, 6)]
+
+
+def test_an_in_process_run_ends_its_writer_and_the_next_run_starts_its_own(tmp_path: Path) -> None:
+    """`dlx.train.loop.trainer.pretrain` twice in this process (a notebook, `dlx tune`): each run's writer process
+    ends with its group, so no child is left and the second run's saves go to a writer of its own group."""
+    from dlx.train.loop.trainer import pretrain
+    from dlx.train.recipe import load_recipe
+
+    def spawned() -> list[psutil.Process]:
+        return writer_processes(psutil.Process())
+
+    overrides = RUN[1:]
+    for name in ("first", "second"):
+        result = pretrain(load_recipe(None, overrides), name, tmp_path / name)
+        assert result.last_checkpoint is not None and result.last_checkpoint.name == "step-00000006"
+        assert spawned() == [], [p.cmdline() for p in spawned()]
+    events = [json.loads(line) for line in (tmp_path / "second" / "events.jsonl").read_text().splitlines()]
+    assert [e["background"] for e in events if e["event"] == "checkpoint"] == [True, True, False]
