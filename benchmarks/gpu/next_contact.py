@@ -214,15 +214,17 @@ def first_step_detail(figures: dict) -> list[str]:
 
 
 def async_save_judge(figures: dict) -> tuple[str, str, str, str]:
-    slowdown = (figures.get("async") or {}).get("next_step_slowdown")
-    measure = "checkpoint.async: the step after a save ÷ a steady step − 1 (llama3.2-1b bf16, fsdp on 1 GPU)"
+    async_save = figures.get("async") or {}
+    slowdown = async_save.get("later_next_step_slowdown", async_save.get("next_step_slowdown"))
+    measure = "checkpoint.async: the step after a later save ÷ a steady step − 1 (llama3.2-1b bf16, fsdp on 1 GPU)"
     return (measure, shown(slowdown, "+.1%"), "≤ +10 %", verdict(slowdown, (slowdown or 0) <= 0.10))
 
 
 def async_save_detail(figures: dict) -> list[str]:
     return [
-        f"- {mode} save: blocking {s['blocking_s']:.2f} s, next step {s['next_step_slowdown']:+.1%}, steady step "
-        f"{s['steady_step_s']:.2f} s"
+        f"- {mode} save: the first blocks {s['blocking_s']:.2f} s, next step {s['next_step_slowdown']:+.1%}; a later "
+        f"one {s.get('later_blocking_s', float('nan')):.2f} s, next step {s.get('later_next_step_slowdown', 0):+.1%}; "
+        f"steady step {s['steady_step_s']:.2f} s"
         for mode, s in figures.items()
     ]
 
