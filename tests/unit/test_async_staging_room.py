@@ -36,3 +36,11 @@ def test_too_small_shm_keeps_the_thread_and_says_why_once(monkeypatch, capsys) -
         "checkpoint.async: /dev/shm has 0.01 GB free for 0.01 GB of staged state; the write runs in a thread of this "
         "process (slower steps after a save); give the container a larger --shm-size for a separate writer process"
     ]
+
+
+def test_the_writer_start_stages_nothing_and_decides_nothing(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(dcp, "_background", {})
+    monkeypatch.setattr(os, "statvfs", fake_statvfs(12 << 20))
+    assert dcp._staging_fits({})  # the empty save that starts the writer process
+    assert not dcp._staging_fits(state(1 << 20))  # the first real save still finds /dev/shm too small
+    assert "checkpoint.async: /dev/shm has" in capsys.readouterr().err

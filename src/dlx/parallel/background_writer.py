@@ -6,7 +6,8 @@ checkpoint process has a GIL of its own, and here it runs at the lowest priority
 the CPU time the training leaves unused. When the training waits for the write (the next save, the end of the run) its
 cores are idle and the write goes at full speed.
 
-DCP starts that process with `multiprocessing`'s spawn at the first save: `starting_writer_process` makes that call
+DCP starts that process with `multiprocessing`'s spawn at the first async save (an empty one before step 1,
+`dcp.start_writer_process`): `starting_writer_process` makes that call
 from a thread at nice 19, so the process and every thread it starts are born at that priority (an unprivileged thread
 cannot raise its priority again, so the training's own thread is never lowered). The only dlx code the process
 runs is what the storage writer carries, pickled: a `LowInWriterProcess`, whose unpickling there (once) lowers any

@@ -24,7 +24,6 @@ import pickle
 import re
 import sys
 import warnings
-from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -206,8 +205,8 @@ def save(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, backg
 
 def _write_in_background(state: dict[str, Any], writer: Any) -> Future:
     """DCP's async save. In a process group: the state copied into shared memory kept between saves, then written by
-    DCP's checkpoint process (one per training process, started at the first save), which runs at the lowest CPU
-    priority and has a GIL of its own (`dlx.parallel.background_writer`). Without a group, or where /dev/shm cannot
+    DCP's checkpoint process (one per training process, started before step 1 or by the first save), at the lowest CPU
+    priority, with a GIL of its own (`dlx.parallel.background_writer`). Without a group, or where /dev/shm cannot
     hold the staged state: DCP's background thread (its CPU and GIL shared with the steps), the staged copy freed
     after each save."""
     import torch.distributed as dist
@@ -267,21 +266,24 @@ def start_writer_process() -> None:
 
 def _staging_fits(state: dict[str, Any]) -> bool:
     """Whether /dev/shm has room for the staged state twice over (a full tmpfs ends a process with SIGBUS); says once
-    why not."""
+    why not. Decided on the first state with tensors (the writer's start stages none) and kept."""
     from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_leaves
 
-    if "stager" in _background:
+    if _background.get("staging_fits"):
         return True
-    staged = 0
-    for value in _tensors(state):
-        local = value.to_local() if isinstance(value, DTensor) else value
-        staged += local.numel() * local.element_size()
+    tensors = [value for value in tree_leaves(state) if isinstance(value, torch.Tensor)]
+    locals_ = [value.to_local() if isinstance(value, DTensor) else value for value in tensors]
+    staged = sum(local.numel() * local.element_size() for local in locals_)
+    if staged == 0:
+        return True
     try:
         stats = os.statvfs("/dev/shm")
         free = stats.f_bavail * stats.f_frsize
     except OSError:
         free = 0
     if free >= 2 * staged:
+        _background["staging_fits"] = True
         return True
     if not _background.get("said_shm"):
         _background["said_shm"] = True
@@ -293,17 +295,6 @@ def _staging_fits(state: dict[str, Any]) -> bool:
             flush=True,
         )
     return False
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
 
 
 def end_background() -> None:
